@@ -1,0 +1,43 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Both bootstrap .venv (pinned CPU torch) and the Debian packages they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Development pins torch to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: venv sysdeps demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[all,dev]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# fio is the anchor of the storage probe and the flush benchmark.
+sysdeps:
+	@command -v fio >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fio >/dev/null; }
+
+demo: venv sysdeps
+	$(BIN)/ckptio demo $(ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/mypy
+
+unit: venv sysdeps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint unit
+
+bench: venv sysdeps
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) ckptio-demo .pytest_cache .mypy_cache .ruff_cache

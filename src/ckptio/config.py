@@ -1,0 +1,113 @@
+"""Configuration of a :class:`~ckptio.Checkpointer`: one kw-only dataclass, validated on construction.
+
+The CLI and the keyword form of ``Checkpointer(...)`` both build this object; nothing else reads options.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ckptio.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ckptio.policy.residency import Residency
+    from ckptio.storage.base import Storage
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointerConfig:
+    root: str | os.PathLike[str] | Storage
+    """Durable tier: a POSIX path, ``s3://bucket/prefix``, or a :class:`~ckptio.storage.Storage`."""
+
+    local_dir: str | os.PathLike[str] | Storage | None = None
+    """Optional local tier (NVMe or RAM path). The writer lands each step here first and frees the staging slot
+    before uploading; restore prefers it when its checksums match."""
+
+    local_capacity_bytes: int | None = None
+    """Byte budget of the local tier; older local steps are evicted to fit, and a step that cannot fit raises
+    :class:`~ckptio.errors.StorageFullError` for that save (training goes on)."""
+
+    max_pending: int = 1
+    """Staged snapshots held at once (staging slots). This is the memory bound: host memory for staging is
+    ``max_pending`` × state bytes, allocated on first save and reused."""
+
+    overflow: Literal["block", "skip"] = "block"
+    """What ``save()`` does when no staging slot is free on some rank: wait for one, or drop this save.
+    All ranks take the same decision."""
+
+    keep_last: int = 3
+    """Committed steps kept on the durable tier (0 keeps all). The newest committed step is never deleted."""
+
+    every_steps: int | None = None
+    """``maybe_save`` saves when ``step`` is a multiple of this."""
+
+    every_seconds: float | None = None
+    """``maybe_save`` saves when this many seconds passed since the last save (agreed across ranks)."""
+
+    file_size_bytes: int = 1 << 30
+    """Target size of one data file: small tensors are coalesced into files up to this size; a tensor larger than
+    this is split into row chunks (DCP chunks) so no file is much larger."""
+
+    upload_concurrency: int = 4
+    """Concurrent uploads per writer (files to the durable tier, parts of one object on S3)."""
+
+    commit_timeout_s: float = 600.0
+    """How long rank 0's committer waits for every rank's index before the step fails."""
+
+    fsync: bool = True
+    """fsync data, index and manifest on POSIX tiers. Off only for RAM tiers and tests."""
+
+    residency: Residency | None = None
+    """Where checkpoints may be written (region allow-list, public buckets). Checked before any byte is written
+    and again every ``residency_recheck_s``."""
+
+    residency_recheck_s: float = 300.0
+    """How often the writer repeats the residency check during a run."""
+
+    volume_check: Literal["off", "warn", "error"] = "warn"
+    """At start, check the root against $HOME and ``data_dirs`` (same device, home directory)."""
+
+    data_dirs: tuple[str, ...] = ()
+    """Directories the data loader reads; a root on the same volume is reported by ``volume_check``."""
+
+    events_path: str | None = None
+    """JSONL event log (one file per rank: ``{rank}`` in the path is replaced, else ``.rank{N}`` is appended)."""
+
+    metrics_registry: Any = None
+    """A ``prometheus_client.CollectorRegistry``; None uses the default registry."""
+
+    metrics_port: int | None = None
+    """Serve Prometheus metrics over HTTP on this port (rank 0 only, 127.0.0.1 unless ``metrics_host``)."""
+
+    metrics_host: str = "127.0.0.1"
+    """Bind address of the metrics exporter."""
+
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
+
+    def __post_init__(self) -> None:
+        if self.max_pending < 1:
+            raise ConfigError(f"max_pending must be >= 1, got {self.max_pending}")
+        if self.overflow not in ("block", "skip"):
+            raise ConfigError(f"overflow must be 'block' or 'skip', got {self.overflow!r}")
+        if self.keep_last < 0:
+            raise ConfigError(f"keep_last must be >= 0, got {self.keep_last}")
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ConfigError(f"every_steps must be >= 1, got {self.every_steps}")
+        if self.every_seconds is not None and self.every_seconds <= 0:
+            raise ConfigError(f"every_seconds must be > 0, got {self.every_seconds}")
+        if self.file_size_bytes < 1 << 20:
+            raise ConfigError(f"file_size_bytes must be at least 1 MiB, got {self.file_size_bytes}")
+        if self.upload_concurrency < 1:
+            raise ConfigError(f"upload_concurrency must be >= 1, got {self.upload_concurrency}")
+        if self.commit_timeout_s <= 0:
+            raise ConfigError(f"commit_timeout_s must be > 0, got {self.commit_timeout_s}")
+        if self.volume_check not in ("off", "warn", "error"):
+            raise ConfigError(f"volume_check must be off, warn or error, got {self.volume_check!r}")
+        if self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0:
+            raise ConfigError("local_capacity_bytes must be positive")
+        if isinstance(self.root, str) and not self.root:
+            raise ConfigError("root must not be empty")
+        self.data_dirs = tuple(os.fspath(d) for d in self.data_dirs)

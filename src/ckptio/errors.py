@@ -1,0 +1,161 @@
+"""Every exception ckptio raises, in one tree.
+
+::
+
+    CkptError                                  base; carries root / step / rank / path when known
+    ├── ConfigError            (ValueError)    bad option, bad CLI argument, unparsable unit
+    ├── UnsupportedStateError  (TypeError)     a value in the state that cannot be checkpointed
+    ├── StructureMismatchError (ValueError)    restore target does not match the checkpoint
+    ├── CheckpointNotFoundError(LookupError)   no such committed step
+    ├── CorruptCheckpointError                 manifest/index/metadata unreadable or inconsistent
+    │   └── ChecksumError                      a file's bytes do not match the recorded checksum
+    ├── StorageError           (OSError)       a storage operation failed (after retries)
+    │   ├── NotFoundError      (FileNotFoundError)
+    │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
+    │   ├── PreconditionError                  If-Match compare-and-swap lost
+    │   └── StorageFullError                   ENOSPC, or the local tier's byte budget is spent
+    ├── CommitError                            a step could not be committed (ranks missing, lost race)
+    ├── SaveFailedError                        a background save failed; raised on the next save()/wait()
+    ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
+    ├── RootInUseError                         another live job owns this checkpoint root
+    ├── ResidencyError         (PermissionError) public bucket or forbidden region
+    └── AdmissionError                         the planner refuses the job (used by `ckptio admit`)
+
+Errors cross process boundaries (writer → trainer), so every class pickles with its context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AdmissionError",
+    "AlreadyExistsError",
+    "CheckpointNotFoundError",
+    "ChecksumError",
+    "CkptError",
+    "CommitError",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "NotFoundError",
+    "PreconditionError",
+    "ResidencyError",
+    "RootInUseError",
+    "SaveFailedError",
+    "StorageError",
+    "StorageFullError",
+    "StructureMismatchError",
+    "UnsupportedStateError",
+    "WriterDiedError",
+]
+
+_CONTEXT_KEYS = ("root", "step", "rank", "path")
+
+
+def _rebuild(cls: type[CkptError], message: str, context: dict[str, Any]) -> CkptError:
+    return cls(message, **context)
+
+
+class CkptError(Exception):
+    """Base of every ckptio error. ``str()`` names the context (root, step, rank, path) it carries."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        root: str | None = None,
+        step: int | None = None,
+        rank: int | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.message = message
+        self.root = root
+        self.step = step
+        self.rank = rank
+        self.path = path
+        super().__init__(message)
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _CONTEXT_KEYS if getattr(self, k) is not None}
+
+    def __str__(self) -> str:
+        ctx = ", ".join(f"{k}={v}" for k, v in self.context.items())
+        return f"{self.message} [{ctx}]" if ctx else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.context))
+
+
+class ConfigError(CkptError, ValueError):
+    """An option or argument is invalid."""
+
+
+class UnsupportedStateError(CkptError, TypeError):
+    """The state holds a value that cannot be checkpointed."""
+
+
+class StructureMismatchError(CkptError, ValueError):
+    """The state given to restore does not match the checkpoint's keys, shapes or dtypes."""
+
+
+class CheckpointNotFoundError(CkptError, LookupError):
+    """The requested step (or any committed step) does not exist."""
+
+
+class CorruptCheckpointError(CkptError):
+    """A manifest, index or metadata file is missing, unreadable or inconsistent."""
+
+
+class ChecksumError(CorruptCheckpointError):
+    """A data file's bytes do not match the checksum recorded when it was written."""
+
+
+class StorageError(CkptError, OSError):
+    """A storage operation failed."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        CkptError.__init__(self, message, **context)
+
+    def __str__(self) -> str:
+        return CkptError.__str__(self)
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """The key does not exist."""
+
+
+class AlreadyExistsError(StorageError, FileExistsError):
+    """A create-only write found the key already present."""
+
+
+class PreconditionError(StorageError):
+    """A conditional write (If-Match) lost: the object changed since it was read."""
+
+
+class StorageFullError(StorageError):
+    """No space left (ENOSPC), or the local tier's byte budget is spent."""
+
+
+class CommitError(CkptError):
+    """A step could not be committed."""
+
+
+class SaveFailedError(CkptError):
+    """A background save failed. The cause is chained (``__cause__``) when it crossed no process boundary."""
+
+
+class WriterDiedError(CkptError, RuntimeError):
+    """The writer process of a rank exited while saves were pending."""
+
+
+class RootInUseError(CkptError):
+    """Another live job owns this checkpoint root."""
+
+
+class ResidencyError(CkptError, PermissionError):
+    """Writing here would break residency: a public bucket or a region outside the allowed list."""
+
+
+class AdmissionError(CkptError):
+    """The planner refuses the job: its storage cannot take the burst."""

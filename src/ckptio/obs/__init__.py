@@ -1,0 +1,1 @@
+"""Observability: JSONL events (the record), Prometheus metrics and reports derived from them."""

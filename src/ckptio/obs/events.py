@@ -1,0 +1,124 @@
+"""JSONL events: the one record of what every save did, on every rank, in the trainer and in the writer.
+
+Metrics (``obs.metrics``) and the report (``obs.report``) are both computed from these events, so the event schema
+below is a contract. Each line is one JSON object with at least::
+
+    ts     wall-clock seconds (time.time())
+    mono   CLOCK_MONOTONIC seconds (time.monotonic(); comparable across processes of one host)
+    rank   global rank
+    role   "trainer" | "writer" | "committer"
+    event  one of EVENTS
+    step   the checkpoint (or training) step, or null
+
+Events and their extra fields:
+
+    save_requested   step                       save() called
+    save_agreed      step, blocked_s, pending   all ranks agreed to save (blocked_s: waiting for a free slot)
+    save_skipped     step, reason, pending      all ranks agreed to skip (overflow="skip")
+    stage_begin      step
+    stage_end        step, bytes, seconds       tensors copied into the staging slot
+    save_returned    step, blocking_s, bytes    save() returned to the training loop (blocking_s: whole call)
+    phase            step, phase, seconds, bytes, tier
+                     phase ∈ serialize | local_write | upload | rank_index | metadata | manifest | retention
+                     tier ∈ local | durable
+    retry            step, op, attempt, error
+    save_failed      step, error, error_type
+    committed        step, flush_s, bytes, lag_s, interval_s
+                     flush_s: save() return → commit seen by this rank; lag_s: commit time − save request time;
+                     interval_s: time since the previous save request (null for the first)
+    queue            pending                    staged snapshots not yet flushed
+    step_begin       step                       a training step started (StepTimer / ck.step_begin)
+    step_end         step, seconds              a training step ended
+    writer_started   pid
+    writer_died      pid, exitcode
+
+Writers also append to the same log; a file per rank keeps appends from interleaving across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+EVENTS = frozenset(
+    {
+        "save_requested",
+        "save_agreed",
+        "save_skipped",
+        "stage_begin",
+        "stage_end",
+        "save_returned",
+        "phase",
+        "retry",
+        "save_failed",
+        "committed",
+        "queue",
+        "step_begin",
+        "step_end",
+        "writer_started",
+        "writer_died",
+    }
+)
+
+
+def rank_path(path: str, rank: int) -> str:
+    """The per-rank file for a configured events path: ``{rank}`` is substituted, else ``.rank{N}`` appended."""
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext or '.jsonl'}"
+
+
+class EventLog:
+    """Appends events to a JSONL file (or nowhere) and hands each to the listeners (metrics).
+
+    Thread-safe; each line is written with a single ``write`` on an ``O_APPEND`` descriptor so a writer process and
+    its trainer can share one file without tearing lines.
+    """
+
+    def __init__(self, path: str | None, *, rank: int, role: str) -> None:
+        self.path = path
+        self.rank = rank
+        self.role = role
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._listeners.append(fn)
+
+    def emit(self, event: str, step: int | None = None, **fields: Any) -> dict[str, Any]:
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r}")
+        record = {
+            "ts": time.time(),
+            "mono": time.monotonic(),
+            "rank": self.rank,
+            "role": self.role,
+            "event": event,
+            "step": step,
+            **fields,
+        }
+        self.record(record)
+        return record
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Write an already-built record (e.g. forwarded from the writer) and notify listeners."""
+        with self._lock:
+            if self._fd is not None:
+                os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+        for fn in self._listeners:
+            fn(record)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

@@ -1,0 +1,1 @@
+"""Policies checked before bytes are written: residency (where) and volumes (which disk)."""

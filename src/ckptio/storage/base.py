@@ -1,0 +1,139 @@
+"""The one storage protocol every tier speaks.
+
+A :class:`Storage` is a flat key space under one root (a POSIX directory or an S3 prefix). Keys use ``/`` as
+separator and never start with it. The protocol is deliberately narrow — five primitives — and everything the
+pipeline needs (commit, retention, restore, probe) is written once against it.
+
+Guarantees every backend must keep (``tests/storage/conformance.py`` checks them):
+
+* ``put`` either writes the entirety of the data or fails; a reader never sees a partial object.
+* ``put(mode="create")`` is create-only: it raises :class:`~ckptio.errors.AlreadyExistsError` when the key exists,
+  and of several concurrent creators exactly one wins.
+* ``put(if_match=etag)`` replaces the object only while its etag is ``etag``, else
+  :class:`~ckptio.errors.PreconditionError`.
+* ``put`` is durable when it returns (POSIX: file and directory fsynced; S3: the PUT was acknowledged).
+* Missing keys raise :class:`~ckptio.errors.NotFoundError`; ``delete`` of a missing key is not an error.
+
+Storages are picklable: the writer process of every rank receives its own copy and must open its own clients.
+They must never hold a lock or a connection that does not survive pickling.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from ckptio.errors import NotFoundError
+
+# Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays.
+Buffer = Union[bytes, bytearray, memoryview]
+Data = Union[Buffer, Sequence[Buffer]]
+WriteMode = Literal["overwrite", "create"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What ``head``/``list`` know about one object."""
+
+    key: str
+    size: int
+    etag: str
+
+
+def as_buffers(data: Data) -> list[memoryview]:
+    """Normalise ``put`` input into a list of flat byte views (no copies)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        parts: Sequence[Buffer] = [data]
+    else:
+        parts = data
+    return [memoryview(p).cast("B") if memoryview(p).ndim != 1 or memoryview(p).itemsize != 1
+            else memoryview(p) for p in parts]
+
+
+def data_size(data: Data) -> int:
+    return sum(b.nbytes for b in as_buffers(data))
+
+
+def join_key(*parts: str) -> str:
+    """Join key segments with ``/``, ignoring empty ones."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+class Storage(abc.ABC):
+    """Abstract storage: subclasses implement the five primitives below; the rest is derived."""
+
+    #: A URL naming this storage, for messages and manifests (``file:///abs/path``, ``s3://bucket/prefix``).
+    url: str
+    #: True when the backend is a POSIX directory (the local path of a key is then ``local_path(key)``).
+    is_posix: bool = False
+    #: A region label for residency checks (S3: the bucket's region; POSIX: declared by the user, or None).
+    region: str | None = None
+
+    # ---- primitives -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
+        """Write ``data`` (one buffer or a sequence of buffers, concatenated) at ``key``, atomically and durably."""
+
+    @abc.abstractmethod
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        """Read ``length`` bytes (or to the end) of ``key`` from ``offset``."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Size and etag of ``key``; :class:`NotFoundError` when missing."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix`` (recursive, in no particular order)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+
+    # ---- derived (backends may override for speed) ------------------------------------------------------------
+    def exists(self, key: str) -> bool:
+        try:
+            self.head(key)
+        except NotFoundError:
+            return False
+        return True
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        """Upload a local file. S3 overrides this with a streaming multipart upload."""
+        with open(path, "rb") as f:
+            return self.put(key, f.read(), mode=mode)
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Whole objects for several keys. Backends with latency override this with concurrent GETs."""
+        return {k: self.get(k) for k in keys}
+
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """The distinct first path segments below ``prefix`` (``step-00000100`` under the root)."""
+        base = join_key(prefix)
+        cut = len(base) + 1 if base else 0
+        seen = set()
+        for info in self.list(base + "/" if base else ""):
+            rest = info.key[cut:]
+            if "/" in rest:
+                seen.add(rest.split("/", 1)[0])
+        return sorted(seen)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many were removed."""
+        base = join_key(prefix)
+        keys = [i.key for i in self.list(base + "/" if base else "")]
+        for k in keys:
+            self.delete(k)
+        return len(keys)
+
+    def local_path(self, key: str) -> str:
+        """The filesystem path of ``key`` (POSIX backends only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no local paths")
+
+    def close(self) -> None:
+        """Release clients and pools. Idempotent."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

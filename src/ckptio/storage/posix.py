@@ -1,0 +1,222 @@
+"""POSIX directory storage: local NVMe/RAM tiers and parallel filesystems (Lustre, GPFS, NFS, …).
+
+Atomicity comes from the filesystem: data goes to a hidden temp file in the target directory, is fsynced, then
+``os.replace``d (overwrite) or ``os.link``ed (create-only: ``link`` fails when the target exists, on every POSIX
+filesystem including NFS), and the directory is fsynced so the name survives a power loss.
+This module must never leave a temp file behind on a clean error path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
+from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, as_buffers, join_key
+
+TMP_PREFIX = ".tmp-"
+# os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
+_WRITE_SLICE = 64 << 20
+
+
+def _etag(st: os.stat_result) -> str:
+    return f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PosixStorage(Storage):
+    """A directory as a key space. ``fsync=False`` trades durability for speed (RAM tiers, tests)."""
+
+    is_posix = True
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, region: str | None = None) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.fsync = fsync
+        self.region = region
+        self.url = Path(self.root).as_uri()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"root": self.root, "fsync": self.fsync, "region": self.region}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["root"], fsync=state["fsync"], region=state["region"])  # type: ignore[arg-type,misc]
+
+    def local_path(self, key: str) -> str:
+        key = join_key(key)
+        if not key or key.startswith("..") or "/../" in f"/{key}/":
+            raise StorageError(f"invalid key {key!r}", root=self.url)
+        return os.path.join(self.root, key)
+
+    def _error(self, exc: OSError, key: str) -> StorageError:
+        path = self.local_path(key) if key else self.root
+        if exc.errno == errno.ENOENT:
+            return NotFoundError(f"no such object {key!r}", root=self.url, path=path)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StorageFullError(f"no space left writing {key!r}: {exc.strerror}", root=self.url, path=path)
+        return StorageError(f"{exc.strerror or exc} on {key!r}", root=self.url, path=path)
+
+    # ---- primitives -------------------------------------------------------------------------------------------
+    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
+        return self._commit(key, lambda tmp: self._write_tmp(tmp, data), mode, if_match)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        def copy(tmp: str) -> None:
+            with open(path, "rb") as src, open(tmp, "xb") as dst:
+                shutil.copyfileobj(src, dst, _WRITE_SLICE)
+                dst.flush()
+                if self.fsync:
+                    os.fsync(dst.fileno())
+
+        return self._commit(key, copy, mode, None)
+
+    def _commit(
+        self, key: str, fill: Callable[[str], None], mode: WriteMode, if_match: str | None
+    ) -> ObjectInfo:
+        path = self.local_path(key)
+        directory, name = os.path.split(path)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            self._makedirs(directory)
+            fill(tmp)
+            if mode == "create":
+                self._link_create(tmp, path, key)
+            elif if_match is not None:
+                self._replace_if_match(tmp, path, key, if_match)
+            else:
+                os.replace(tmp, path)
+            if self.fsync:
+                _fsync_dir(directory)
+            return ObjectInfo(key=join_key(key), size=os.stat(path).st_size, etag=_etag(os.stat(path)))
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            raise self._error(exc, key) from exc
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def _write_tmp(self, tmp: str, data: Data) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for buf in as_buffers(data):
+                for start in range(0, buf.nbytes, _WRITE_SLICE):
+                    view = buf[start : start + _WRITE_SLICE]
+                    while view.nbytes:
+                        view = view[os.write(fd, view) :]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _link_create(self, tmp: str, path: str, key: str) -> None:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=path) from None
+
+    def _replace_if_match(self, tmp: str, path: str, key: str, if_match: str) -> None:
+        # flock on the directory serialises compare-and-swap between processes on this host; cross-host CAS on a
+        # shared filesystem is only as good as its flock (Lustre/GPFS honour it, some NFS mounts do not).
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX)
+            try:
+                current = _etag(os.stat(path))
+            except FileNotFoundError:
+                current = None
+            if current != if_match:
+                raise PreconditionError(
+                    f"{key!r} changed (etag {current} != {if_match})", root=self.url, path=path
+                )
+            os.replace(tmp, path)
+        finally:
+            os.close(dfd)
+
+    def _makedirs(self, directory: str) -> None:
+        if os.path.isdir(directory):
+            return
+        parent = os.path.dirname(directory)
+        if parent != directory:
+            self._makedirs(parent)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            return
+        if self.fsync:
+            _fsync_dir(parent)
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        path = self.local_path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                if length is None:
+                    length = os.fstat(f.fileno()).st_size - offset
+                out = bytearray(max(length, 0))
+                view, got = memoryview(out), 0
+                while got < len(out):
+                    n = os.preadv(f.fileno(), [view[got:]], offset + got)
+                    if n == 0:
+                        break
+                    got += n
+                return bytes(out[:got]) if got < len(out) else bytes(out)
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+
+    def head(self, key: str) -> ObjectInfo:
+        try:
+            st = os.stat(self.local_path(key))
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+        if not os.path.isfile(self.local_path(key)):
+            raise NotFoundError(f"{key!r} is not an object", root=self.url, path=self.local_path(key))
+        return ObjectInfo(key=join_key(key), size=st.st_size, etag=_etag(st))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        # The prefix may end inside a name ("step-000"): walk its directory and filter.
+        rel_dir = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = os.path.join(self.root, rel_dir) if rel_dir else self.root
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.startswith(TMP_PREFIX):
+                    continue
+                full = os.path.join(dirpath, name)
+                key = os.path.relpath(full, self.root).replace(os.sep, "/")
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:  # deleted while listing
+                    continue
+                yield ObjectInfo(key=key, size=st.st_size, etag=_etag(st))
+
+    def delete(self, key: str) -> None:
+        path = self.local_path(key)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+        # Empty step directories are removed so listings stay short; a racing writer recreates them.
+        directory = os.path.dirname(path)
+        while directory != self.root and directory.startswith(self.root):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+            directory = os.path.dirname(directory)
