@@ -1,0 +1,683 @@
+"""S3 (and S3-protocol) storage: the durable tier of a checkpoint root ``s3://bucket/prefix``.
+
+Owns the S3 client of each process, multipart uploads, conditional writes (``If-None-Match: *`` for
+create-only, ``If-Match`` for compare-and-swap), retries and the mapping of S3 errors onto
+:mod:`ckptio.errors`.
+It must never hand a half-written object to a reader (PUT and CompleteMultipartUpload are atomic on S3), never
+leave a multipart upload open after a failure it saw, and never retry a request whose failure is permanent.
+
+Retries are ours, not botocore's (botocore's retries are switched off): a create-only write retried after an
+attempt whose outcome is unknown (dropped connection, timeout, 5xx) may meet 412 *because of its own
+earlier success*; only the code that knows it retried can tell, by comparing the stored write token with
+its own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import builtins
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlparse
+
+from ckptio.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    NotFoundError,
+    PreconditionError,
+    StorageError,
+)
+from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, as_buffers, join_key
+
+__all__ = ["HASHED_DIR_PREFIX", "S3Options", "S3Storage", "hashed_key"]
+
+MiB = 1 << 20
+_MIN_PART = 5 * MiB
+_MAX_PART = 5 << 30
+_MAX_PARTS = 10_000
+_SINGLE_PUT_MAX = 5 << 30
+# User metadata naming the write (a random token per put call): how a retried conditional write recognises
+# its own earlier success. S3 returns it on HEAD as x-amz-meta-ckptio-write.
+_TOKEN_META = "ckptio-write"
+#: First path segment of hashed data keys (see :func:`hashed_key`).
+HASHED_DIR_PREFIX = "h-"
+
+_T = TypeVar("_T")
+_RETRYABLE_STATUS = frozenset({500, 502, 503, 504, 409})
+_RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "ConditionalRequestConflict",
+        "RequestTimeTooSkewed",
+        "OperationAborted",
+    }
+)
+
+
+def hashed_key(key: str, *, width: int = 4) -> str:
+    """``key`` under a short hash directory (``h-3fa2/step-00000100/__3_0.distcp``) spreading S3 partitions.
+
+    S3 scales request rate per key prefix; every rank writing below ``step-00000100/`` shares one partition
+    while it splits. The engine may write per-rank data at ``hashed_key(key)`` when ``storage.hash_prefix`` is
+    true and must record the real key in the manifest (readers never recompute it). Retention finds stray
+    hashed data by listing ``list_dirs("")`` entries that start with :data:`HASHED_DIR_PREFIX`.
+    """
+    digest = hashlib.sha256(key.encode()).hexdigest()[:width]
+    return f"{HASHED_DIR_PREFIX}{digest}/{key}"
+
+
+@dataclass(kw_only=True, slots=True)
+class S3Options:
+    """How an :class:`S3Storage` talks to its bucket. Unset values come from the standard AWS chain."""
+
+    endpoint_url: str | None = None
+    """S3 endpoint (MinIO, moto, a VPC endpoint). None: ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, AWS."""
+
+    region: str | None = None
+    """Signing region of the client. None: ``AWS_REGION``/``AWS_DEFAULT_REGION``/profile. Not the residency
+    region: that is the bucket's own region, read with HeadBucket (:attr:`S3Storage.region`)."""
+
+    profile: str | None = None
+    """Named profile from ``~/.aws/config``; None uses the default chain (env, profile, instance role)."""
+
+    part_size: int | None = None
+    """Multipart part size in bytes. None picks 16 MiB below 2 GiB and 64 MiB above; either way it is raised
+    so an object needs at most 10,000 parts and never goes below S3's 5 MiB minimum."""
+
+    multipart_threshold: int = 16 * MiB
+    """Objects up to this size go in one PUT; larger ones as concurrent multipart parts."""
+
+    max_concurrency: int = 8
+    """Concurrent requests of one put/put_file/get_many call (parts or objects)."""
+
+    max_attempts: int = 8
+    """Attempts per request before a transient failure (503 SlowDown, 500, timeout, dropped link) raises."""
+
+    retry_base_s: float = 0.1
+    """First backoff; attempt n sleeps a uniform random time in [0, min(retry_cap_s, retry_base_s · 2ⁿ)]."""
+
+    retry_cap_s: float = 10.0
+    """Upper bound of one backoff sleep."""
+
+    connect_timeout_s: float = 10.0
+    """TCP connect timeout of one request."""
+
+    read_timeout_s: float = 120.0
+    """Socket read timeout of one request (a stalled part is retried after this)."""
+
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    """Bucket addressing: ``path`` for servers without wildcard DNS (botocore picks it for IP endpoints)."""
+
+    hash_prefix: bool = False
+    """Tell the engine to place per-rank data under :func:`hashed_key` (spreads S3 partitions)."""
+
+    def __post_init__(self) -> None:
+        if self.part_size is not None and not _MIN_PART <= self.part_size <= _MAX_PART:
+            raise ConfigError(f"part_size must be within 5 MiB..5 GiB, got {self.part_size}")
+        if not 1 <= self.multipart_threshold <= _SINGLE_PUT_MAX:
+            raise ConfigError(
+                f"multipart_threshold must be within 1 B..5 GiB, got {self.multipart_threshold}"
+            )
+        if self.max_concurrency < 1 or self.max_attempts < 1:
+            raise ConfigError("max_concurrency and max_attempts must be at least 1")
+        if (
+            self.retry_base_s < 0
+            or self.retry_cap_s < 0
+            or self.connect_timeout_s <= 0
+            or self.read_timeout_s <= 0
+        ):
+            raise ConfigError("retry delays must be >= 0 and timeouts > 0")
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ConfigError(
+                f"addressing_style must be auto, path or virtual, got {self.addressing_style!r}"
+            )
+
+
+def choose_part_size(total: int, configured: int | None = None) -> int:
+    """Part size for an object of ``total`` bytes: ≤ 10,000 parts, ≥ 5 MiB, ≥ 64 MiB for multi-GB objects."""
+    wanted = configured or (16 * MiB if total < (2 << 30) else 64 * MiB)
+    floor = -(-total // _MAX_PARTS)
+    floor = -(-floor // MiB) * MiB  # whole MiB keeps part boundaries page-aligned
+    return min(max(wanted, floor, _MIN_PART), _MAX_PART)
+
+
+class _SegmentReader(io.RawIOBase):
+    """A seekable file over byte views, so a part goes out without joining its buffers into one ``bytes``."""
+
+    def __init__(self, segments: Sequence[memoryview]) -> None:
+        super().__init__()
+        self._segments = [s for s in segments if s.nbytes]
+        self._starts: list[int] = []
+        total = 0
+        for seg in self._segments:
+            self._starts.append(total)
+            total += seg.nbytes
+        self._size = total
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        done = 0
+        while done < out.nbytes and self._pos < self._size:
+            index = bisect.bisect_right(self._starts, self._pos) - 1
+            seg, inner = self._segments[index], self._pos - self._starts[index]
+            n = min(seg.nbytes - inner, out.nbytes - done)
+            out[done : done + n] = seg[inner : inner + n]
+            done += n
+            self._pos += n
+        return done
+
+    def read(self, size: int | None = -1) -> bytes:
+        # One contiguous slice is returned without an intermediate buffer; the http layer asks for blocks.
+        remaining = self._size - self._pos
+        size = remaining if size is None or size < 0 else min(size, remaining)
+        if size <= 0:
+            return b""
+        index = bisect.bisect_right(self._starts, self._pos) - 1
+        seg, inner = self._segments[index], self._pos - self._starts[index]
+        if inner + size <= seg.nbytes:
+            self._pos += size
+            return seg[inner : inner + size].tobytes()
+        out = bytearray(size)
+        self.readinto(out)
+        return bytes(out)
+
+
+class _FileSlice(io.RawIOBase):
+    """``length`` bytes of an open file from ``offset``, read with ``pread`` so parts share one descriptor."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        super().__init__()
+        self._fd, self._offset, self._size, self._pos = fd, offset, length, 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        remaining = self._size - self._pos
+        size = remaining if size is None or size < 0 else min(size, remaining)
+        if size <= 0:
+            return b""
+        out = os.pread(self._fd, size, self._offset + self._pos)
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        out = self.read(memoryview(buffer).nbytes)
+        memoryview(buffer).cast("B")[: len(out)] = out
+        return len(out)
+
+
+class S3Storage(Storage):
+    """A bucket prefix as a key space. Picklable: each process opens its own boto3 client on first use."""
+
+    def __init__(self, bucket: str, prefix: str = "", **options: Any) -> None:
+        if not bucket or "/" in bucket:
+            raise ConfigError(f"invalid bucket name {bucket!r}")
+        try:
+            self.options = S3Options(**options)
+        except TypeError as exc:
+            raise ConfigError(f"unknown S3 option: {exc}") from None
+        self.bucket = bucket
+        self.prefix = join_key(prefix)
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.hash_prefix = self.options.hash_prefix
+        self._bucket_region: str | None = None
+        self._reset_process_state()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Storage:
+        """``s3://bucket/prefix`` → storage; ``options`` are :class:`S3Options` fields."""
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ConfigError(f"not an s3:// URL: {url!r}")
+        return cls(parsed.netloc, parsed.path, **options)
+
+    def _reset_process_state(self) -> None:
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        #: Requests sent and retries made by this process (for probes, benches and tests).
+        self.stats = {"requests": 0, "retries": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "options": asdict(self.options),
+            "bucket_region": self._bucket_region,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["bucket"], state["prefix"], **state["options"])  # type: ignore[misc]
+        self._bucket_region = state["bucket_region"]
+
+    # ---- client and retries -------------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        """This process's boto3 S3 client (thread-safe; created on first use)."""
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ConfigError("s3:// roots need boto3: pip install 'ckptio[s3]'") from exc
+        opts = self.options
+        session = boto3.session.Session(profile_name=opts.profile)
+        config = Config(
+            connect_timeout=opts.connect_timeout_s,
+            read_timeout=opts.read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves (module docstring)
+            max_pool_connections=max(10, 2 * opts.max_concurrency),
+            s3={"addressing_style": opts.addressing_style},
+            tcp_keepalive=True,
+        )
+        return session.client("s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config)
+
+    def _full(self, key: str) -> str:
+        clean = join_key(key)
+        if not clean or key.startswith("/"):
+            raise StorageError(f"invalid key {key!r}", root=self.url)
+        return f"{self.prefix}/{clean}" if self.prefix else clean
+
+    def _count(self, name: str) -> None:
+        with self._stats_lock:
+            self.stats[name] += 1
+
+    def _call(self, key: str, fn: Callable[[], _T], *, attempts_seen: list[int] | None = None) -> _T:
+        """Run one request with bounded exponential backoff and full jitter on transient failures."""
+        opts = self.options
+        for attempt in range(opts.max_attempts):
+            self._count("requests")
+            if attempts_seen is not None:
+                attempts_seen.append(attempt)
+            try:
+                return fn()
+            except Exception as exc:
+                if not _is_transient(exc) or attempt + 1 == opts.max_attempts:
+                    raise self._error(exc, key) from exc
+            self._count("retries")
+            time.sleep(random.uniform(0, min(opts.retry_cap_s, opts.retry_base_s * 2**attempt)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _error(self, exc: Exception, key: str) -> StorageError:
+        if isinstance(exc, StorageError):
+            return exc
+        status, code = _status_code(exc)
+        path = f"s3://{self.bucket}/{self._full(key)}" if key else self.url
+        if code == "NoSuchBucket":
+            return StorageError(f"bucket {self.bucket!r} does not exist", root=self.url, path=path)
+        if status == 404 or code in ("NoSuchKey", "NotFound"):
+            return NotFoundError(f"no such object {key!r}", root=self.url, path=path)
+        if status is not None:
+            return StorageError(f"S3 {code or status} on {key!r}: {exc}", root=self.url, path=path)
+        return StorageError(f"S3 request failed on {key!r}: {exc}", root=self.url, path=path)
+
+    # ---- primitives ---------------------------------------------------------------------------------------
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
+        buffers = as_buffers(data)
+        total = sum(b.nbytes for b in buffers)
+        if total <= self.options.multipart_threshold:
+            return self._put_single(key, lambda: _SegmentReader(buffers), total, mode, if_match)
+        part = choose_part_size(total, self.options.part_size)
+        slices = _split(buffers, part)
+        bodies = [functools.partial(_SegmentReader, s) for s in slices]
+        return self._put_multipart(key, bodies, total, mode, if_match)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        size = os.path.getsize(path)
+        if size <= self.options.multipart_threshold:
+            with open(path, "rb") as f:
+                return self.put(key, f.read(), mode=mode)
+        part = choose_part_size(size, self.options.part_size)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            bodies = [functools.partial(_FileSlice, fd, o, min(part, size - o)) for o in range(0, size, part)]
+            return self._put_multipart(key, bodies, size, mode, None)
+        finally:
+            os.close(fd)
+
+    def _conditions(self, mode: WriteMode, if_match: str | None) -> dict[str, str]:
+        if mode not in ("overwrite", "create"):
+            raise ConfigError(f"mode must be 'overwrite' or 'create', got {mode!r}")
+        if mode == "create":
+            return {"IfNoneMatch": "*"}
+        return {"IfMatch": f'"{if_match.strip(chr(34))}"'} if if_match is not None else {}
+
+    def _put_single(
+        self, key: str, body: Callable[[], io.RawIOBase], size: int, mode: WriteMode, if_match: str | None
+    ) -> ObjectInfo:
+        full, token = self._full(key), secrets.token_hex(8)
+        attempts: list[int] = []
+        extra = self._conditions(mode, if_match)
+        try:
+            resp = self._call(
+                key,
+                lambda: self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=full,
+                    Body=body(),
+                    ContentLength=size,
+                    Metadata={_TOKEN_META: token},
+                    **extra,
+                ),
+                attempts_seen=attempts,
+            )
+        except StorageError as exc:
+            return self._settle_conflict(key, exc, token, if_match, attempts)
+        return ObjectInfo(key=join_key(key), size=size, etag=_etag(resp["ETag"]))
+
+    def _put_multipart(
+        self,
+        key: str,
+        bodies: Sequence[Callable[[], io.RawIOBase]],
+        size: int,
+        mode: WriteMode,
+        if_match: str | None,
+    ) -> ObjectInfo:
+        full, token = self._full(key), secrets.token_hex(8)
+        extra = self._conditions(mode, if_match)
+        upload_id = self._call(
+            key,
+            lambda: self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=full, Metadata={_TOKEN_META: token}
+            ),
+        )["UploadId"]
+        try:
+            etags = self._upload_parts(key, full, upload_id, bodies)
+            parts = [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, start=1)]
+            attempts: list[int] = []
+            try:
+                resp = self._call(
+                    key,
+                    lambda: self.client.complete_multipart_upload(
+                        Bucket=self.bucket,
+                        Key=full,
+                        UploadId=upload_id,
+                        MultipartUpload={"Parts": parts},
+                        **extra,
+                    ),
+                    attempts_seen=attempts,
+                )
+            except StorageError as exc:
+                return self._settle_conflict(key, exc, token, if_match, attempts)
+        except BaseException:
+            self._abort(key, full, upload_id)
+            raise
+        return ObjectInfo(key=join_key(key), size=size, etag=_etag(resp["ETag"]))
+
+    def _upload_parts(
+        self, key: str, full: str, upload_id: str, bodies: Sequence[Callable[[], io.RawIOBase]]
+    ) -> list[str]:
+        def upload(number: int) -> str:
+            body = bodies[number - 1]
+            resp = self._call(
+                key,
+                lambda: self.client.upload_part(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body()
+                ),
+            )
+            return str(resp["ETag"])
+
+        workers = min(self.options.max_concurrency, len(bodies))
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckptio-s3-part") as pool:
+            futures = [pool.submit(upload, n) for n in range(1, len(bodies) + 1)]
+            try:
+                return [f.result() for f in futures]
+            finally:
+                for f in futures:  # a failed part stops the rest from starting; running ones finish
+                    f.cancel()
+
+    def _abort(self, key: str, full: str, upload_id: str) -> None:
+        # The original failure matters more; a lifecycle rule reaps what an abort could not.
+        with contextlib.suppress(StorageError):
+            self._call(
+                key,
+                lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id),
+            )
+
+    def _settle_conflict(
+        self, key: str, exc: StorageError, token: str, if_match: str | None, attempts: list[int]
+    ) -> ObjectInfo:
+        """Turn a lost condition into AlreadyExists/Precondition, unless the object is our own earlier write.
+
+        Lost conditions: 412; 404 on If-Match (the object is gone); NoSuchUpload on a retried Complete (an
+        earlier attempt completed it). After a retry the stored write token decides whether the winner was us.
+        """
+        status, code = _status_code(exc.__cause__)
+        retried = len(attempts) > 1
+        lost = (
+            status == 412
+            or (if_match is not None and status == 404 and code != "NoSuchBucket")
+            or (code == "NoSuchUpload" and retried)
+        )
+        if not lost:
+            raise exc
+        if retried:
+            try:
+                info, stored_token = self._head_with_token(key)
+            except NotFoundError:
+                info, stored_token = None, None
+            if info is not None and stored_token == token:
+                return info
+        if if_match is None and status == 412:
+            raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=exc.path) from None
+        if if_match is None:  # NoSuchUpload on an unconditional write we cannot attribute: not ours
+            raise exc
+        raise PreconditionError(
+            f"{key!r} changed since it was read (If-Match lost)", root=self.url, path=exc.path
+        ) from None
+
+    def _head_with_token(self, key: str) -> tuple[ObjectInfo, str | None]:
+        full = self._full(key)
+        resp = self._call(key, lambda: self.client.head_object(Bucket=self.bucket, Key=full))
+        info = ObjectInfo(key=join_key(key), size=int(resp["ContentLength"]), etag=_etag(resp["ETag"]))
+        return info, resp.get("Metadata", {}).get(_TOKEN_META)
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        if offset < 0 or (length is not None and length < 0):
+            raise StorageError(f"invalid range offset={offset} length={length} on {key!r}", root=self.url)
+        if length == 0:
+            self.head(key)  # a missing key still raises NotFoundError
+            return b""
+        full = self._full(key)
+        extra = {}
+        if offset or length is not None:
+            end = "" if length is None else str(offset + length - 1)
+            extra["Range"] = f"bytes={offset}-{end}"
+
+        def fetch() -> bytes:
+            resp = self.client.get_object(Bucket=self.bucket, Key=full, **extra)
+            return resp["Body"].read()
+
+        try:
+            return self._call(key, fetch)
+        except StorageError as exc:
+            if _status_code(exc.__cause__)[0] == 416:  # offset at or past the end: POSIX reads b""
+                return b""
+            raise
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        if len(keys) <= 1:
+            return {k: self.get(k) for k in keys}
+        with ThreadPoolExecutor(
+            min(self.options.max_concurrency, len(keys)), thread_name_prefix="ckptio-s3-get"
+        ) as pool:
+            return dict(zip(keys, pool.map(self.get, keys), strict=True))
+
+    def head(self, key: str) -> ObjectInfo:
+        return self._head_with_token(key)[0]
+
+    def _pages(self, prefix: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """ListObjectsV2 pages, each request retried alone (a boto3 paginator dies at its first error)."""
+        token: str | None = None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+            page = self._call(
+                prefix, functools.partial(self.client.list_objects_v2, Bucket=self.bucket, **params, **extra)
+            )
+            yield page
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        for page in self._pages(prefix, Prefix=base + prefix):
+            for item in page.get("Contents", ()):
+                yield ObjectInfo(
+                    key=item["Key"][len(base) :], size=int(item["Size"]), etag=_etag(item["ETag"])
+                )
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        base = join_key(self.prefix, prefix)
+        base = base + "/" if base else ""
+        names: set[str] = set()
+        for page in self._pages(prefix, Prefix=base, Delimiter="/"):
+            names.update(p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", ()))
+        return sorted(n for n in names if n)
+
+    def delete(self, key: str) -> None:
+        full = self._full(key)
+        self._call(key, lambda: self.client.delete_object(Bucket=self.bucket, Key=full))
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = join_key(prefix)
+        keys = [self._full(i.key) for i in self.list(base + "/" if base else "")]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
+            batch = {"Objects": [{"Key": k} for k in keys[start : start + 1000]], "Quiet": True}
+            resp = self._call(
+                prefix, functools.partial(self.client.delete_objects, Bucket=self.bucket, Delete=batch)
+            )
+            if resp.get("Errors"):
+                first = resp["Errors"][0]
+                raise StorageError(f"delete of {first.get('Key')} failed: {first.get('Code')}", root=self.url)
+        return len(keys)
+
+    # ---- bucket facts (residency) -------------------------------------------------------------------------
+    @property
+    def region(self) -> str | None:  # type: ignore[override]
+        """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""
+        if self._bucket_region is None:
+            self._bucket_region = self._read_bucket_region()
+        return self._bucket_region
+
+    def _read_bucket_region(self) -> str:
+        try:
+            resp = self._call("", lambda: self.client.head_bucket(Bucket=self.bucket))
+            headers = resp["ResponseMetadata"]["HTTPHeaders"]
+        except StorageError as exc:
+            # A HeadBucket sent to the wrong region answers 301/400 but still names the bucket's region.
+            headers = (
+                getattr(exc.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            )
+            if "x-amz-bucket-region" not in headers:
+                raise
+        return str(headers["x-amz-bucket-region"])
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+def _split(buffers: Sequence[memoryview], part_size: int) -> list[list[memoryview]]:
+    """Cut a list of views into parts of ``part_size`` bytes (the last may be shorter), without copying."""
+    parts: list[list[memoryview]] = []
+    current: list[memoryview] = []
+    room = part_size
+    for buf in buffers:
+        pos = 0
+        while pos < buf.nbytes:
+            take = min(room, buf.nbytes - pos)
+            current.append(buf[pos : pos + take])
+            pos += take
+            room -= take
+            if room == 0:
+                parts.append(current)
+                current, room = [], part_size
+    if current:
+        parts.append(current)
+    return parts
+
+
+def _etag(raw: str) -> str:
+    return raw.strip('"')
+
+
+def _status_code(exc: BaseException | None) -> tuple[int | None, str | None]:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None, None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status, response.get("Error", {}).get("Code")
+
+
+def _is_transient(exc: Exception) -> bool:
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
+    )
+    from botocore.exceptions import (
+        HTTPClientError,
+        IncompleteReadError,
+    )
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
+        return True
+    status, code = _status_code(exc)
+    if code == "PreconditionFailed" or status == 412:
+        return False
+    return status in _RETRYABLE_STATUS or code in _RETRYABLE_CODES

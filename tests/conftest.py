@@ -1,0 +1,117 @@
+"""Session-wide fixtures. Per-area fixtures live in each test folder's own conftest.py.
+
+The S3 fixtures start one real S3-protocol server (moto) for the whole session on 127.0.0.1 and a free port (a
+fixed port deadlocks under xdist), put fake credentials in the environment so every boto3 client of the session
+(and of the processes it spawns) talks to it, and create buckets in given regions, public or private.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # Keep ~/.aws of whoever runs the tests out of the session.
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """URL of the session's moto S3 server; AWS_ENDPOINT_URL and fake credentials are set while it runs."""
+    pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in [*_S3_ENV, "AWS_ENDPOINT_URL"]}
+    os.environ.update(_S3_ENV, AWS_ENDPOINT_URL=url)
+    try:
+        yield url
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_endpoint: str) -> Any:
+    """A plain boto3 client on the session server, for setting buckets up and looking behind ckptio's back."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+
+
+_bucket_numbers = itertools.count()
+
+
+def _public_read_policy(bucket: str) -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "PublicRead",
+                    "Effect": "Allow",
+                    "Principal": "*",
+                    "Action": "s3:GetObject",
+                    "Resource": f"arn:aws:s3:::{bucket}/*",
+                }
+            ],
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def make_bucket(s3_endpoint: str) -> Callable[..., str]:
+    """``make_bucket(region="us-east-1", public=None|"policy"|"acl", block_public=True) -> name``.
+
+    Private buckets get a full public-access block, as AWS creates them today. Public ones have the block
+    removed and either a public-read bucket policy or a ``public-read`` ACL (moto does not enforce
+    BlockPublicPolicy, so the order of these calls does not matter to it; it would on AWS).
+    """
+    import boto3
+
+    def make(region: str = "us-east-1", *, public: str | None = None, block_public: bool = True) -> str:
+        name = f"ckptio-test-{next(_bucket_numbers)}-{os.getpid()}"
+        client = boto3.client("s3", endpoint_url=s3_endpoint, region_name=region)
+        create: dict[str, Any] = {"Bucket": name}
+        if region != "us-east-1":
+            create["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        client.create_bucket(**create)
+        if block_public and public is None:
+            flags = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
+            client.put_public_access_block(
+                Bucket=name, PublicAccessBlockConfiguration=dict.fromkeys(flags, True)
+            )
+        if public == "policy":
+            client.put_bucket_policy(Bucket=name, Policy=_public_read_policy(name))
+        elif public == "acl":
+            client.put_bucket_acl(Bucket=name, ACL="public-read")
+        elif public is not None:
+            raise ValueError(f"public must be None, 'policy' or 'acl', not {public!r}")
+        return name
+
+    return make
+
+
+@pytest.fixture
+def s3_bucket(make_bucket: Callable[..., str]) -> str:
+    """A fresh private bucket in us-east-1."""
+    return make_bucket()
