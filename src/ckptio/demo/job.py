@@ -1,0 +1,165 @@
+"""What the launcher tells each rank, and what each rank reports back: two small JSON documents.
+
+The launcher writes one :class:`RankJob` per run; every rank reads it, trains, and writes a :class:`RankResult`.
+Keeping both as plain dataclasses that round-trip through JSON keeps the rank processes free of launcher state.
+This module must never start processes or touch torch.distributed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ckptio.demo.model import ModelShape
+from ckptio.errors import ConfigError
+
+Mode = Literal["dcp-sync", "dcp-async", "ckptio", "resume"]
+MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio", "resume")
+
+
+@dataclass(kw_only=True, slots=True)
+class StoreSpec:
+    """Where a run writes, and the bandwidth budget it shares."""
+
+    kind: Literal["posix", "s3"] = "posix"
+    """``posix``: a directory; ``s3``: a bucket on the demo's embedded S3 server."""
+
+    root: str
+    """The directory (posix) or ``s3://bucket/prefix`` URL (s3) of this run's checkpoints."""
+
+    bytes_per_s: float
+    """Write bandwidth of the emulated store, shared by every rank and every writer of the run."""
+
+    throttle_state: str
+    """The file holding the shared throttle clock."""
+
+    fsync: bool = True
+    """fsync data as a real filesystem client would."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    """Extra storage options (S3: ``endpoint_url``, ``region``)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RankJob:
+    """One run of the demo job, identical for every rank."""
+
+    mode: Mode
+    """``dcp-sync``, ``dcp-async`` or ``ckptio`` training runs, or ``resume`` (restore newest ckptio step)."""
+
+    world: int
+    """Number of ranks."""
+
+    store_port: int
+    """Port of the launcher's TCPStore on 127.0.0.1 (the rendezvous)."""
+
+    steps: int
+    """Training steps of an uninterrupted run (resume trains from the restored step up to this)."""
+
+    every: int
+    """Save at every multiple of this step, except the last step."""
+
+    seed: int
+    """Seed of the model and of the synthetic data."""
+
+    shape: ModelShape
+    """Model and data sizes."""
+
+    store: StoreSpec
+    """The checkpoint store of this run."""
+
+    events_dir: str
+    """Where each rank writes its JSONL events (``<mode>.rank<N>.jsonl``)."""
+
+    results_dir: str
+    """Where each rank writes its :class:`RankResult` (``<mode>.rank<N>.json``)."""
+
+    progress_path: str
+    """Rank 0 overwrites this file with the step it is on, for the launcher's progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown demo mode {self.mode!r}")
+        if self.world < 1 or self.steps < 2 or self.every < 1:
+            raise ConfigError(f"bad run size: world={self.world} steps={self.steps} every={self.every}")
+
+    def save_steps(self) -> list[int]:
+        """Steps that end with a save: multiples of ``every`` before the last step (so a resume has a next step)."""
+        return list(range(self.every, self.steps, self.every))
+
+    def events_path(self, rank: int) -> str:
+        return os.path.join(self.events_dir, f"{self.mode}.rank{rank}.jsonl")
+
+    def result_path(self, rank: int) -> str:
+        return os.path.join(self.results_dir, f"{self.mode}.rank{rank}.json")
+
+    def dump(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> RankJob:
+        with open(path) as f:
+            raw = json.load(f)
+        raw["shape"] = ModelShape(**raw["shape"])
+        raw["store"] = StoreSpec(**raw["store"])
+        return cls(**raw)
+
+
+@dataclass(kw_only=True, slots=True)
+class SaveRecord:
+    """One save as one rank saw it."""
+
+    step: int
+    """The step saved."""
+
+    blocking_s: float
+    """Time the training loop spent in the save call (waiting for the previous save included)."""
+
+    lag_s: float | None = None
+    """Save request → durable on this rank (DCP: future done; ckptio: the step committed); None if unknown."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RankResult:
+    """What one rank measured."""
+
+    mode: Mode
+    """The run."""
+
+    rank: int
+    """This rank."""
+
+    step_seconds: dict[int, float] = field(default_factory=dict)
+    """Wall time of each training step, the save at its end included."""
+
+    losses: dict[int, float] = field(default_factory=dict)
+    """Loss of each step (the same on every rank)."""
+
+    saves: list[SaveRecord] = field(default_factory=list)
+    """Every save of the run."""
+
+    drain_s: float = 0.0
+    """Time waiting for the last saves to become durable after the last step."""
+
+    committed: list[int] = field(default_factory=list)
+    """Steps found committed in the store at the end (rank 0 only)."""
+
+    restored_step: int | None = None
+    """Resume runs: the step restored."""
+
+    def dump(self, path: str) -> None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f)
+        os.replace(path + ".tmp", path)
+
+    @classmethod
+    def load(cls, path: str) -> RankResult:
+        with open(path) as f:
+            raw = json.load(f)
+        raw["step_seconds"] = {int(k): v for k, v in raw["step_seconds"].items()}
+        raw["losses"] = {int(k): v for k, v in raw["losses"].items()}
+        raw["saves"] = [SaveRecord(**s) for s in raw["saves"]]
+        return cls(**raw)

@@ -1,0 +1,130 @@
+"""One rank of the demo job: ``python -m ckptio.demo.rank JOB.json RANK``.
+
+Joins the launcher's rendezvous (a TCPStore on 127.0.0.1), trains the demo model with the run's saver, times
+every step, and writes its :class:`~ckptio.demo.job.RankResult`. A ``resume`` run restores the newest ckptio step
+in this fresh process group and trains on from there, recording the losses to compare with the uninterrupted run.
+This module must never decide what the demo prints: it only measures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ckptio.demo.job import RankJob, RankResult, SaveRecord
+from ckptio.demo.model import Trainer, TrainState
+from ckptio.demo.savers import CkptioSaver, DcpAsyncSaver, DcpSyncSaver, Saver, open_demo_storage
+from ckptio.obs.events import EventLog
+from ckptio.obs.steps import StepTimer
+
+_RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+
+
+def _join(job: RankJob, rank: int) -> None:
+    store = dist.TCPStore("127.0.0.1", job.store_port, is_master=False, timeout=_RENDEZVOUS_TIMEOUT)
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(job.mode, store), rank=rank, world_size=job.world,
+        timeout=_RENDEZVOUS_TIMEOUT,
+    )
+
+
+def _make_saver(job: RankJob, rank: int, events: EventLog) -> Saver:
+    per_rank_bytes = job.shape.state_bytes() // job.world
+    if job.mode == "dcp-sync":
+        return DcpSyncSaver(job.store, events, per_rank_bytes)
+    if job.mode == "dcp-async":
+        return DcpAsyncSaver(job.store, events, per_rank_bytes)
+    return CkptioSaver(job.store, job.events_path(rank), rank)
+
+
+class _Progress:
+    """Rank 0 tells the launcher which step it is on (one tiny overwrite per step)."""
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.path = path if rank == 0 else None
+
+    def report(self, step: int) -> None:
+        if self.path is not None:
+            with open(self.path + ".tmp", "w") as f:
+                f.write(str(step))
+            os.replace(self.path + ".tmp", self.path)
+
+
+def train(job: RankJob, rank: int, trainer: Trainer, result: RankResult) -> None:
+    """The measured run: train ``job.steps`` steps, saving at ``job.save_steps()``."""
+    events = EventLog(job.events_path(rank), rank=rank, role="trainer")
+    timer = StepTimer(events)
+    saver = _make_saver(job, rank, events)
+    state = {"app": TrainState(trainer, _mesh(job))}
+    progress = _Progress(job.progress_path, rank)
+    saves = set(job.save_steps())
+    try:
+        for step in range(1, job.steps + 1):
+            with timer.step(step):
+                result.losses[step] = trainer.train_step()
+                if step in saves:
+                    began = time.monotonic()
+                    saver.save(step, state)
+                    result.saves.append(SaveRecord(step=step, blocking_s=time.monotonic() - began))
+            result.step_seconds[step] = timer.last_seconds or 0.0
+            progress.report(step)
+        began = time.monotonic()
+        saver.drain()
+        result.drain_s = time.monotonic() - began
+        lags = saver.lags()
+        for record in result.saves:
+            record.lag_s = lags.get(record.step)
+        if rank == 0:
+            result.committed = saver.committed()
+    finally:
+        saver.close()
+        events.close()
+
+
+def resume(job: RankJob, rank: int, trainer: Trainer, result: RankResult) -> None:
+    """Restore the newest ckptio step in this fresh process group, then train on to ``job.steps``."""
+    import ckptio
+
+    state = {"app": TrainState(trainer, _mesh(job))}
+    progress = _Progress(job.progress_path, rank)
+    with ckptio.Checkpointer(root=open_demo_storage(job.store)) as checkpointer:
+        result.restored_step = checkpointer.restore(state)
+    for step in range(trainer.step + 1, job.steps + 1):
+        began = time.monotonic()
+        result.losses[step] = trainer.train_step()
+        result.step_seconds[step] = time.monotonic() - began
+        progress.report(step)
+
+
+def _mesh(job: RankJob) -> DeviceMesh:
+    return init_device_mesh("cpu", (job.world,))
+
+
+def main(argv: list[str]) -> int:
+    job = RankJob.load(argv[0])
+    rank = int(argv[1])
+    # One compute thread per rank: the ranks (and ckptio's writers) share the machine's cores.
+    torch.set_num_threads(1)
+    _join(job, rank)
+    try:
+        trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+        result = RankResult(mode=job.mode, rank=rank)
+        if job.mode == "resume":
+            resume(job, rank, trainer, result)
+        else:
+            train(job, rank, trainer, result)
+        dist.barrier()
+        result.dump(job.result_path(rank))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
