@@ -1,0 +1,417 @@
+"""The Checkpointer: save / maybe_save / wait / restore / latest_step / close.
+
+``save`` runs on the training thread and does only what must happen there: agree with every rank (one tiny
+collective on a gloo side group), re-plan when the state's structure changed, copy tensors into a reusable staging
+slot, and hand the slot to this rank's writer process. Everything else — serialization, checksums, writes, uploads,
+commit — happens in the writer. A failed save never kills training: it is reported by ``SaveHandle.wait``,
+``Checkpointer.wait``, a log line at the next ``save``, events and metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from torch.distributed.checkpoint.metadata import Metadata
+
+from ckptio import commit
+from ckptio.config import CheckpointerConfig
+from ckptio.dcp import (
+    check_supported,
+    global_plan,
+    make_planner,
+    resolve_objects,
+    resolve_tensors,
+    split_items,
+    structure_fingerprint,
+)
+from ckptio.errors import CkptError, ConfigError, UnsupportedStateError, WriterDiedError
+from ckptio.group import SideGroup
+from ckptio.layout import plan_layout
+from ckptio.obs.events import EventLog, rank_path
+from ckptio.restore import restore_step
+from ckptio.staging import StagingArea, copy_into_slot, remove_stale_slots
+from ckptio.storage import Storage, open_storage
+from ckptio.writer import PlanInfo, SaveJob, WriterSpec
+from ckptio.writer_proxy import WriterProxy
+
+log = logging.getLogger("ckptio")
+
+
+class SaveHandle:
+    """One save: ``skipped`` now, ``done()``/``wait()`` for its commit."""
+
+    def __init__(self, step: int, *, skipped: bool = False, skip_reason: str | None = None) -> None:
+        self.step = step
+        self.skipped = skipped
+        self.skip_reason = skip_reason
+        self.blocking_s = 0.0
+        self.bytes = 0
+        self.slot_id: int | None = None
+        self.save_id = 0
+        self.returned_mono = 0.0
+        self.requested_mono = 0.0
+        self.interval_s: float | None = None
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        if skipped:
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until committed; re-raise the save's error. ``TimeoutError`` if ``timeout`` passes first."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"save of step {self.step} not committed within {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._event.set()
+
+    def __repr__(self) -> str:
+        state = "skipped" if self.skipped else ("failed" if self._error else ("committed" if self.done() else
+                                                                            "pending"))
+        return f"SaveHandle(step={self.step}, {state})"
+
+
+class Checkpointer:
+    """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``."""
+
+    def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
+                 **options: Any) -> None:
+        if config is None:
+            if root is None:
+                raise ConfigError("Checkpointer needs a root (or a config)")
+            config = CheckpointerConfig(root=root, **options)
+        elif root is not None or options:
+            raise ConfigError("pass either config= or keyword options, not both")
+        self.config = config
+        self.group = SideGroup(process_group)
+        self.rank, self.world_size = self.group.rank, self.group.world_size
+        self.storage: Storage = open_storage(config.root, **self._storage_options())
+        self.local: Storage | None = (
+            open_storage(config.local_dir, fsync=False) if config.local_dir is not None else None
+        )
+        self.events = EventLog(rank_path(config.events_path, self.rank) if config.events_path else None,
+                               rank=self.rank, role="trainer")
+        self._metrics = self._start_metrics()
+        self._check_policies()
+        remove_stale_slots()
+        self._staging = StagingArea(config.max_pending)
+        self._lock = threading.Lock()
+        self._pending: dict[int, SaveHandle] = {}
+        self._unreported: list[BaseException] = []
+        self._writer_error: WriterDiedError | None = None
+        self._plan_key: str | None = None
+        self._plan_id = 0
+        self._tensor_items: list[Any] = []
+        self._object_items: list[Any] = []
+        self._layout: Any = None
+        self._last_save_mono: float | None = None
+        self._closed = False
+        self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
+                                   on_death=self._on_writer_death)
+
+    # ---- construction helpers -----------------------------------------------------------------------------------
+    def _storage_options(self) -> dict[str, Any]:
+        opts = dict(self.config.storage_options)
+        if isinstance(self.config.root, (str, os.PathLike)) and not os.fspath(self.config.root).startswith("s3://"):
+            opts.setdefault("fsync", self.config.fsync)
+        return opts
+
+    def _writer_spec(self) -> WriterSpec:
+        c = self.config
+        return WriterSpec(rank=self.rank, world_size=self.world_size, durable=self.storage, local=self.local,
+                          keep_last=c.keep_last, upload_concurrency=c.upload_concurrency,
+                          commit_timeout_s=c.commit_timeout_s, residency=c.residency,
+                          residency_recheck_s=c.residency_recheck_s)
+
+    def _start_metrics(self) -> Any:
+        try:
+            from ckptio.obs.metrics import SaveMetrics
+        except ImportError:
+            return None
+        metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)
+        self.events.add_listener(metrics.observe)
+        if self.config.metrics_port is not None and self.rank == 0:
+            from ckptio.obs.metrics import start_exporter
+
+            self._exporter = start_exporter(self.config.metrics_port, host=self.config.metrics_host,
+                                            registry=self.config.metrics_registry)
+        return metrics
+
+    def _check_policies(self) -> None:
+        """Residency and volume checks on rank 0, before any byte is written; the verdict is shared."""
+        error: CkptError | None = None
+        if self.rank == 0:
+            try:
+                if self.config.residency is not None:
+                    from ckptio.policy.residency import check_residency
+
+                    check_residency(self.storage, self.config.residency)
+                self._check_volumes()
+            except CkptError as exc:
+                error = exc
+        error = self.group.broadcast_from_rank0(error)
+        if error is not None:
+            raise error
+
+    def _check_volumes(self) -> None:
+        if self.config.volume_check == "off" or not self.storage.is_posix:
+            return
+        try:
+            from ckptio.policy.volumes import check_checkpoint_volume
+        except ImportError:
+            return
+        check_checkpoint_volume(self.storage.local_path(""), data_dirs=self.config.data_dirs,
+                                mode=self.config.volume_check)
+
+    # ---- save --------------------------------------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
+        """Stage ``state`` and return; the caller may mutate ``state`` right after. All ranks call together."""
+        self._check_open()
+        t0 = time.monotonic()
+        self.events.emit("save_requested", step)
+        self._report_failures()
+        planner, key, local_error = self._prepare(state)
+        agreed, blocked_s = self._agree(changed=key != self._plan_key, error=local_error is not None)
+        if agreed.any_error:
+            return self._skip_for_error(step, local_error, blocked_s)
+        if not agreed.all_free:
+            self.events.emit("save_skipped", step, reason="no free staging slot", pending=self._staging.pending())
+            return SaveHandle(step, skipped=True, skip_reason="no free staging slot")
+        self.events.emit("save_agreed", step, blocked_s=blocked_s, pending=self._staging.pending())
+        if agreed.any_changed or self._plan_key is None:
+            self._replan(planner, key)
+        handle = self._stage_and_submit(step, planner, agreed.save_id, t0)
+        handle.blocking_s = time.monotonic() - t0
+        self.events.emit("save_returned", step, blocking_s=handle.blocking_s, bytes=handle.bytes)
+        return handle
+
+    def _prepare(self, state: dict[str, Any]) -> tuple[Any, str | None, CkptError | None]:
+        """Flatten and fingerprint the state; a bad state is an error to agree on, not to raise yet."""
+        try:
+            planner = make_planner(state, is_coordinator=self.rank == 0)
+            check_supported(planner.state_dict)
+            return planner, structure_fingerprint(planner), None
+        except CkptError as exc:
+            return None, None, exc
+        except Exception as exc:
+            return None, None, UnsupportedStateError(f"state cannot be planned: {type(exc).__name__}: {exc}")
+
+    def _agree(self, *, changed: bool, error: bool) -> tuple[Any, float]:
+        """Agree on save/skip/block with every rank; with overflow="block" wait for this rank's slot and retry."""
+        t0 = time.monotonic()
+        error = error or self._writer_error is not None
+        while True:
+            agreed = self.group.agree(free=self._staging.free_slot_id() is not None, changed=changed, error=error)
+            if agreed.all_free or agreed.any_error or self.config.overflow == "skip":
+                return agreed, time.monotonic() - t0
+            self._staging.wait_free(timeout=1.0)
+
+    def _skip_for_error(self, step: int, local_error: CkptError | None, blocked_s: float) -> SaveHandle:
+        self.events.emit("save_skipped", step, reason="error on a rank", pending=self._staging.pending())
+        if self._writer_error is not None:
+            error, self._writer_error = self._writer_error, None
+            self._writer.forget()
+            self._writer.start()  # recover: the next save goes to a fresh writer
+            raise error
+        if local_error is not None:
+            local_error.step = step
+            local_error.rank = self.rank
+            raise local_error
+        return SaveHandle(step, skipped=True, skip_reason="another rank reported an error")
+
+    def _replan(self, planner: Any, key: str | None) -> None:
+        """DCP global planning (dedup across ranks) once per structure: one all-gather of local plans."""
+        local_plan = planner.create_local_plan()
+        all_plans = self.group.all_gather_object(local_plan)
+        final, metadata = global_plan(planner, all_plans, self.rank)
+        self._tensor_items, self._object_items = split_items(final.items)
+        self._layout = plan_layout(self.rank, self._tensor_items + self._object_items,
+                                   self.config.file_size_bytes)
+        skeleton = None
+        if self.rank == 0:
+            skeleton = pickle.dumps(Metadata(state_dict_metadata=metadata.state_dict_metadata,
+                                             planner_data=metadata.planner_data))
+        self._plan_key = key
+        self._plan_id += 1
+        self._writer.ensure_started()
+        self._writer.send_plan(self._plan_id, PlanInfo(layout=self._layout, metadata_skeleton=skeleton))
+
+    def _stage_and_submit(self, step: int, planner: Any, save_id: int, t0: float) -> SaveHandle:
+        slot_id = self._staging.free_slot_id()
+        assert slot_id is not None  # agreed free above; only this thread acquires slots
+        handle = SaveHandle(step)
+        handle.slot_id, handle.save_id, handle.requested_mono = slot_id, save_id, t0
+        handle.interval_s = t0 - self._last_save_mono if self._last_save_mono is not None else None
+        self._last_save_mono = t0
+        slot = self._staging.acquire(slot_id, self._layout)
+        try:
+            self.events.emit("stage_begin", step)
+            ts = time.monotonic()
+            handle.bytes = copy_into_slot(slot, resolve_tensors(planner, self._tensor_items))
+            objects = resolve_objects(planner, self._object_items)
+            self.events.emit("stage_end", step, bytes=handle.bytes, seconds=time.monotonic() - ts)
+        except BaseException:
+            self._staging.release(slot_id)
+            raise
+        with self._lock:
+            self._pending[step] = handle
+        self.events.emit("queue", step, pending=self._staging.pending())
+        self._writer.ensure_started()
+        self._writer.submit(SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
+                                    slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=objects,
+                                    requested_mono=t0))
+        handle.returned_mono = time.monotonic()
+        return handle
+
+    def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
+        """Save when ``every_steps`` divides ``step`` or ``every_seconds`` passed (rank 0's clock decides)."""
+        due = self.config.every_steps is not None and step % self.config.every_steps == 0
+        if self.config.every_seconds is not None:
+            elapsed = time.monotonic() - (self._last_save_mono or self._created_mono)
+            due = self.group.any_true(due or (self.rank == 0 and elapsed >= self.config.every_seconds))
+        return self.save(step, state) if due else None
+
+    @property
+    def _created_mono(self) -> float:
+        return self.__dict__.setdefault("_created", time.monotonic())
+
+    # ---- writer messages (reader thread) ------------------------------------------------------------------------
+    def _on_writer_message(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "event":
+            self.events.record(msg[1])
+        elif kind == "slot_free":
+            handle = self._pending.get(msg[1])
+            if handle is not None and handle.slot_id is not None:
+                self._staging.release(handle.slot_id)
+                handle.slot_id = None
+            self.events.emit("queue", msg[1], pending=self._staging.pending())
+        elif kind == "done":
+            self._complete(msg[1], None, msg[2])
+        elif kind == "failed":
+            self._complete(msg[1], msg[2], None)
+
+    def _complete(self, step: int, error: BaseException | None, info: dict[str, Any] | None) -> None:
+        with self._lock:
+            handle = self._pending.pop(step, None)
+        if handle is None:
+            return
+        if handle.slot_id is not None:
+            self._staging.release(handle.slot_id)
+            handle.slot_id = None
+        now = time.monotonic()
+        if error is None:
+            self.events.emit("committed", step, flush_s=now - handle.returned_mono, bytes=handle.bytes,
+                             lag_s=now - handle.requested_mono, interval_s=handle.interval_s)
+        else:
+            self.events.emit("save_failed", step, error=str(error), error_type=type(error).__name__)
+            with self._lock:
+                self._unreported.append(error)
+        handle._finish(error)
+
+    def _on_writer_death(self, exitcode: int | None) -> None:
+        error = WriterDiedError(f"writer process exited with code {exitcode}", root=self.storage.url,
+                                rank=self.rank)
+        self.events.emit("writer_died", None, pid=self._writer.pid, exitcode=exitcode)
+        with self._lock:
+            pending = list(self._pending.values())
+            self._writer_error = error
+        for handle in pending:
+            # Tell the committer (and the other ranks) at once instead of letting them time out.
+            commit.write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
+            self._complete(handle.step, error, None)
+
+    def _report_failures(self) -> None:
+        with self._lock:
+            failures, self._unreported = self._unreported, []
+        for exc in failures:
+            log.warning("ckptio: an earlier save failed: %s: %s", type(exc).__name__, exc)
+
+    # ---- wait / restore / close --------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every pending save is committed; raise the first failure (once)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            handles = list(self._pending.values())
+        for h in handles:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(CkptError):
+                h.wait(remaining)
+        with self._lock:
+            failures, self._unreported = self._unreported, []
+            if self._writer_error is not None and not failures:
+                failures = [self._writer_error]
+        if failures:
+            raise failures[0]
+
+    def pending_steps(self) -> list[int]:
+        with self._lock:
+            return sorted(self._pending)
+
+    def latest_step(self) -> int | None:
+        steps = commit.committed_steps(self.storage)
+        return steps[-1] if steps else None
+
+    def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
+        """Load the newest committed step (or ``step``) into ``state`` in place; None when there is none."""
+        self._check_open()
+        return restore_step(self.storage, state, step=step, local=self.local, group=self.group,
+                            concurrency=self.config.upload_concurrency)
+
+    @contextlib.contextmanager
+    def step_timer(self, step: int) -> Iterator[None]:
+        """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""
+        self.step_begin(step)
+        try:
+            yield
+        finally:
+            self.step_end(step)
+
+    def step_begin(self, step: int) -> None:
+        self._step_t0 = time.monotonic()
+        self.events.emit("step_begin", step)
+
+    def step_end(self, step: int) -> None:
+        self.events.emit("step_end", step, seconds=time.monotonic() - getattr(self, "_step_t0", time.monotonic()))
+
+    def close(self, *, wait: bool = True) -> None:
+        """Finish pending saves (unless ``wait=False``), stop the writer and free the staging memory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if wait:
+                with contextlib.suppress(CkptError):
+                    self.wait()
+        finally:
+            self._writer.stop()
+            self._staging.close()
+            self.events.close()
+            if getattr(self, "_exporter", None) is not None:
+                self._exporter.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("checkpointer is closed", root=self.storage.url, rank=self.rank)
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,252 @@
+"""Everything that speaks PyTorch DCP: save planning, ``.metadata`` building, and the StorageReader for restore.
+
+ckptio reuses DCP's own planners (``DefaultSavePlanner``: flattening, DTensor chunks, de-duplication of replicated
+tensors across ranks), so what it writes is exactly what ``torch.distributed.checkpoint.load`` expects, at any world
+size. Only the *execution* differs: the plan is computed once per state structure (one all-gather on ckptio's side
+group), and each save just copies tensors into the staging slot.
+
+This module never performs I/O on the training thread except through ``CkptioStorageReader`` during restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.distributed.tensor import DTensor
+from torch.futures import Future
+
+from ckptio.commit import ItemRecord, Manifest, RankIndex, check_file, step_dir
+from ckptio.errors import StructureMismatchError, UnsupportedStateError
+from ckptio.storage.base import Storage, join_key
+
+
+# ---- save planning ------------------------------------------------------------------------------------------------
+def statefuls_to_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """Like DCP: top-level ``Stateful`` values are replaced by their ``state_dict()``."""
+    if not isinstance(state, dict):
+        raise UnsupportedStateError(f"state must be a dict, got {type(state).__name__}")
+    return {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+
+
+def make_planner(state: dict[str, Any], *, is_coordinator: bool) -> DefaultSavePlanner:
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(
+        state_dict=statefuls_to_state_dict(state), storage_meta=None, is_coordinator=is_coordinator
+    )
+    return planner
+
+
+def _describe(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, DTensor):
+        mesh = value.device_mesh
+        return ("dtensor", str(value.dtype), tuple(value.shape), tuple(value.to_local().shape),
+                str(value.placements), tuple(mesh.mesh.shape))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.device.type)
+    return ("object",)
+
+
+def check_supported(flat: dict[str, Any]) -> None:
+    """Reject values that cannot be staged, naming the key."""
+    for fqn, value in flat.items():
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+            if value.is_sparse or value.layout != torch.strided:
+                raise UnsupportedStateError(f"{fqn!r}: sparse/non-strided tensors are not supported", path=fqn)
+            if value.device.type == "meta":
+                raise UnsupportedStateError(f"{fqn!r}: tensor on the meta device has no data", path=fqn)
+
+
+def structure_fingerprint(planner: DefaultSavePlanner) -> str:
+    """A digest of keys, kinds, shapes, dtypes and placements: the plan cache is valid while it holds."""
+    flat = planner.state_dict
+    h = hashlib.blake2b(digest_size=16)
+    for fqn in sorted(flat):
+        h.update(repr((fqn, _describe(flat[fqn]))).encode())
+    return h.hexdigest()
+
+
+def global_plan(planner: DefaultSavePlanner, all_plans: list[SavePlan], rank: int) -> tuple[SavePlan, Metadata]:
+    """Run DCP's global planning (dedup + metadata) locally; every rank gets the same answer."""
+    plans, metadata = planner.create_global_plan(all_plans)
+    return planner.finish_plan(plans[rank]), metadata
+
+
+def split_items(items: Sequence[WriteItem]) -> tuple[list[WriteItem], list[WriteItem]]:
+    tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
+    objects = [i for i in items if i.type == WriteItemType.BYTE_IO]
+    return tensors, objects
+
+
+def resolve_tensors(planner: DefaultSavePlanner, items: Sequence[WriteItem]) -> list[torch.Tensor]:
+    out = []
+    for item in items:
+        tensor = cast(torch.Tensor, planner.resolve_data(item))
+        out.append(tensor.detach())
+    return out
+
+
+def resolve_objects(planner: DefaultSavePlanner, items: Sequence[WriteItem]) -> list[bytes]:
+    out = []
+    for item in items:
+        try:
+            data = cast(io.BytesIO, planner.resolve_data(item))
+        except Exception as exc:  # pickling raises anything (TypeError, AttributeError, PicklingError)
+            raise UnsupportedStateError(
+                f"{item.index.fqn!r} cannot be serialized: {type(exc).__name__}: {exc}", path=item.index.fqn
+            ) from exc
+        out.append(data.getvalue())
+    return out
+
+
+# ---- metadata ----------------------------------------------------------------------------------------------------
+def build_metadata(skeleton: Metadata, indexes: Sequence[RankIndex], checkpoint_id: str) -> Metadata:
+    """Complete DCP's global metadata with where every item landed (``storage_data``)."""
+    storage_data: dict[MetadataIndex, _StorageInfo] = {}
+    for index in indexes:
+        for it in index.items:
+            key = MetadataIndex(it.fqn, it.offset, it.index_hint)
+            storage_data[key] = _StorageInfo(it.file, it.file_offset, it.length)
+    return Metadata(
+        state_dict_metadata=skeleton.state_dict_metadata,
+        planner_data=skeleton.planner_data,
+        storage_data=storage_data,
+        storage_meta=StorageMeta(checkpoint_id=checkpoint_id),
+        version=CURRENT_DCP_VERSION,
+    )
+
+
+def item_records(entries: Sequence[tuple[MetadataIndex, str, int, int]]) -> list[ItemRecord]:
+    return [
+        ItemRecord(
+            fqn=idx.fqn,
+            offset=list(idx.offset) if idx.offset is not None else None,
+            index_hint=idx.index,
+            file=file,
+            file_offset=off,
+            length=length,
+        )
+        for idx, file, off, length in entries
+    ]
+
+
+# ---- restore -----------------------------------------------------------------------------------------------------
+class CkptioStorageReader(StorageReader):
+    """A DCP StorageReader over any ckptio storage: whole-file reads, checksums verified, local tier preferred.
+
+    ``torch.distributed.checkpoint.load(sd, storage_reader=CkptioStorageReader(storage, step))`` reads a ckptio
+    checkpoint from POSIX or S3 at any world size.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        step: int,
+        *,
+        manifest: Manifest | None = None,
+        local: Storage | None = None,
+        concurrency: int = 4,
+    ) -> None:
+        from ckptio.commit import read_manifest
+
+        self.storage = storage
+        self.step = step
+        self.manifest = manifest or read_manifest(storage, step)
+        self.local = local
+        self.concurrency = concurrency
+        self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        #: files served from the local tier in the last read_data (for reports and tests)
+        self.local_hits: list[str] = []
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.local_hits = []
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        raw = self.storage.get(join_key(step_dir(self.step), ".metadata"))
+        metadata = cast(Metadata, pickle.loads(raw))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def _fetch(self, name: str) -> bytes:
+        """One whole data file, from the local tier when its copy matches the manifest, else durable."""
+        rec = self.manifest.files[name]
+        key = join_key(step_dir(self.step), name)
+        if self.local is not None:
+            try:
+                data = self.local.get(key)
+                check_file(self.local, self.step, name, data, rec)
+                self.local_hits.append(name)
+                return data
+            except Exception:  # missing or damaged local copy: the durable tier decides
+                pass
+        data = self.storage.get(key)
+        check_file(self.storage, self.step, name, data, rec)
+        return data
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[Any]] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        names = sorted(per_file)
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            # Bounded look-ahead: at most `concurrency` files are held in memory at once.
+            for start in range(0, len(names), self.concurrency):
+                batch = names[start : start + self.concurrency]
+                for name, data in zip(batch, pool.map(self._fetch, batch)):
+                    self._apply(per_file[name], memoryview(data), planner)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _apply(self, reqs: list[Any], data: memoryview, planner: LoadPlanner) -> None:
+        for req in reqs:
+            info = self.storage_data[req.storage_index]
+            blob = data[info.offset : info.offset + info.length]
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(blob))
+                continue
+            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise StructureMismatchError(
+                    f"{req.storage_index.fqn!r}: checkpoint has shape {tuple(tensor.size())}, "
+                    f"target has {tuple(target.size())}",
+                    step=self.step,
+                    path=req.storage_index.fqn,
+                )
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)

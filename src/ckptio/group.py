@@ -1,0 +1,78 @@
+"""The only collectives ckptio runs, all on a dedicated gloo side group and all from the training thread.
+
+A save is agreed before anything is staged: one tiny ``all_reduce`` tells every rank whether all ranks have a free
+staging slot, whether any rank's state structure changed (re-plan), whether any rank has an error to report, and
+carries rank 0's save id. Every rank therefore takes the same decision (save, skip, block) — a step is never written
+by some ranks only. Without ``torch.distributed`` the same code runs with world size 1 and no communication.
+
+Never call these from a background thread: collectives on a group shared with the training loop deadlock.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ckptio.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """The outcome of one save agreement, identical on every rank."""
+
+    all_free: bool
+    any_changed: bool
+    any_error: bool
+    save_id: int
+
+
+class SideGroup:
+    """Rank, world size and a private gloo group (None when running as a single process)."""
+
+    def __init__(self, process_group: Any = None) -> None:
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if not self.distributed:
+            if process_group is not None:
+                raise ConfigError("process_group given but torch.distributed is not initialized")
+            self.rank, self.world_size, self.group = 0, 1, None
+            return
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # Every rank constructs the Checkpointer together, so new_group (a collective itself) is safe here.
+        # A private gloo group keeps ckptio's CPU collectives off the (often NCCL) training group.
+        self.group = dist.new_group(backend="gloo") if process_group is None else process_group
+
+    def agree(self, *, free: bool, changed: bool, error: bool) -> Agreement:
+        save_id = random.getrandbits(52) if self.rank == 0 else 0
+        if not self.distributed:
+            return Agreement(all_free=free, any_changed=changed, any_error=error, save_id=save_id)
+        vec = torch.tensor([int(free), int(changed), int(error), save_id], dtype=torch.int64)
+        dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=self.group)
+        free_n, changed_n, error_n, sid = (int(x) for x in vec.tolist())
+        return Agreement(all_free=free_n == self.world_size, any_changed=changed_n > 0, any_error=error_n > 0,
+                         save_id=sid)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast_from_rank0(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return box[0]
+
+    def any_true(self, flag: bool) -> bool:
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return int(t.item()) > 0

@@ -1,0 +1,70 @@
+"""Restore: pick the step every rank will load, then let DCP's load planner (resharding included) read it through
+ckptio's StorageReader, which verifies checksums and prefers an intact local copy.
+
+Runs on the training thread; its only collectives are the step broadcast and those inside ``dcp.load``, all on
+ckptio's side group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ckptio import commit
+from ckptio.dcp import CkptioStorageReader
+from ckptio.errors import CheckpointNotFoundError, CkptError, StructureMismatchError
+from ckptio.group import SideGroup
+from ckptio.storage.base import Storage
+
+
+def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | None | CkptError:
+    if group.rank != 0:
+        return None
+    if step is None:
+        steps = commit.committed_steps(storage)
+        return steps[-1] if steps else None
+    if not storage.exists(commit.manifest_key(step)):
+        return CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step)
+    return step
+
+
+def _unwrap(exc: CheckpointException, step: int) -> CkptError:
+    """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch."""
+    for failure in exc.failures.values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, CkptError):
+            return inner
+    text = str(exc)
+    return StructureMismatchError(
+        f"state does not match the checkpoint: {text.strip().splitlines()[-1] if text.strip() else exc!r}",
+        step=step,
+    )
+
+
+def restore_step(
+    storage: Storage,
+    state: dict[str, Any],
+    *,
+    step: int | None = None,
+    local: Storage | None = None,
+    group: SideGroup | None = None,
+    concurrency: int = 4,
+) -> int | None:
+    group = group or SideGroup()
+    chosen = group.broadcast_from_rank0(_choose_step(storage, step, group))
+    if isinstance(chosen, CkptError):
+        raise chosen
+    if chosen is None:
+        return None
+    reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency)
+    try:
+        dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
+    except CheckpointException as exc:
+        raise _unwrap(exc, chosen) from exc
+    except CkptError:
+        raise
+    except (RuntimeError, KeyError, ValueError, AssertionError) as exc:
+        raise StructureMismatchError(f"state does not match the checkpoint: {exc}", step=chosen) from exc
+    return int(chosen)

@@ -1,0 +1,198 @@
+"""Reusable host buffers that hold one snapshot of a rank's tensors (a staging slot).
+
+A slot is one file in ``/dev/shm`` mapped by the trainer and by its writer process, so the writer reads the snapshot
+without a copy and without the training process's GIL. Buffers are allocated on first use, pre-faulted
+(``MAP_POPULATE``: a copy into fresh pages runs at a third of the speed of a copy into touched ones) and reused for
+every later save while the layout's size holds. On CUDA the slot is page-locked (``cudaHostRegister``) so
+device-to-host copies run ``non_blocking`` and one stream sync ends the staging.
+
+This module never serializes, hashes or writes to storage: the training process only copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+import tempfile
+import threading
+
+import torch
+
+from ckptio.errors import StorageFullError, UnsupportedStateError
+from ckptio.layout import RankLayout
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+SLOT_PREFIX = "ckptio-slot-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_slots() -> int:
+    """Delete slot files left by processes that died (kill -9 skips every cleanup). Returns how many."""
+    removed = 0
+    for name in os.listdir(SHM_DIR):
+        if not name.startswith(SLOT_PREFIX):
+            continue
+        try:
+            pid = int(name[len(SLOT_PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+    return removed
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise UnsupportedStateError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class StagingSlot:
+    """One shared-memory buffer holding a snapshot; ``views`` are typed tensors over it, one per tensor entry."""
+
+    def __init__(self, slot_id: int, nbytes: int) -> None:
+        self.slot_id = slot_id
+        self.nbytes = max(nbytes, 1)
+        self.path = os.path.join(SHM_DIR, f"{SLOT_PREFIX}{os.getpid()}-{slot_id}-{secrets.token_hex(3)}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, self.nbytes)
+            except OSError as exc:
+                os.unlink(self.path)
+                raise StorageFullError(
+                    f"cannot allocate a {self.nbytes}-byte staging slot in {SHM_DIR}: {exc.strerror}",
+                    path=self.path,
+                ) from exc
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._mmap = mmap.mmap(fd, self.nbytes, flags=flags)
+        finally:
+            os.close(fd)
+        self.base = torch.frombuffer(self._mmap, dtype=torch.uint8)
+        self.layout: RankLayout | None = None
+        self.views: list[torch.Tensor] = []
+        self.pinned = False
+        self.busy = False
+
+    def bind(self, layout: RankLayout) -> None:
+        """Make typed views for ``layout`` (cheap; the memory is reused)."""
+        if layout is self.layout:
+            return
+        views = []
+        for entry in layout.tensors:
+            raw = self.base[entry.slot_offset : entry.slot_offset + entry.nbytes]
+            views.append(raw.view(_dtype(entry.dtype)).view(entry.shape))
+        self.views, self.layout = views, layout
+
+    def pin(self) -> None:
+        """Page-lock the slot for asynchronous device-to-host copies (once, on first CUDA save)."""
+        if self.pinned or not torch.cuda.is_available():
+            return
+        err = torch.cuda.cudart().cudaHostRegister(self.base.data_ptr(), self.nbytes, 0)
+        self.pinned = int(err) == 0
+
+    def close(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.base.data_ptr())
+            self.pinned = False
+        self.views, self.layout = [], None
+        del self.base
+        # The mmap stays open until no tensor views it; the file goes now so nothing leaks in /dev/shm.
+        with contextlib.suppress(BufferError):
+            self._mmap.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def copy_into_slot(slot: StagingSlot, tensors: list[torch.Tensor]) -> int:
+    """Copy ``tensors`` (in layout order) into the slot's views; returns bytes copied.
+
+    CUDA sources are copied ``non_blocking`` into the page-locked slot and synchronised once at the end, so the
+    device-to-host transfers overlap each other instead of paying one sync per tensor.
+    """
+    if len(tensors) != len(slot.views):
+        raise UnsupportedStateError(f"expected {len(slot.views)} tensors, got {len(tensors)}")
+    any_cuda = any(t.is_cuda for t in tensors)
+    if any_cuda:
+        slot.pin()
+    total = 0
+    with torch.no_grad():
+        for dst, src in zip(slot.views, tensors):
+            if src.shape != dst.shape:
+                raise UnsupportedStateError(f"tensor shape changed to {tuple(src.shape)} from {tuple(dst.shape)}")
+            dst.copy_(src, non_blocking=src.is_cuda and slot.pinned)
+            total += dst.nbytes
+    if any_cuda:
+        torch.cuda.synchronize()
+    return total
+
+
+class StagingArea:
+    """The ``max_pending`` slots of one rank, resized when the layout grows."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.max_pending = max_pending
+        self.slots: list[StagingSlot | None] = [None] * max_pending
+        self._cond = threading.Condition()
+
+    def free_slot_id(self) -> int | None:
+        with self._cond:
+            return self._free_slot_id()
+
+    def pending(self) -> int:
+        with self._cond:
+            return sum(1 for s in self.slots if s is not None and s.busy)
+
+    def wait_free(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._free_slot_id() is not None, timeout)
+
+    def _free_slot_id(self) -> int | None:
+        for i, slot in enumerate(self.slots):
+            if slot is None or not slot.busy:
+                return i
+        return None
+
+    def acquire(self, slot_id: int, layout: RankLayout) -> StagingSlot:
+        """Mark slot ``slot_id`` busy, (re)allocating it when the layout needs more bytes."""
+        with self._cond:
+            slot = self.slots[slot_id]
+            if slot is not None and slot.busy:
+                raise RuntimeError(f"staging slot {slot_id} is busy")
+            if slot is None or slot.nbytes < layout.slot_bytes:
+                if slot is not None:
+                    slot.close()
+                slot = StagingSlot(slot_id, layout.slot_bytes)
+                self.slots[slot_id] = slot
+            slot.busy = True
+        slot.bind(layout)
+        return slot
+
+    def release(self, slot_id: int) -> None:
+        with self._cond:
+            slot = self.slots[slot_id]
+            if slot is not None:
+                slot.busy = False
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            for slot in self.slots:
+                if slot is not None:
+                    slot.close()
+            self.slots = [None] * self.max_pending
+            self._cond.notify_all()

@@ -1,0 +1,132 @@
+"""The trainer's side of its writer process: start, feed, listen, notice death, restart.
+
+One reader thread per rank blocks on the pipe (releasing the GIL while idle) and dispatches the writer's messages;
+when the pipe closes without a ``stop`` the writer died (kill -9, OOM killer, a crash in a C extension) and the
+proxy reports it once. The proxy never decides anything about steps: the Checkpointer does, in the foreground.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ckptio.writer import PlanInfo, SaveJob, WriterSpec
+
+
+def _launch(spec: WriterSpec) -> tuple[subprocess.Popen[bytes], Connection]:
+    """A fresh interpreter (never fork: torch's thread pools and CUDA contexts do not survive it), wired by a
+    socketpair; the writer gets the spec as its first message."""
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ)
+    # The writer must import the same ckptio as the trainer, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptio._writer_process", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        env=env,
+        close_fds=True,
+    )
+    theirs.close()
+    conn = Connection(ours.detach())
+    conn.send(spec)
+    return proc, conn
+
+
+class WriterProxy:
+    """Owns one writer process at a time; ``start`` again after a death gives a fresh one."""
+
+    def __init__(
+        self,
+        spec: WriterSpec,
+        *,
+        on_message: Callable[[tuple[Any, ...]], None],
+        on_death: Callable[[int | None], None],
+    ) -> None:
+        self.spec = spec
+        self._on_message = on_message
+        self._on_death = on_death
+        self._proc: Any = None
+        self._conn: Any = None
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._send_lock = threading.Lock()
+        self._plan: tuple[int, PlanInfo] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        proc, parent = _launch(self.spec)
+        self._proc, self._conn, self._stopping = proc, parent, False
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(proc, parent), name="ckptio-writer-reader", daemon=True
+        )
+        self._reader.start()
+        if self._plan is not None:  # a restarted writer needs the current plan again
+            self._send(("plan", *self._plan))
+
+    def ensure_started(self) -> None:
+        if self._proc is None:
+            self.start()
+
+    def send_plan(self, plan_id: int, plan: PlanInfo) -> None:
+        self._plan = (plan_id, plan)
+        self._send(("plan", plan_id, plan))
+
+    def submit(self, job: SaveJob) -> None:
+        self._send(("job", job))
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            try:
+                self._conn.send(msg)
+            except (BrokenPipeError, OSError):
+                pass  # the reader thread reports the death
+
+    def _read_loop(self, proc: Any, conn: Any) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg[0] == "stopped":
+                break
+            self._on_message(msg)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if not self._stopping:
+            self._on_death(proc.returncode)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the writer to finish its queue and exit; kill it if it does not within ``timeout``."""
+        if self._proc is None:
+            return
+        self._stopping = True
+        self._send(("stop",))
+        if self._reader is not None:
+            self._reader.join(timeout)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._conn.close()
+        self._proc = None
+
+    def forget(self) -> None:
+        """After a death: drop the dead process so the next ``ensure_started`` starts a new one."""
+        self._proc = None
