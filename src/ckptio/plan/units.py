@@ -1,0 +1,155 @@
+"""Parsing and printing of the quantities the planner talks in: sizes, rates, durations, counts.
+
+Owns the one grammar every planning command accepts (``2TB/s``, ``300MiB/s``, ``90``, ``5m``, ``24h``,
+``405.9B`` parameters) and the short human forms it prints. It must never guess: an unparsable or negative
+value raises :class:`~ckptio.errors.ConfigError` naming what was given.
+
+Sizes and rates take SI (``k``, ``M``, ``G``, ``T``, ``P``: powers of 1000) and IEC (``Ki``, ``Mi``, ``Gi``,
+``Ti``, ``Pi``: powers of 1024) prefixes, case-insensitively, with an optional ``B``; a trailing ``/s`` (or
+``ps``) marks a rate. Bits are not accepted: storage is sized in bytes and ``Gb`` is too easily a typo.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ckptio.errors import ConfigError
+
+_SI = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15, "e": 10**18}
+_IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50, "ei": 2**60}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgtpe]i?)?\s*b?\s*$", re.IGNORECASE)
+_RATE_SUFFIX_RE = re.compile(r"\s*(/\s*s(ec)?|ps)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {
+    "ms": 1e-3,
+    "s": 1.0,
+    "sec": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
+}
+_DURATION_PART_RE = re.compile(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)", re.IGNORECASE)
+# Counts of parameters: B is a billion here (as in "8B model"), not a byte.
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+_STEPS_RE = re.compile(r"^\s*([0-9]+)\s*(steps?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | float | int, *, what: str = "size") -> float:
+    """Bytes in ``text``: ``104.7GiB``, ``2TB``, ``300MiB``, ``1e9`` (plain numbers are bytes)."""
+    if isinstance(text, (int, float)):
+        return _non_negative(float(text), what, text)
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ConfigError(f"cannot read {what} {text!r}: use e.g. 300MiB, 1.5GB, 2TiB or a number of bytes")
+    number, prefix = float(match.group(1)), (match.group(2) or "").lower()
+    scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
+    return _non_negative(number * scale, what, text)
+
+
+def parse_rate(text: str | float | int, *, what: str = "rate") -> float:
+    """Bytes per second in ``text``: ``2TB/s``, ``300MiB/s``, ``1.2GBps``, or a plain number of bytes/s."""
+    if isinstance(text, (int, float)):
+        return _positive(float(text), what, text)
+    stripped = _RATE_SUFFIX_RE.sub("", text)
+    return _positive(parse_size(stripped, what=what), what, text)
+
+
+def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
+    """Seconds in ``text``: ``90`` (plain numbers: seconds), ``90s``, ``5m``, ``24h``, ``2d``, ``1h30m``."""
+    if isinstance(text, (int, float)):
+        return _non_negative(float(text), what, text)
+    compact = text.strip().replace(" ", "")
+    if not compact:
+        raise ConfigError(f"empty {what}")
+    total, pos = 0.0, 0
+    for match in _DURATION_PART_RE.finditer(compact):
+        if match.start() != pos:
+            break
+        unit = match.group(2).lower()
+        if unit not in _DURATION_UNITS and unit != "":
+            raise ConfigError(f"cannot read {what} {text!r}: unknown unit {unit!r} (use ms, s, m, h, d)")
+        total += float(match.group(1)) * _DURATION_UNITS.get(unit, 1.0)
+        pos = match.end()
+    if pos != len(compact):
+        raise ConfigError(f"cannot read {what} {text!r}: use e.g. 90, 90s, 5m, 24h or 1h30m")
+    return _non_negative(total, what, text)
+
+
+def parse_count(text: str | float | int, *, what: str = "count") -> float:
+    """A count such as a number of parameters: ``8030261248``, ``8e9``, ``8B``, ``405.9B``, ``1.2T``."""
+    if isinstance(text, (int, float)):
+        return _positive(float(text), what, text)
+    match = _COUNT_RE.match(text)
+    if not match:
+        raise ConfigError(f"cannot read {what} {text!r}: use e.g. 8e9, 8B, 405.9B or 1.2T")
+    return _positive(float(match.group(1)) * _COUNT_UNITS[match.group(2).lower()], what, text)
+
+
+def parse_interval(text: str, *, step_time_s: float | None) -> tuple[float, int | None]:
+    """An interval given in steps (``500``, ``500steps``) or as a duration (``30m``).
+
+    Returns ``(seconds, steps)``; ``steps`` is None for a duration. Steps need ``step_time_s``.
+    """
+    steps_match = _STEPS_RE.match(text)
+    if steps_match:
+        steps = int(steps_match.group(1))
+        if steps < 1:
+            raise ConfigError(f"interval must be at least one step, got {text!r}")
+        if step_time_s is None:
+            raise ConfigError(
+                f"interval {text!r} is in steps: give --step-time too, or the interval as a duration (30m)"
+            )
+        return steps * step_time_s, steps
+    seconds = parse_duration(text, what="interval")
+    if seconds <= 0:
+        raise ConfigError(f"interval must be positive, got {text!r}")
+    return seconds, None
+
+
+def _non_negative(value: float, what: str, given: object) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{what} must be a finite number >= 0, got {given!r}")
+    return value
+
+
+def _positive(value: float, what: str, given: object) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what} must be a finite number > 0, got {given!r}")
+    return value
+
+
+# ---- printing ----------------------------------------------------------------------------------------------
+def format_bytes(n: float) -> str:
+    """``112423657472`` → ``104.7 GiB`` (IEC, one decimal)."""
+    for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """Bytes per second in SI units, as storage vendors quote them: ``2.0 TB/s``, ``314.6 MB/s``."""
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if abs(bytes_per_s) >= scale:
+            return f"{bytes_per_s / scale:,.1f} {unit}"
+    return f"{bytes_per_s:,.0f} B/s"
+
+
+def format_duration(seconds: float) -> str:
+    """``7002`` → ``116.7 min``; ``0.25`` → ``250 ms``; ``inf`` → ``never``."""
+    if math.isinf(seconds):
+        return "never"
+    if seconds < 1:
+        return f"{seconds * 1000:,.0f} ms"
+    if seconds < 120:
+        return f"{seconds:,.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 86400:,.1f} d"
