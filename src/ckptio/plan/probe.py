@@ -1,0 +1,343 @@
+"""The storage probe: measure a target the way a checkpoint burst will use it, then clean up.
+
+Owns ``ckptio probe``'s measurements: write and read throughput against the number of concurrent writers
+(files shaped like the job's, each fsynced and published by rename, as the engine writes them), the cost of an
+fsync, and small-file metadata operations (create, rename, stat, list, delete). Everything lives under one
+hidden directory of the target, removed on every exit path — success, error, Ctrl-C — together with any parent
+the probe had to create. The probe must never touch anything outside that directory, and never run past its
+time bound by more than one chunk's write per writer.
+
+A POSIX directory is probed with plain system calls (so writes can stop mid-file when time is up, and the page
+cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://`` once that
+backend exists, or a wrapped store in tests) through the storage protocol, one object per file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+
+import numpy as np
+
+from ckptio.errors import ConfigError
+from ckptio.plan.fio import run_fio
+from ckptio.plan.probe_targets import PosixTarget, ProbeTarget, StorageTarget
+from ckptio.plan.profile import ConcurrencyPoint, StorageProfile
+from ckptio.storage.base import Storage
+
+CHUNK_BYTES = 16 << 20
+"""Write/read unit: the time bound is checked between chunks."""
+SMALL_FILE_BYTES = 4096
+# Shares of the time bound: throughput levels, then fsync and metadata; the rest is headroom for the last
+# fsync and the clean-up. With --fio, fio's share comes out of the throughput share.
+_THROUGHPUT_SHARE = 0.70
+_METADATA_SHARE = 0.15
+_FIO_SHARE = 0.30
+_FSYNC_SAMPLES = 20
+_LIST_REPEATS = 20
+
+Progress = Callable[[str, float], None]
+"""Called with a phase description and the fraction of the time bound spent so far."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ProbeConfig:
+    """What the probe writes and how long it may take."""
+
+    writers: int = 4
+    """Most concurrent writers; levels 1, 2, 4, … up to this are measured."""
+
+    file_size_bytes: int = 256 << 20
+    """Size of each data file (shape it like the job's files)."""
+
+    files_per_writer: int = 2
+    """Data files each writer writes per concurrency level."""
+
+    small_files: int = 256
+    """Small files for the metadata phase."""
+
+    max_seconds: float = 60.0
+    """Time bound of the whole probe."""
+
+    fsync: bool = True
+    """fsync data files before they count (off only for RAM targets or tests)."""
+
+    def __post_init__(self) -> None:
+        if self.writers < 1:
+            raise ConfigError(f"writers must be >= 1, got {self.writers}")
+        if self.file_size_bytes < SMALL_FILE_BYTES:
+            raise ConfigError(f"file size must be >= {SMALL_FILE_BYTES} bytes, got {self.file_size_bytes}")
+        if self.files_per_writer < 1:
+            raise ConfigError(f"files per writer must be >= 1, got {self.files_per_writer}")
+        if self.small_files < 1:
+            raise ConfigError(f"small files must be >= 1, got {self.small_files}")
+        if not self.max_seconds > 0:
+            raise ConfigError(f"max seconds must be > 0, got {self.max_seconds}")
+
+    def levels(self) -> list[int]:
+        """Concurrency levels: powers of two below ``writers``, then ``writers``."""
+        out, level = [], 1
+        while level < self.writers:
+            out.append(level)
+            level *= 2
+        return [*out, self.writers]
+
+
+class Clock:
+    """The probe's time bound, and the stop flag an interrupt raises for every worker."""
+
+    def __init__(self, max_seconds: float, progress: Progress | None) -> None:
+        self.start = time.monotonic()
+        self.max_seconds = max_seconds
+        self.stop = threading.Event()
+        self.truncated = False
+        self._progress = progress
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def at(self, share: float) -> float:
+        """The monotonic time at which ``share`` of the bound is spent."""
+        return self.start + self.max_seconds * share
+
+    def expired(self, deadline: float) -> bool:
+        if self.stop.is_set():
+            return True
+        if time.monotonic() >= deadline:
+            self.truncated = True
+            return True
+        return False
+
+    def report(self, phase: str) -> None:
+        if self._progress is not None:
+            self._progress(phase, min(self.elapsed() / self.max_seconds, 1.0))
+
+
+def probe(
+    target: str | os.PathLike[str] | Storage,
+    config: ProbeConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    fio: bool = False,
+) -> StorageProfile:
+    """Measure ``target`` (a directory or a storage) and return its profile; leaves nothing behind."""
+    config = config or ProbeConfig()
+    run = _ProbeRun(_open_target(target, config), config, Clock(config.max_seconds, progress), fio=fio)
+    try:
+        run.target.setup()
+        run.check_space()
+        run.measure()
+    except BaseException:
+        run.clock.stop.set()  # workers still running see it between chunks
+        raise
+    finally:
+        run.target.cleanup()
+    run.clock.report("done")
+    return run.profile()
+
+
+def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) -> ProbeTarget:
+    name = f".ckptio-probe-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    if isinstance(target, Storage):
+        return StorageTarget(target, name)
+    text = os.fspath(target)
+    if text.startswith("s3://"):
+        from ckptio.storage import open_storage
+
+        return StorageTarget(open_storage(text), name)
+    return PosixTarget(text.removeprefix("file://"), name, fsync=config.fsync)
+
+
+def _pattern(size: int) -> memoryview:
+    # Random bytes so compressing or deduplicating filesystems cannot flatter the figure.
+    return memoryview(np.random.default_rng().bytes(size))
+
+
+def _parallel(workers: int, work: Callable[[int], int]) -> float:
+    """Run ``work(i)`` for each worker at once; aggregate bytes per second from first start to last end."""
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptio-probe") as pool:
+        done = sum(pool.map(work, range(workers)))
+    elapsed = time.monotonic() - start
+    return done / elapsed if elapsed > 0 and done else 0.0
+
+
+class _ProbeRun:
+    """One probe: its target, configuration and clock, and what it has measured so far."""
+
+    def __init__(self, target: ProbeTarget, config: ProbeConfig, clock: Clock, *, fio: bool) -> None:
+        self.target = target
+        self.config = config
+        self.clock = clock
+        self.fio = fio
+        self.points: list[ConcurrencyPoint] = []
+        self.fsync_s: float | None = None
+        self.metadata: dict[str, float] = {}
+        self.fio_figures: dict[str, float] | None = None
+
+    def check_space(self) -> None:
+        need = self.config.writers * self.config.files_per_writer * self.config.file_size_bytes
+        free = self.target.free_bytes()
+        if free is not None and free < need * 1.1:
+            raise ConfigError(
+                f"the probe needs {need / 2**30:.1f} GiB free at {self.target.url} and only "
+                f"{free / 2**30:.1f} GiB is; lower --file-size, --files-per-writer or --writers"
+            )
+
+    def measure(self) -> None:
+        throughput_share = _THROUGHPUT_SHARE - (_FIO_SHARE if self.fio else 0.0)
+        self.throughput(self.clock.at(throughput_share))
+        self.fsync_s = self.fsync_cost(self.clock.at(throughput_share + 0.03))
+        self.metadata = self.metadata_rates(self.clock.at(throughput_share + _METADATA_SHARE))
+        if self.fio:
+            self.fio_figures = self.run_fio()
+
+    def throughput(self, end: float) -> None:
+        """Write then read back at each concurrency level, each level given an equal share of the time."""
+        levels = self.config.levels()
+        block = _pattern(min(CHUNK_BYTES, self.config.file_size_bytes))
+        per_level = (end - time.monotonic()) / len(levels)
+        for writers in levels:
+            if self.points and self.clock.expired(end):
+                break
+            start = time.monotonic()
+            files = range(self.config.files_per_writer)
+            names = [[f"w{writers}/{w}/{f}.bin" for f in files] for w in range(writers)]
+            self.clock.report(f"write × {writers}")
+            write_deadline = start + per_level * 0.6
+            write_rate = _parallel(writers, partial(self._write, names, block, write_deadline))
+            self.clock.report(f"read × {writers}")
+            read_deadline = start + per_level
+            read_rate = _parallel(writers, partial(self._read, names, read_deadline))
+            self.target.remove_tree(f"w{writers}")
+            self.points.append(
+                ConcurrencyPoint(writers=writers, write_bytes_per_s=write_rate, read_bytes_per_s=read_rate)
+            )
+
+    def _write(self, names: list[list[str]], block: memoryview, deadline: float, writer: int) -> int:
+        written = 0
+        for name in names[writer]:
+            if self.clock.expired(deadline):
+                break
+            size = self.config.file_size_bytes
+            written += self.target.write_file(name, size, block, self.clock, deadline)
+        return written
+
+    def _read(self, names: list[list[str]], deadline: float, reader: int) -> int:
+        buffer = bytearray(CHUNK_BYTES)
+        read = 0
+        for name in names[reader]:
+            if self.clock.expired(deadline):
+                break
+            read += self.target.read_file(name, buffer, self.clock, deadline)
+        return read
+
+    def fsync_cost(self, deadline: float) -> float | None:
+        self.clock.report("fsync")
+        payload = bytes(_pattern(SMALL_FILE_BYTES))
+        costs: list[float] = []
+        for i in range(_FSYNC_SAMPLES):
+            if costs and self.clock.expired(deadline):
+                break
+            cost = self.target.fsync_cost(f"fsync/{i}", payload)
+            if cost is None:
+                return None
+            costs.append(cost)
+        self.target.remove_tree("fsync")
+        return statistics.median(costs) if costs else None
+
+    def metadata_rates(self, deadline: float) -> dict[str, float]:
+        """Operations per second of each metadata kind, the probe's writers sharing the small files."""
+        payload = bytes(_pattern(SMALL_FILE_BYTES))
+        live = [f"meta/{i:06d}" for i in range(self.config.small_files)]
+        rates: dict[str, float] = {}
+        for op in self.target.metadata_ops:
+            if self.clock.expired(deadline) or not live:
+                break
+            self.clock.report(f"metadata: {op}")
+            start = time.monotonic()
+            if op == "list":
+                count = self._list_repeatedly(deadline)
+            else:
+                done = self._run_op(op, live, payload, deadline)
+                count = len(done)
+                if op == "create":
+                    live = done  # later ops touch only files that exist
+            if count:
+                rates[op] = count / max(time.monotonic() - start, 1e-9)
+        self.target.remove_tree("meta")
+        return rates
+
+    def _list_repeatedly(self, deadline: float) -> int:
+        count = 0
+        while count < _LIST_REPEATS and not self.clock.expired(deadline):
+            self.target.list_dir("meta")
+            count += 1
+        return count
+
+    def _run_op(self, op: str, names: list[str], payload: bytes, deadline: float) -> list[str]:
+        """Apply ``op`` to ``names``, each worker thread taking every n-th; returns the names done."""
+        workers = self.config.writers
+
+        def work(shard: int) -> list[str]:
+            done = []
+            for name in names[shard::workers]:
+                if self.clock.expired(deadline):
+                    break
+                self.target.metadata_op(op, name, payload)
+                done.append(name)
+            return done
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptio-probe-meta") as pool:
+            return [name for shard in pool.map(work, range(workers)) for name in shard]
+
+    def run_fio(self) -> dict[str, float] | None:
+        directory = self.target.fio_directory()
+        if directory is None:
+            return None
+        self.clock.report("fio")
+        return run_fio(
+            directory,
+            writers=self.config.writers,
+            file_size_bytes=self.config.file_size_bytes,
+            runtime_s=_FIO_SHARE * self.config.max_seconds,
+            stop=self.clock.stop,
+        )
+
+    def profile(self) -> StorageProfile:
+        writes = [p.write_bytes_per_s for p in self.points if p.write_bytes_per_s > 0]
+        reads = [p.read_bytes_per_s for p in self.points if p.read_bytes_per_s]
+        ops = [v for v in self.metadata.values() if v > 0]
+        if not writes or not reads or not ops:
+            raise ConfigError(
+                f"the probe of {self.target.url} measured nothing within {self.config.max_seconds:g} s: "
+                "raise --max-seconds or lower --file-size"
+            )
+        return StorageProfile(
+            target=self.target.url,
+            kind=self.target.kind,
+            fs_type=self.target.fs_type(),
+            write_bytes_per_s=max(writes),
+            per_writer_bytes_per_s=self.points[0].write_bytes_per_s or max(writes),
+            read_bytes_per_s=max(r for r in reads if r is not None),
+            # Harmonic mean: the rate of a workload doing one operation of each kind in turn.
+            metadata_ops_per_s=len(ops) / sum(1.0 / v for v in ops),
+            metadata=self.metadata,
+            fsync_s=self.fsync_s,
+            concurrency=self.points,
+            free_bytes=self.target.free_bytes(),
+            file_size_bytes=self.config.file_size_bytes,
+            seconds=self.clock.elapsed(),
+            truncated=self.clock.truncated,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            fio=self.fio_figures,
+        )
