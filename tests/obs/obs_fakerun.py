@@ -162,7 +162,7 @@ def _save(
                 "committed",
                 t,
                 step,
-                sk,
+                skew=sk,
                 flush_s=t - ret,
                 bytes=run.nbytes,
                 lag_s=t - req,

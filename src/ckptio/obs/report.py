@@ -7,7 +7,7 @@ touch a checkpoint or its storage: everything it says comes from the events.
 
 Definitions (the docs and tests rely on them):
 
-* A step is ``staging`` if it overlaps a ``save()`` call on its rank (save_requested →
+* A step is ``staging`` if it overlaps (by > 1 µs) a ``save()`` call on its rank (save_requested →
   save_returned/skipped), else ``flush`` if it overlaps a background flush (save_returned →
   committed/save_failed, or the end of the log), else ``clean``.
 * Seconds lost on a rank = Σ ``save_returned.blocking_s`` + contention, where contention = max(0, Σ over
@@ -282,8 +282,13 @@ def _attribute(steps: list[StepSample], saves: list[SaveTrace], end: float) -> N
             sample.kind = "flush"
 
 
+# Events that touch (a save returning exactly as the next step begins) must not count as overlapping because
+# of float rounding in the clock alignment: an overlap has to exceed a microsecond.
+_OVERLAP_EPS_S = 1e-6
+
+
 def _overlaps(a: float, b: float, lo: float | None, hi: float | None) -> bool:
-    return lo is not None and hi is not None and max(a, lo) < min(b, hi)
+    return lo is not None and hi is not None and min(b, hi) - max(a, lo) > _OVERLAP_EPS_S
 
 
 # ------------------------------------------------------------------------------------------ summary

@@ -1,0 +1,49 @@
+"""``ckptio report EVENTS... --out FILE.png|FILE.html [--json]``: what checkpoints cost a run.
+
+Only parses arguments and prints; reading, summarizing and drawing live in ``ckptio.obs.report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ckptio.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="timeline picture and summary of checkpoint cost from JSONL events",
+        description=(
+            "Read the JSONL event files of a run (one per rank; a configured events_path such as "
+            "run/ev.jsonl finds run/ev.rank*.jsonl), attribute every step (staging, flush overlap, clean) "
+            "and write a timeline picture (.png) or a page with the picture and the summary table (.html)."
+        ),
+    )
+    parser.add_argument("events", nargs="+", metavar="EVENTS", help="event files, directories or events_path")
+    parser.add_argument("--out", "-o", help="output file: .png or .html")
+    parser.add_argument("--json", action="store_true", help="print the summary numbers as JSON on stdout")
+    parser.add_argument("--title", help="title of the picture and page")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ckptio.obs import report
+
+    if not args.out and not args.json:
+        raise ConfigError("nothing to do: give --out FILE.png|FILE.html and/or --json")
+    records = report.load_events(args.events)
+    if not records:
+        raise ConfigError(f"no events in {', '.join(args.events)}")
+    if args.out:
+        summary = report.write_report(records, args.out, title=args.title)
+    else:
+        summary = report.summarize(records)
+    if args.json:
+        print(report.summary_to_json(summary))
+    else:
+        for line in summary.verdicts:
+            print(line)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
