@@ -1,9 +1,8 @@
 """What the launcher tells each rank, and what each rank reports back: two small JSON documents.
 
-The launcher writes one :class:`RankJob` per run; every rank reads it, trains, and writes a :class:`RankResult`.
-Keeping both as plain dataclasses that round-trip through JSON keeps the rank processes free of launcher state.
-This module must never start processes or touch torch.distributed.
-"""
+The launcher writes one :class:`RankJob` per run; every rank reads it, trains, and writes a
+:class:`RankResult`. Keeping both as plain dataclasses that round-trip through JSON keeps the rank processes
+free of launcher state. This module must never start processes or touch torch.distributed."""
 
 from __future__ import annotations
 
@@ -86,11 +85,15 @@ class RankJob:
             raise ConfigError(f"bad run size: world={self.world} steps={self.steps} every={self.every}")
 
     def save_steps(self) -> list[int]:
-        """Steps that end with a save: multiples of ``every`` before the last step (so a resume has a next step)."""
+        """Steps ending with a save: multiples of ``every`` before the last (a resume needs a next step)."""
         return list(range(self.every, self.steps, self.every))
 
     def events_path(self, rank: int) -> str:
-        return os.path.join(self.events_dir, f"{self.mode}.rank{rank}.jsonl")
+        return self.events_pattern().replace("{rank}", str(rank))
+
+    def events_pattern(self) -> str:
+        """The run's event files with ``{rank}`` for the rank (the form ckptio's ``events_path`` takes)."""
+        return os.path.join(self.events_dir, f"{self.mode}.rank{{rank}}.jsonl")
 
     def result_path(self, rank: int) -> str:
         return os.path.join(self.results_dir, f"{self.mode}.rank{rank}.json")

@@ -1,10 +1,10 @@
 """Starts the ranks of one demo run, watches them, and leaves no process behind.
 
-Each rank runs ``python -m ckptio.demo.rank`` in a session of its own, so a Ctrl-C reaches only the launcher,
-which then ends every rank's whole process group (the rank and whatever it started: ckptio's writer processes,
-DCP's threads die with their rank). The rendezvous is a TCPStore the launcher binds on 127.0.0.1 port 0, so two
-demos never race for a port. This module must never interpret results: it returns what the ranks wrote.
-"""
+Each rank runs ``python -m ckptio.demo.rank`` in a session of its own, so a Ctrl-C reaches only the
+launcher, which then ends every rank's whole process group (the rank and whatever it started: ckptio's
+writer processes, DCP's threads die with their rank). The rendezvous is a TCPStore the launcher binds on
+127.0.0.1 port 0, so two demos never race for a port. This module must never interpret results: it returns
+what the ranks wrote."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _tail(path: str, lines: int = 25) -> str:
 def _rank_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    # gloo must listen on loopback: the demo is one machine, and the host name may resolve to nothing reachable.
+    # gloo must listen on loopback: the demo is one machine, and the host name may resolve to nothing useful.
     if os.path.exists("/sys/class/net/lo"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env["PYTHONUNBUFFERED"] = "1"
@@ -115,7 +115,7 @@ def run_ranks(
     on_step: Callable[[int], None] | None = None,
     timeout_s: float = 600.0,
 ) -> list[RankResult]:
-    """Run ``job`` on ``job.world`` fresh processes; returns every rank's result, or raises with a log tail."""
+    """Run ``job`` on ``job.world`` fresh processes; every rank's result, or an error with a log tail."""
     for folder in (job.events_dir, job.results_dir, os.path.join(work_dir, "logs")):
         os.makedirs(folder, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):

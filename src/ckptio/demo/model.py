@@ -1,10 +1,11 @@
 """The demo's training job: a small transformer whose bytes sit in a vocab-parallel embedding, and its state.
 
-Compute is kept cheap (two small blocks, a short sequence) while the checkpoint is large: the embedding table is
-sharded by rows over the ranks (each rank owns ``vocab / world`` rows, like Megatron's vocab-parallel embedding),
-and with Adam's two moments the saved state is about 12 bytes per embedding parameter. Every rank sees the same
-batch, so the replicated blocks stay bit-identical without a gradient all-reduce; only the embedding output is
-summed across ranks. Everything is seeded so that a resumed run reproduces the uninterrupted one bit for bit.
+Compute is kept cheap (two small blocks, a short sequence) while the checkpoint is large: the embedding
+table is sharded by rows over the ranks (each rank owns ``vocab / world`` rows, like Megatron's
+vocab-parallel embedding), and with Adam's two moments the saved state is about 12 bytes per embedding
+parameter. Every rank sees the same batch, so the replicated blocks stay bit-identical without a gradient
+all-reduce; only the embedding output is summed across ranks. Everything is seeded so that a resumed run
+reproduces the uninterrupted one bit for bit.
 
 This module must never touch storage or checkpointing: it only builds the model, the data and the state.
 """
@@ -71,7 +72,7 @@ class _SumAcrossRanks(torch.autograd.Function):
     """All-reduce in the forward pass, identity in the backward pass.
 
     Every rank computes the same loss from the summed embedding, so the gradient reaching each rank's rows is
-    already the full one; summing it again (what ``torch.distributed.nn.all_reduce`` does) would scale it by world.
+    already the full one; summing it again (``torch.distributed.nn.all_reduce`` does) would scale it by world.
     """
 
     @staticmethod
@@ -175,7 +176,7 @@ class Trainer:
 
 
 class TrainState(Stateful):
-    """The checkpointed state: parameters, Adam moments and the step; the embedding rows as ``Shard(0)`` DTensors.
+    """The checkpointed state: parameters, Adam moments, the step; embedding rows as ``Shard(0)`` DTensors.
 
     The DTensors wrap the live tensors (no copy), so a checkpoint load writes straight into the model.
     Plain tensors are replicated: DCP writes each of them once, from one rank.
@@ -206,8 +207,8 @@ class TrainState(Stateful):
         return {"model": model, "optim": optim, "step": self.trainer.step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # A DCP-style load fills the tensors of state_dict() in place (they alias the live ones); copy anyway when
-        # a loader handed back fresh tensors, so the model never silently keeps its old values.
+        # A DCP-style load fills the tensors of state_dict() in place (they alias the live ones); copy anyway
+        # when a loader handed back fresh tensors, so the model never silently keeps its old values.
         live = self.state_dict()
         _copy_into(live["model"], state_dict["model"])
         _copy_into(live["optim"], state_dict["optim"])

@@ -1,10 +1,9 @@
 """One rank of the demo job: ``python -m ckptio.demo.rank JOB.json RANK``.
 
 Joins the launcher's rendezvous (a TCPStore on 127.0.0.1), trains the demo model with the run's saver, times
-every step, and writes its :class:`~ckptio.demo.job.RankResult`. A ``resume`` run restores the newest ckptio step
-in this fresh process group and trains on from there, recording the losses to compare with the uninterrupted run.
-This module must never decide what the demo prints: it only measures.
-"""
+every step, and writes its :class:`~ckptio.demo.job.RankResult`. A ``resume`` run restores the newest ckptio
+step in this fresh process group and trains on from there, recording the losses to compare with the
+uninterrupted run. This module must never decide what the demo prints: it only measures."""
 
 from __future__ import annotations
 
@@ -29,7 +28,10 @@ _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 def _join(job: RankJob, rank: int) -> None:
     store = dist.TCPStore("127.0.0.1", job.store_port, is_master=False, timeout=_RENDEZVOUS_TIMEOUT)
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore(job.mode, store), rank=rank, world_size=job.world,
+        "gloo",
+        store=dist.PrefixStore(job.mode, store),
+        rank=rank,
+        world_size=job.world,
         timeout=_RENDEZVOUS_TIMEOUT,
     )
 
@@ -40,7 +42,7 @@ def _make_saver(job: RankJob, rank: int, events: EventLog) -> Saver:
         return DcpSyncSaver(job.store, events, per_rank_bytes)
     if job.mode == "dcp-async":
         return DcpAsyncSaver(job.store, events, per_rank_bytes)
-    return CkptioSaver(job.store, job.events_path(rank), rank)
+    return CkptioSaver(job.store, job.events_pattern(), rank)
 
 
 class _Progress:

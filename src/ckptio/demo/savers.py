@@ -1,11 +1,11 @@
 """The three ways the demo job saves: ``dcp.save``, ``dcp.async_save`` and ckptio, behind one small interface.
 
-Each saver measures the same things the same way: the time the training loop spends in ``save`` (for the async
-ones this includes waiting for the previous save, the usual one-in-flight discipline), and the lag from the save
-request until this rank's part is durable. The DCP savers write the obs event schema themselves so the report can
-draw all three runs alike; ckptio writes its own events. This module must never run a collective outside a save
-call, nor touch the training process group from a background thread (async DCP gets its own gloo group).
-"""
+Each saver measures the same things the same way: the time the training loop spends in ``save`` (for the
+async ones this includes waiting for the previous save, the usual one-in-flight discipline), and the lag
+from the save request until this rank's part is durable. The DCP savers write the obs event schema
+themselves so the report can draw all three runs alike; ckptio writes its own events. This module must never
+run a collective outside a save call, nor touch the training process group from a background thread (async
+DCP gets its own gloo group)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ckptio.demo.job import StoreSpec
 from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
-from ckptio.obs.events import EventLog
+from ckptio.obs.events import EventLog, rank_path
 from ckptio.storage import PosixStorage, Storage, open_storage
 
 
@@ -42,7 +42,8 @@ def open_demo_storage(spec: StoreSpec) -> Storage:
 def committed_steps(storage: Storage, marker: str) -> list[int]:
     """Steps whose directory holds ``marker`` (``manifest.json`` for ckptio, ``.metadata`` for DCP)."""
     steps = []
-    for name in storage.list_dirs(""):
+    # cast: list_dirs says ``list[str]`` inside a class defining ``list``, which mypy misreads.
+    for name in cast("list[str]", storage.list_dirs("")):
         if name.startswith("step-") and name[5:].isdigit() and storage.exists(f"{name}/{marker}"):
             steps.append(int(name[5:]))
     return sorted(steps)
@@ -142,7 +143,7 @@ class DcpAsyncSaver(_DcpSaver):
     def save(self, step: int, state: dict[str, Any]) -> None:
         requested, interval = self._requested(step)
         self.drain()
-        response = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group)
+        response: Any = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group)
         future: Future[Any] = getattr(response, "upload_completion", response)
         returned = self._returned(step, requested)
         future.add_done_callback(self._on_done(step, requested, returned, interval))
@@ -172,14 +173,13 @@ class DcpAsyncSaver(_DcpSaver):
 class CkptioSaver:
     """``ckptio.Checkpointer`` writing to the same throttled store; its events go to the run's event file."""
 
-    def __init__(self, spec: StoreSpec, events_path: str, rank: int) -> None:
+    def __init__(self, spec: StoreSpec, events_pattern: str, rank: int) -> None:
         import ckptio
 
         self.storage = open_demo_storage(spec)
-        self.events_path = events_path
-        self.rank = rank
+        self.events_path = rank_path(events_pattern, rank)
         self.checkpointer = ckptio.Checkpointer(
-            root=self.storage, events_path=events_path, keep_last=0, max_pending=1, fsync=spec.fsync
+            root=self.storage, events_path=events_pattern, keep_last=0, max_pending=1, fsync=spec.fsync
         )
 
     def save(self, step: int, state: dict[str, Any]) -> None:

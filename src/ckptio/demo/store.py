@@ -1,9 +1,10 @@
 """The demo's emulated shared store: one bandwidth budget that ckptio and both DCP baselines must share.
 
 ckptio writes through :class:`~ckptio.storage.ThrottledStorage`; the DCP baselines write through
-:class:`ThrottledFileSystemWriter`, which books its bytes on the same state file with the same semantics (reserve a
-slot on the shared virtual clock, write for real, sleep out the remainder). So all three modes face exactly the
-same emulated filesystem, and concurrent ranks split its bandwidth like clients of a saturated filesystem do.
+:class:`ThrottledFileSystemWriter`, which books its bytes on the same state file with the same semantics
+(reserve a slot on the shared virtual clock, write for real, sleep out the remainder). So all three modes
+face exactly the same emulated filesystem, and concurrent ranks split its bandwidth like clients of a
+saturated filesystem do.
 
 This module must never decide policy (when to save, what to keep): it only builds stores and writers.
 """
@@ -22,6 +23,7 @@ from torch.futures import Future
 
 from ckptio.errors import ConfigError
 from ckptio.storage import PosixStorage, Storage, ThrottledStorage
+
 
 @dataclass(kw_only=True, slots=True)
 class ThrottleSpec:
@@ -50,7 +52,7 @@ class ThrottleSpec:
 
 
 def _planned_bytes(plan: SavePlan, planner: SavePlanner) -> int:
-    """Bytes this rank's plan will write: tensor chunks by shape and dtype, small byte items by resolving them."""
+    """Bytes this rank's plan writes: tensor chunks by shape and dtype, small byte items by resolving them."""
     total = 0
     for item in plan.items:
         if item.type == WriteItemType.BYTE_IO:
@@ -66,7 +68,7 @@ def _planned_bytes(plan: SavePlan, planner: SavePlanner) -> int:
 
 
 class ThrottledFileSystemWriter(FileSystemWriter):
-    """DCP's plain file-system writer, paced by a :class:`ThrottleSpec` exactly like ``ThrottledStorage.put``."""
+    """DCP's plain file-system writer, paced by a :class:`ThrottleSpec` just like ``ThrottledStorage.put``."""
 
     def __init__(self, path: str, *, throttle: ThrottleSpec, **options: Any) -> None:
         super().__init__(path, **options)

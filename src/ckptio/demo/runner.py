@@ -1,0 +1,321 @@
+"""``ckptio demo``: predict, run the same job three ways, resume, and show what it cost.
+
+Phases, each announced on the console: the planner's prediction (from a quick measurement of this machine),
+a run with ``dcp.save``, one with ``dcp.async_save``, one with ckptio — every run a fresh process group on
+the same emulated store — then a resume of the newest ckptio step in another fresh process group, whose
+losses must equal the uninterrupted run's bit for bit. Finally the table, and the report rendered from the
+events. This module must never measure anything itself: ranks measure, :mod:`ckptio.obs.report` summarizes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Literal
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
+from ckptio.demo.launcher import run_ranks
+from ckptio.demo.model import ModelShape
+from ckptio.demo.predict import Prediction, measure_copy_bandwidth, measure_step_time, predict
+from ckptio.demo.s3 import BUCKET, embedded_s3
+from ckptio.demo.table import LABELS, RunRow, prediction_table, results_table, row_from_summary
+from ckptio.errors import CkptError, ConfigError
+from ckptio.plan.units import format_bytes, format_rate
+
+RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio")
+QUICK_SHAPE = ModelShape(vocab=16_384, d_model=128, layers=1, heads=2, seq_len=32, batch=4)
+
+
+@dataclass(kw_only=True, slots=True)
+class DemoConfig:
+    """Everything ``ckptio demo`` can be told."""
+
+    ranks: int = 2
+    """Ranks of the job (gloo on CPU, 127.0.0.1)."""
+
+    steps: int = 50
+    """Training steps per run."""
+
+    every: int = 15
+    """Save every this many steps (never at the last step, so the resume has a step to compare)."""
+
+    store_bandwidth: float = 160 * 2**20
+    """Write bandwidth of the emulated shared store, bytes/s, shared by every rank and writer."""
+
+    store: Literal["posix", "s3"] = "posix"
+    """``posix``: a directory under ``out``; ``s3``: ckptio writes to an embedded moto S3 server."""
+
+    out: str = "ckptio-demo"
+    """Working directory: stores, events, logs, report."""
+
+    shape: ModelShape = field(default_factory=ModelShape)
+    """Model size (``--quick`` uses a small one)."""
+
+    seed: int = 0
+    """Seed of the model and data."""
+
+    fsync: bool = True
+    """fsync checkpoint files in every mode, as a real filesystem client would."""
+
+    timeout_s: float = 600.0
+    """Longest one run may take before its ranks are ended."""
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ConfigError(f"--ranks must be >= 1, got {self.ranks}")
+        if self.every < 1 or self.steps <= self.every:
+            raise ConfigError(f"need --steps > --every >= 1 (got steps={self.steps}, every={self.every})")
+        if self.store_bandwidth <= 0:
+            raise ConfigError("--store-bandwidth must be positive")
+        if self.store not in ("posix", "s3"):
+            raise ConfigError(f"--store must be posix or s3, got {self.store!r}")
+        if self.shape.vocab % self.ranks:
+            raise ConfigError(f"the model's vocab ({self.shape.vocab}) must divide over {self.ranks} ranks")
+
+
+@dataclass(kw_only=True, slots=True)
+class ResumeCheck:
+    """The resumed run against the uninterrupted one."""
+
+    restored_step: int | None
+    """Newest ckptio step restored."""
+
+    resumed: dict[int, float]
+    """Losses of the resumed run, per step."""
+
+    uninterrupted: dict[int, float]
+    """Losses of the uninterrupted ckptio run at the same steps."""
+
+    @property
+    def bit_exact(self) -> bool:
+        return bool(self.resumed) and all(self.uninterrupted.get(s) == v for s, v in self.resumed.items())
+
+
+@dataclass(kw_only=True, slots=True)
+class DemoOutcome:
+    """What ``run_demo`` produced, for the CLI and the tests."""
+
+    prediction: Prediction
+    """The planner's prediction."""
+
+    rows: list[RunRow]
+    """One row per run."""
+
+    resume: ResumeCheck
+    """The resume comparison."""
+
+    reports: dict[str, str]
+    """Report file per run (HTML), ckptio's first."""
+
+    wall_s: float
+    """Whole demo, seconds."""
+
+
+class _Layout:
+    """Paths of one demo under ``out``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = os.path.abspath(out)
+        self.store = os.path.join(self.out, "store")
+        self.events = os.path.join(self.out, "events")
+        self.results = os.path.join(self.out, "results")
+        self.work = os.path.join(self.out, "run")
+        self.report = os.path.join(self.out, "report")
+
+    def reset(self) -> None:
+        # Only the demo's own subfolders are cleared: ``out`` may be a folder the user keeps other things in.
+        for folder in (self.store, self.events, self.results, self.work, self.report):
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(folder)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM to the demo cleans up like Ctrl-C does (main thread only; elsewhere it is left alone)."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
+    """Run the whole demo; raises :class:`~ckptio.errors.CkptError` when a run fails."""
+    console = console or Console()
+    began = time.monotonic()
+    paths = _Layout(config.out)
+    paths.reset()
+    with _sigterm_as_interrupt(), _store_context(config) as s3_endpoint:
+        _intro(console, config, s3_endpoint)
+        prediction = _predict(console, config)
+        rows, results = [], {}
+        for mode in RUN_MODES:
+            started = time.monotonic()
+            results[mode] = _run(console, config, paths, mode, s3_endpoint)
+            rows.append(_row(paths, mode, results[mode], time.monotonic() - started))
+        resumed = _run(console, config, paths, "resume", s3_endpoint)
+    check = ResumeCheck(
+        restored_step=resumed[0].restored_step,
+        resumed=resumed[0].losses,
+        uninterrupted={s: results["ckptio"][0].losses[s] for s in resumed[0].losses},
+    )
+    _show_resume(console, check)
+    console.print(results_table(rows, title="Measured (median over every rank's steps)"))
+    reports = _write_reports(console, paths)
+    outcome = DemoOutcome(
+        prediction=prediction, rows=rows, resume=check, reports=reports, wall_s=time.monotonic() - began
+    )
+    console.print(f"demo finished in {outcome.wall_s:.0f} s; everything is under {paths.out}")
+    if not check.bit_exact:
+        raise CkptError("the resumed run's losses differ from the uninterrupted run's (see above)")
+    return outcome
+
+
+@contextlib.contextmanager
+def _store_context(config: DemoConfig) -> Iterator[str | None]:
+    if config.store == "s3":
+        with embedded_s3() as endpoint:
+            yield endpoint
+    else:
+        yield None
+
+
+def _intro(console: Console, config: DemoConfig, s3_endpoint: str | None) -> None:
+    state = config.shape.state_bytes()
+    where = f"an embedded S3 server ({s3_endpoint})" if s3_endpoint else "a directory"
+    console.print(
+        f"[bold]ckptio demo[/]: {config.ranks} ranks (gloo, CPU) train a transformer with Adam for "
+        f"{config.steps} steps, saving every {config.every}; checkpoint {format_bytes(state)} "
+        f"({format_bytes(state / config.ranks)} per rank) to {where} behind a "
+        f"{format_rate(config.store_bandwidth)} shared-bandwidth throttle."
+    )
+    if s3_endpoint:
+        console.print(
+            "  (torch has no S3 writer: the DCP baselines write to the directory store, same throttle.)"
+        )
+
+
+def _predict(console: Console, config: DemoConfig) -> Prediction:
+    console.print("[dim]· measuring step time and copy bandwidth for the planner…[/]")
+    prediction = predict(
+        config.shape,
+        world=config.ranks,
+        bytes_per_s=config.store_bandwidth,
+        every=config.every,
+        step_time_s=measure_step_time(config.shape, config.ranks, config.seed),
+        copy_bytes_per_s=measure_copy_bandwidth(),
+    )
+    console.print(prediction_table(prediction, bandwidth=config.store_bandwidth))
+    return prediction
+
+
+def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str | None) -> StoreSpec:
+    name = "ckptio" if mode == "resume" else mode
+    throttle = os.path.join(paths.store, f"{name}.throttle")
+    if s3_endpoint and name == "ckptio":
+        return StoreSpec(
+            kind="s3",
+            root=f"s3://{BUCKET}/{name}",
+            bytes_per_s=config.store_bandwidth,
+            throttle_state=throttle,
+            fsync=config.fsync,
+            options={"endpoint_url": s3_endpoint, "region": "us-east-1"},
+        )
+    return StoreSpec(
+        root=os.path.join(paths.store, name),
+        bytes_per_s=config.store_bandwidth,
+        throttle_state=throttle,
+        fsync=config.fsync,
+    )
+
+
+def _run(
+    console: Console, config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str | None
+) -> list[RankResult]:
+    job = RankJob(
+        mode=mode,
+        world=config.ranks,
+        store_port=0,
+        steps=config.steps,
+        every=config.every,
+        seed=config.seed,
+        shape=config.shape,
+        store=_store_spec(config, paths, mode, s3_endpoint),
+        events_dir=paths.events,
+        results_dir=paths.results,
+        progress_path=os.path.join(paths.work, "progress"),
+    )
+    label = "resume from newest ckptio step" if mode == "resume" else LABELS[mode]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    began = time.monotonic()
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"{label:<32}", total=config.steps)
+        results = run_ranks(
+            job,
+            work_dir=paths.work,
+            on_step=lambda step: progress.update(task, completed=step),
+            timeout_s=config.timeout_s,
+        )
+    console.print(f"[green]✓[/] {label:<32} {time.monotonic() - began:5.1f} s")
+    return results
+
+
+def _row(paths: _Layout, mode: str, results: list[RankResult], wall_s: float) -> RunRow:
+    from ckptio.obs.report import load_events, summarize
+
+    summary = summarize(
+        load_events([os.path.join(paths.events, f"{mode}.rank{r.rank}.jsonl") for r in results])
+    )
+    return row_from_summary(mode, summary, results[0].committed, wall_s)
+
+
+def _show_resume(console: Console, check: ResumeCheck) -> None:
+    if check.restored_step is None:
+        console.print("[red]✗ resume: no committed ckptio step was found[/]")
+        return
+    first = min(check.resumed)
+    resumed, uninterrupted = check.resumed[first], check.uninterrupted[first]
+    mark = "[green]✓ bit-exact[/]" if check.bit_exact else "[red]✗ DIFFERENT[/]"
+    console.print(
+        f"Resume: a fresh process group restored step {check.restored_step}; loss at step {first}: "
+        f"resumed {resumed!r} ({resumed.hex()}) vs uninterrupted {uninterrupted!r} ({uninterrupted.hex()}) "
+        f"{mark}; {len(check.resumed)} steps compared."
+    )
+
+
+def _write_reports(console: Console, paths: _Layout) -> dict[str, str]:
+    from ckptio.obs.report import load_events, write_report
+
+    reports = {}
+    for mode in ("ckptio", "dcp-sync", "dcp-async"):
+        records = load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl"))
+        out = os.path.join(paths.report, f"{mode}.html")
+        try:
+            for path in (out, os.path.join(paths.report, f"{mode}.png")):
+                write_report(records, path, title=f"ckptio demo: {LABELS[mode]}")
+        except (ImportError, CkptError) as exc:
+            console.print(f"[yellow]report for {mode} not written: {exc}[/]")
+            continue
+        reports[mode] = out
+    if reports:
+        console.print(f"Report: {reports.get('ckptio', next(iter(reports.values())))}")
+        others = [path for mode, path in reports.items() if mode != "ckptio"]
+        if others:
+            console.print("        baselines: " + ", ".join(others))
+    return reports

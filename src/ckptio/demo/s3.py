@@ -1,0 +1,66 @@
+"""The demo's embedded S3 server: moto on 127.0.0.1, a free port, fake credentials, one private bucket.
+
+Only ``ckptio demo --store s3`` uses it. The credentials are placed in this process's environment for the
+duration, so the rank processes (and their writers) inherit them; the previous values come back afterwards.
+This module must never talk to a real AWS endpoint: everything it sets points at the local server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator
+
+from ckptio.errors import ConfigError
+
+BUCKET = "ckptio-demo"
+_FAKE_ENV = {
+    "AWS_ACCESS_KEY_ID": "demo",
+    "AWS_SECRET_ACCESS_KEY": "demo",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # Keep the user's ~/.aws out of the demo: it must not pick a real profile or endpoint.
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+def s3_missing_reason() -> str | None:
+    """Why ``--store s3`` cannot run here, or None when it can."""
+    for module, what in (
+        ("ckptio.storage.s3", "ckptio's S3 backend"),
+        ("boto3", "boto3 (pip install 'ckptio[s3]')"),
+        ("moto", "moto[server] (pip install 'ckptio[dev]')"),
+    ):
+        if importlib.util.find_spec(module) is None:
+            return f"--store s3 needs {what}, which is not installed"
+    return None
+
+
+@contextlib.contextmanager
+def embedded_s3() -> Iterator[str]:
+    """Start the server, create the bucket; yields the endpoint URL."""
+    reason = s3_missing_reason()
+    if reason:
+        raise ConfigError(reason)
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {key: os.environ.get(key) for key in [*_FAKE_ENV, "AWS_ENDPOINT_URL"]}
+    os.environ.update(_FAKE_ENV, AWS_ENDPOINT_URL=endpoint)
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
