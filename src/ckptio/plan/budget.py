@@ -193,8 +193,10 @@ class BurstBudget:
     """Checkpoint overhead plus expected rework, as a share of wall time."""
     gpu_hours_lost_per_day: float
     """``waste_fraction`` × ranks × 24 h."""
+    storage_kind: str
+    """posix or object."""
     put_requests_per_s: float
-    """Request rate the burst needs at its flush time (object stores)."""
+    """PUT-class requests per second the burst needs to flush at bandwidth speed (object stores)."""
     put_rate_limit: float
     """Request rate the prefixes sustain."""
     restore_s: float | None
@@ -203,6 +205,8 @@ class BurstBudget:
     """``ok``, ``warn`` (works, with a cost worth fixing) or ``fail`` (the store cannot take the burst)."""
     reasons: list[str] = field(default_factory=list)
     """Each finding behind the verdict, with what to change."""
+    reason_codes: list[str] = field(default_factory=list)
+    """A stable name per reason: flush-behind, flush-tight, stall, put-rate, interval."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -267,12 +271,15 @@ def plan_burst(shape: CheckpointShape, storage: StorageModel, schedule: Schedule
         expected_lost_work_s=state.lost_s,
         waste_fraction=state.waste_fraction,
         gpu_hours_lost_per_day=state.waste_fraction * shape.ranks * 24.0,
-        put_requests_per_s=shape.requests / flush if flush > 0 else 0.0,
+        storage_kind=storage.kind,
+        put_requests_per_s=shape.requests / max(data_s, metadata_s, 1e-9),
         put_rate_limit=storage.request_rate_limit,
         restore_s=shape.total_bytes / storage.read_bytes_per_s if storage.read_bytes_per_s else None,
         verdict="ok",
     )
-    budget.reasons = _findings(budget, storage, at_optimum.waste_fraction)
+    findings = _findings(budget, storage, at_optimum.waste_fraction)
+    budget.reason_codes = [code for code, _ in findings]
+    budget.reasons = [message for _, message in findings]
     budget.verdict = "fail" if not budget.keeps_up else ("warn" if budget.reasons else "ok")
     return budget
 
@@ -332,39 +339,44 @@ def _bottleneck(
     return "aggregate bandwidth"
 
 
-def _findings(b: BurstBudget, storage: StorageModel, optimum_waste: float) -> list[str]:
-    """Every problem of the plan, each with what to change."""
-    out: list[str] = []
+def _findings(b: BurstBudget, storage: StorageModel, optimum_waste: float) -> list[tuple[str, str]]:
+    """Every problem of the plan as ``(code, message)``, each message saying what to change."""
+    out: list[tuple[str, str]] = []
     if not b.keeps_up:
         need = b.checkpoint_bytes / b.interval_s
-        out.append(
+        out.append((
+            "flush-behind",
             f"flush takes {format_duration(b.flush_s)} but saves come every {format_duration(b.interval_s)}: "
             f"the {b.bottleneck} limits it; give the store at least {format_rate(need)} of write bandwidth "
-            f"or save at least {format_duration(b.flush_s)} apart"
-        )
+            f"or save at least {format_duration(b.flush_s)} apart",
+        ))
     elif b.mode == "async" and b.flush_s > FLUSH_HEADROOM_WARN * b.interval_s:
-        out.append(
+        out.append((
+            "flush-tight",
             f"flush uses {b.flush_s / b.interval_s:.0%} of the interval ({format_duration(b.flush_s)} of "
             f"{format_duration(b.interval_s)}): one slow save and the next one waits; keep it under "
-            f"{FLUSH_HEADROOM_WARN:.0%} with a longer interval or more bandwidth"
-        )
+            f"{FLUSH_HEADROOM_WARN:.0%} with a longer interval or more bandwidth",
+        ))
     if b.keeps_up and b.overhead_fraction > OVERHEAD_WARN_FRACTION:
         fix = "use async saves (ckptio)" if b.mode == "sync" else "lengthen the interval or speed up the copy"
-        out.append(
+        out.append((
+            "stall",
             f"checkpoints stall training {format_duration(b.stall_s_per_checkpoint)} per save, "
-            f"{b.overhead_fraction:.1%} of wall time: {fix}"
-        )
+            f"{b.overhead_fraction:.1%} of wall time: {fix}",
+        ))
     if storage.kind == "object" and b.put_requests_per_s > b.put_rate_limit:
-        out.append(
+        out.append((
+            "put-rate",
             f"the burst needs {b.put_requests_per_s:,.0f} PUT/s against {b.put_rate_limit:,.0f}/s for "
-            f"{storage.prefixes} prefix(es): spread ranks over more prefixes or use larger files and parts"
-        )
+            f"{storage.prefixes} prefix(es): spread ranks over more prefixes or use larger files and parts",
+        ))
     extra_waste = b.waste_fraction - optimum_waste
     if b.interval_source == "given" and extra_waste > INTERVAL_WASTE_WARN:
         side = "longer" if b.interval_s > b.optimal_interval_s else "shorter"
-        out.append(
+        out.append((
+            "interval",
             f"the interval wastes {extra_waste:.1%} more GPU time than Daly's optimum of "
             f"{format_duration(b.optimal_interval_s)} (cost {format_duration(b.checkpoint_cost_s)}, "
-            f"MTBF {format_duration(b.mtbf_s)}): save {side} apart"
-        )
+            f"MTBF {format_duration(b.mtbf_s)}): save {side} apart",
+        ))
     return out

@@ -1,0 +1,74 @@
+"""``ckptio admit``: exit 0 when the job may start, 1 with a line per reason when it may not, 2 on bad usage.
+
+Owns the command's flags and output, written for a Slurm prolog or a Kubernetes init container: the first
+line says ADMIT or REFUSE, each following line one reason (``refuse:``) or warning (``warn:``). The rules
+themselves are :mod:`ckptio.plan.admit`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ckptio._cli.job_args import add_job_arguments, add_storage_arguments, job_from_args
+from ckptio._cli.probe_cmd import sigterm_as_interrupt
+from ckptio.errors import ConfigError
+from ckptio.plan.admit import AdmissionPolicy, admit
+from ckptio.plan.budget import plan_burst
+from ckptio.plan.probe import ProbeConfig, probe
+from ckptio.plan.units import format_duration, parse_duration
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "admit",
+        help="admission gate: may this job start on this store? (exit 0 admit, 1 refuse, 2 usage)",
+        description="Refuse a job whose store cannot finish a save within the interval, whose stall is over "
+        "budget, whose root lacks space for keep_last + 1 checkpoints, whose burst exceeds the PUT rate, "
+        "that checkpoints onto the dataset volume above --split-volumes-above ranks, or under $HOME.",
+    )
+    add_job_arguments(parser)
+    add_storage_arguments(parser)
+    parser.add_argument("--probe", action="store_true", help="probe --root now instead of reading --profile")
+    parser.add_argument("--probe-seconds", default="20", help="time bound of --probe (20)")
+    parser.add_argument("--root", help="checkpoint root (a directory or s3:// URL)")
+    parser.add_argument("--data-dir", action="append", default=[], help="a directory the data loader reads")
+    parser.add_argument("--keep-last", type=int, default=3, help="committed checkpoints kept (3)")
+    parser.add_argument("--max-stall", help="most stall per checkpoint (default: a tenth of the interval)")
+    parser.add_argument(
+        "--split-volumes-above", type=int, default=64, help="refuse a shared data volume above N ranks"
+    )
+    parser.add_argument("--mode", choices=("async", "sync"), default="async", help="how the job saves")
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    policy = AdmissionPolicy(
+        keep_last=args.keep_last,
+        max_stall_s=parse_duration(args.max_stall, what="--max-stall") if args.max_stall else None,
+        split_volumes_above=args.split_volumes_above,
+    )
+    profile = None
+    if args.probe:
+        if not args.root:
+            raise ConfigError("--probe needs --root: the probe measures the checkpoint root")
+        seconds = parse_duration(args.probe_seconds, what="--probe-seconds")
+        with sigterm_as_interrupt():
+            profile = probe(args.root, ProbeConfig(max_seconds=seconds, file_size_bytes=64 << 20))
+    job = job_from_args(args, mode=args.mode, profile=profile)
+    budget = plan_burst(job.shape, job.storage, job.schedule)
+    result = admit(budget, root=args.root, data_dirs=args.data_dir, policy=policy)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        verdict = "ADMIT" if result.admitted else f"REFUSE ({len(result.reasons)} reason(s))"
+        print(
+            f"ckptio admit: {verdict}: {budget.ranks:,} ranks, flush {format_duration(budget.flush_s)} "
+            f"every {format_duration(budget.interval_s)}"
+        )
+        for reason in result.reasons:
+            print(f"refuse: {reason}")
+        for warning in result.warnings:
+            print(f"warn: {warning}")
+    return 0 if result.admitted else 1

@@ -1,0 +1,191 @@
+"""The job and storage flags ``plan``, ``admit`` and ``simulate`` share, and the objects built from them.
+
+Owns the command-line spelling of a job (model, parallelism, layout, schedule) and of a store (profile or
+bandwidth flags). Values stay strings until built here, so every bad value becomes a
+:class:`~ckptio.errors.ConfigError` with the flag's name (exit code 2). Not a subcommand: ``main`` never
+registers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ckptio.errors import ConfigError
+from ckptio.plan.budget import DEFAULT_D2H_BYTES_PER_S, S3_PUT_RATE_PER_PREFIX, Schedule, StorageModel
+from ckptio.plan.model import (
+    OPTIMIZER_BYTES_PER_PARAM,
+    PRESETS,
+    WEIGHT_DTYPE_BYTES,
+    Architecture,
+    CheckpointModel,
+    CheckpointShape,
+    Parallelism,
+    preset,
+    shape_checkpoint,
+)
+from ckptio.plan.profile import StorageProfile
+from ckptio.plan.units import parse_count, parse_duration, parse_interval, parse_rate, parse_size
+
+T = TypeVar("T")
+_ARCH_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, parallelism, file layout and schedule of the job."""
+    model = parser.add_argument_group("model (a preset, a parameter count, or an architecture)")
+    model.add_argument("--preset", choices=sorted(PRESETS), help="an MLPerf Storage checkpoint workload")
+    model.add_argument("--params", help="parameter count: 8e9, 8B, 405.9B, 1.2T")
+    for name in _ARCH_FLAGS:
+        model.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"architecture: {name}")
+    model.add_argument("--weights-dtype", choices=sorted(WEIGHT_DTYPE_BYTES), help="saved weights (bf16)")
+    model.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZER_BYTES_PER_PARAM), help="saved optimizer state (adam-mixed)"
+    )
+    model.add_argument("--extra-bytes", default="0", help="extra bytes every rank saves (RNG, loader state)")
+    par = parser.add_argument_group("parallelism")
+    par.add_argument("--ranks", type=int, help="ranks in the job (default tp × pp × dp)")
+    par.add_argument("--tp", type=int, help="tensor-parallel degree (1)")
+    par.add_argument("--pp", type=int, help="pipeline-parallel degree (1)")
+    par.add_argument("--dp", type=int, help="data-parallel degree (ranks ÷ (tp × pp))")
+    par.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (0)")
+    lay = parser.add_argument_group("layout")
+    lay.add_argument("--file-size", default="1GiB", help="target data file size per rank (1GiB)")
+    lay.add_argument("--part-size", default="64MiB", help="multipart part size on object stores (64MiB)")
+    sched = parser.add_argument_group("schedule")
+    sched.add_argument("--step-time", help="seconds per training step (to read --interval in steps)")
+    sched.add_argument("--interval", help="steps (500, with --step-time) or a duration (30m); default Daly's")
+    sched.add_argument("--mtbf", help="mean time between failures (default: Llama 3's rate, scaled to ranks)")
+    sched.add_argument("--save-cost", help="blocking seconds per checkpoint (overrides the D2H estimate)")
+    sched.add_argument("--d2h-bandwidth", default=None,
+                       help=f"device-to-host copy per rank ({DEFAULT_D2H_BYTES_PER_S / 1e9:g}GB/s)")
+
+
+def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
+    """The store: a probe profile, or bandwidth flags (flags override the profile's figures)."""
+    st = parser.add_argument_group("storage (a --profile from `ckptio probe`, or bandwidths)")
+    st.add_argument("--profile", help="storage profile JSON written by `ckptio probe --out`")
+    st.add_argument("--write-bandwidth", help="aggregate write bandwidth: 2TB/s, 300MiB/s")
+    st.add_argument("--per-writer-bandwidth", help="cap of one rank's writer")
+    st.add_argument("--read-bandwidth", help="aggregate read bandwidth (restore estimate)")
+    st.add_argument("--metadata-ops", help="metadata operations per second (POSIX)")
+    st.add_argument("--storage-kind", choices=("posix", "object"), help="default: the profile's, else posix")
+    st.add_argument("--put-rate-per-prefix", help=f"PUT requests/s per prefix ({S3_PUT_RATE_PER_PREFIX:g})")
+    st.add_argument("--prefixes", type=int, default=1, help="prefixes the ranks spread over (1)")
+
+
+def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
+    """The job's checkpoint from ``--preset``, ``--params`` or the architecture flags."""
+    arch_given = [n for n in _ARCH_FLAGS if getattr(args, n) is not None]
+    sources = sum(bool(x) for x in (args.preset, args.params, arch_given))
+    if sources != 1:
+        raise ConfigError("describe the model once: --preset NAME, --params N, or the architecture flags")
+    base = preset(args.preset) if args.preset else None
+    architecture = base.architecture if base else _architecture(args, arch_given)
+    parallelism = Parallelism.for_ranks(
+        ranks=args.ranks if args.ranks is not None or base is None else None,
+        tp=_pick(args.tp, base.parallelism.tp if base else 1),
+        pp=_pick(args.pp, base.parallelism.pp if base else 1),
+        dp=args.dp if args.dp is not None or base is None or args.ranks is not None else base.parallelism.dp,
+        zero=_pick(args.zero, base.parallelism.zero if base else 0),
+    )
+    return CheckpointModel(
+        params=parse_count(args.params, what="--params") if args.params else None,
+        architecture=architecture,
+        weights_dtype=_pick(args.weights_dtype, base.weights_dtype if base else "bf16"),
+        optimizer=_pick(args.optimizer, base.optimizer if base else "adam-mixed"),
+        extra_bytes_per_rank=parse_size(args.extra_bytes, what="--extra-bytes"),
+        parallelism=parallelism,
+        file_size_bytes=parse_size(args.file_size, what="--file-size"),
+        part_size_bytes=parse_size(args.part_size, what="--part-size"),
+    )
+
+
+def _pick(given: T | None, default: T) -> T:
+    return default if given is None else given
+
+
+def _architecture(args: argparse.Namespace, given: list[str]) -> Architecture | None:
+    if not given:
+        return None
+    values = {n: getattr(args, n) for n in _ARCH_FLAGS}
+    if values["kv_heads"] is None:
+        values["kv_heads"] = values["heads"]
+    missing = [f"--{n.replace('_', '-')}" for n, v in values.items() if v is None]
+    if missing:
+        raise ConfigError(f"an architecture needs {', '.join(missing)} too")
+    return Architecture(**values)
+
+
+def schedule(args: argparse.Namespace, *, mode: str) -> Schedule:
+    step_time = parse_duration(args.step_time, what="--step-time") if args.step_time else None
+    interval = parse_interval(args.interval, step_time_s=step_time)[0] if args.interval else None
+    return Schedule(
+        interval_s=interval,
+        step_time_s=step_time,
+        mtbf_s=parse_duration(args.mtbf, what="--mtbf") if args.mtbf else None,
+        save_cost_s=parse_duration(args.save_cost, what="--save-cost") if args.save_cost else None,
+        d2h_bytes_per_s=_rate(args.d2h_bandwidth, "--d2h-bandwidth") or DEFAULT_D2H_BYTES_PER_S,
+        mode=mode,  # type: ignore[arg-type]
+    )
+
+
+def storage_model(args: argparse.Namespace, profile: StorageProfile | None = None) -> StorageModel:
+    """The store from ``profile`` (or ``--profile``), each figure overridable by its flag."""
+    if profile is None and args.profile:
+        profile = StorageProfile.load(args.profile)
+    write = _rate(args.write_bandwidth, "--write-bandwidth")
+    if write is None and profile is None:
+        raise ConfigError("give the store: --profile FILE (from `ckptio probe --out`) or --write-bandwidth")
+    per_writer = _rate(args.per_writer_bandwidth, "--per-writer-bandwidth")
+    return StorageModel(
+        write_bytes_per_s=write or (profile.write_bytes_per_s if profile else math.inf),
+        per_writer_bytes_per_s=per_writer or (profile.per_writer_bytes_per_s if profile else math.inf),
+        read_bytes_per_s=_rate(args.read_bandwidth, "--read-bandwidth")
+        or (profile.read_bytes_per_s if profile else None),
+        metadata_ops_per_s=(
+            parse_count(args.metadata_ops, what="--metadata-ops")
+            if args.metadata_ops
+            else (profile.metadata_ops_per_s if profile else None)
+        ),
+        kind=args.storage_kind or (profile.kind if profile else "posix"),
+        put_rate_per_prefix=(
+            parse_count(args.put_rate_per_prefix, what="--put-rate-per-prefix")
+            if args.put_rate_per_prefix
+            else S3_PUT_RATE_PER_PREFIX
+        ),
+        prefixes=args.prefixes,
+    )
+
+
+def _rate(text: str | None, flag: str) -> float | None:
+    return parse_rate(text, what=flag) if text else None
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Job:
+    """Everything the flags describe, built and validated."""
+
+    model: CheckpointModel
+    """The checkpoint's contents and parallelism."""
+
+    shape: CheckpointShape
+    """Bytes and objects per rank class."""
+
+    storage: StorageModel
+    """The store's caps."""
+
+    schedule: Schedule
+    """Interval, MTBF and save costs."""
+
+
+def job_from_args(args: argparse.Namespace, *, mode: str, profile: StorageProfile | None = None) -> Job:
+    model = checkpoint_model(args)
+    return Job(
+        model=model,
+        shape=shape_checkpoint(model),
+        storage=storage_model(args, profile),
+        schedule=schedule(args, mode=mode),
+    )

@@ -1,0 +1,121 @@
+"""``ckptio probe TARGET``: measure a store the way the checkpoint burst will use it.
+
+Owns the command's flags, its progress bar and its output (a table, ``--json``, ``--out profile.json``). A
+SIGTERM (a scheduler ending the job) is turned into the same clean exit as Ctrl-C, so the probe's files are
+removed either way. Measuring is :mod:`ckptio.plan.probe`'s job, not this module's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ckptio.plan.probe import ProbeConfig, probe
+from ckptio.plan.probe import Progress as ProgressFn
+from ckptio.plan.profile import StorageProfile
+from ckptio.plan.units import format_duration, format_rate, parse_duration, parse_size
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "probe",
+        help="measure a store: write/read throughput vs writers, fsync, metadata ops",
+        description="Write, fsync, read back and delete files shaped like the job's in TARGET (a directory, "
+        "or s3://bucket/prefix where that backend is installed), within --max-seconds; everything the probe "
+        "writes is removed, also on Ctrl-C or SIGTERM.",
+    )
+    parser.add_argument("target", help="directory (created if missing, removed again) or s3:// URL")
+    parser.add_argument("--writers", type=int, default=4, help="most concurrent writers (4)")
+    parser.add_argument("--file-size", default="256MiB", help="size of each data file (256MiB)")
+    parser.add_argument("--files-per-writer", type=int, default=2, help="files per writer and level (2)")
+    parser.add_argument("--small-files", type=int, default=256, help="files for the metadata phase (256)")
+    parser.add_argument("--max-seconds", default="60", help="time bound of the whole probe (60)")
+    parser.add_argument("--no-fsync", action="store_true", help="skip fsync (RAM targets only)")
+    parser.add_argument("--fio", action="store_true", help="also run fio in the same directory (anchor)")
+    parser.add_argument("--out", help="write the storage profile here (read by plan, admit, simulate)")
+    parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.set_defaults(func=run)
+
+
+def probe_config(args: argparse.Namespace) -> ProbeConfig:
+    return ProbeConfig(
+        writers=args.writers,
+        file_size_bytes=int(parse_size(args.file_size, what="--file-size")),
+        files_per_writer=args.files_per_writer,
+        small_files=args.small_files,
+        max_seconds=parse_duration(args.max_seconds, what="--max-seconds"),
+        fsync=not args.no_fsync,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = probe_config(args)
+    err = Console(file=sys.stderr)
+    with sigterm_as_interrupt(), _progress_bar(err, enabled=not args.json) as progress:
+        profile = probe(args.target, config, progress=progress, fio=args.fio)
+    if args.out:
+        profile.save(args.out)
+    if args.json:
+        print(json.dumps(profile.to_json(), indent=2))
+    else:
+        print_profile(Console(file=sys.stdout), profile)
+        if args.out:
+            print(f"profile written to {args.out}")
+    return 0
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _progress_bar(console: Console, *, enabled: bool) -> Iterator[ProgressFn | None]:
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("probe {task.description:<18}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("starting", total=1.0)
+        yield lambda phase, fraction: bar.update(task, description=phase, completed=fraction)
+
+
+def print_profile(console: Console, p: StorageProfile) -> None:
+    table = Table(title=f"ckptio probe {p.target} ({p.fs_type or p.kind})", title_justify="left")
+    table.add_column("writers", justify="right")
+    table.add_column("write", justify="right")
+    table.add_column("read", justify="right")
+    for point in p.concurrency:
+        read = format_rate(point.read_bytes_per_s) if point.read_bytes_per_s else "-"
+        table.add_row(str(point.writers), format_rate(point.write_bytes_per_s), read)
+    console.print(table)
+    ops = ", ".join(f"{op} {rate:,.0f}/s" for op, rate in p.metadata.items())
+    console.print(f"metadata: {p.metadata_ops_per_s:,.0f} ops/s ({ops})", highlight=False)
+    if p.fsync_s is not None:
+        console.print(f"fsync of a small file: {format_duration(p.fsync_s)} (median)", highlight=False)
+    if p.fio:
+        fio_write, fio_read = p.fio["write_bytes_per_s"], p.fio["read_bytes_per_s"]
+        console.print(
+            f"fio in the same directory: write {format_rate(fio_write)}, read {format_rate(fio_read)}; "
+            f"probe ÷ fio: write {p.write_bytes_per_s / fio_write:.2f}, "
+            f"read {p.read_bytes_per_s / fio_read:.2f}",
+            highlight=False,
+        )
+    note = " (time bound reached: figures from fewer bytes)" if p.truncated else ""
+    console.print(f"took {format_duration(p.seconds or 0.0)}{note}", highlight=False)

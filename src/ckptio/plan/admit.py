@@ -1,0 +1,168 @@
+"""The admission gate: may this job start on this store? Every refusal with its reason, before a GPU idles.
+
+Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one line of output when it fires):
+
+* the flush cannot finish within the interval (the queue would grow until saves block or are skipped);
+* the per-checkpoint stall is above the budget (``max_stall_s``, default a tenth of the interval);
+* the root's free space is below ``keep_last + 1`` checkpoints (retention deletes only after a commit);
+* the burst needs more PUT requests per second than the prefixes sustain (object stores);
+* checkpoints share the dataset's volume and the gang is larger than ``split_volumes_above`` ranks;
+* the root is under $HOME.
+
+It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.probe`, which cleans up).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ckptio.errors import AdmissionError, ConfigError
+from ckptio.plan.budget import BurstBudget
+from ckptio.plan.units import format_bytes, format_duration, format_rate
+from ckptio.policy.volumes import check_volumes, volume_of
+
+DEFAULT_STALL_SHARE = 0.10
+
+
+@dataclass(kw_only=True, slots=True)
+class AdmissionPolicy:
+    """The limits a job must stay within to be admitted."""
+
+    keep_last: int = 3
+    """Committed checkpoints kept; the root must hold this many plus the one being written."""
+
+    max_stall_s: float | None = None
+    """Most training seconds one checkpoint may stall; None allows a tenth of the interval."""
+
+    split_volumes_above: int = 64
+    """Gangs above this many ranks must not checkpoint onto the dataset's volume."""
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 0:
+            raise ConfigError(f"keep_last must be >= 0, got {self.keep_last}")
+        if self.max_stall_s is not None and self.max_stall_s < 0:
+            raise ConfigError(f"max stall must be >= 0, got {self.max_stall_s}")
+        if self.split_volumes_above < 0:
+            raise ConfigError(f"split_volumes_above must be >= 0, got {self.split_volumes_above}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Admission:
+    """The gate's answer (``ckptio admit --json`` prints these keys, with the plan under ``plan``)."""
+
+    admitted: bool
+    """True when no rule refuses the job."""
+
+    reasons: list[str] = field(default_factory=list)
+    """One line per refusal, saying what to change."""
+
+    warnings: list[str] = field(default_factory=list)
+    """Findings that do not refuse the job (the plan's warnings, a RAM root)."""
+
+    root: str | None = None
+    """The checkpoint root checked."""
+
+    free_bytes: float | None = None
+    """Free space at the root's volume (POSIX roots)."""
+
+    needed_bytes: float | None = None
+    """Space ``keep_last + 1`` checkpoints take."""
+
+    fs_type: str | None = None
+    """Filesystem type of the root."""
+
+    plan: BurstBudget | None = None
+    """The planner's budget the decision rests on."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def raise_if_refused(self) -> None:
+        """Raise :class:`~ckptio.errors.AdmissionError` listing every reason, when refused."""
+        if not self.admitted:
+            raise AdmissionError("; ".join(self.reasons), root=self.root)
+
+
+def admit(
+    budget: BurstBudget,
+    *,
+    root: str | None = None,
+    data_dirs: tuple[str, ...] | list[str] = (),
+    policy: AdmissionPolicy | None = None,
+    home: str | None = None,
+) -> Admission:
+    """Decide whether the job ``budget`` describes may start with its checkpoints at ``root``."""
+    policy = policy or AdmissionPolicy()
+    result = Admission(admitted=True, root=root, plan=budget)
+    result.reasons.extend(_burst_reasons(budget, policy))
+    if root is not None and "://" not in root.removeprefix("file://"):
+        _check_root(result, budget, root, data_dirs=list(data_dirs), policy=policy, home=home)
+    elif root is None and data_dirs:
+        raise ConfigError("--data-dir needs --root: the check compares the two volumes")
+    # The plan's findings that are not refusals already (those say the same thing once).
+    refused_codes = {"flush-behind", "put-rate"}
+    findings = zip(budget.reason_codes, budget.reasons, strict=True)
+    result.warnings.extend(message for code, message in findings if code not in refused_codes)
+    result.admitted = not result.reasons
+    return result
+
+
+def _burst_reasons(b: BurstBudget, policy: AdmissionPolicy) -> list[str]:
+    out = []
+    if not b.keeps_up:
+        out.append(
+            f"flush cannot finish within the interval: {format_duration(b.flush_s)} to write "
+            f"{format_bytes(b.checkpoint_bytes)} ({b.bottleneck}) but saves come every "
+            f"{format_duration(b.interval_s)}; needs {format_rate(b.checkpoint_bytes / b.interval_s)} "
+            "of write bandwidth or a longer interval"
+        )
+    budget_s = policy.max_stall_s if policy.max_stall_s is not None else DEFAULT_STALL_SHARE * b.interval_s
+    if b.keeps_up and b.stall_s_per_checkpoint > budget_s:
+        kind = "synchronous stall" if b.mode == "sync" else "stall"
+        out.append(
+            f"{kind} of {format_duration(b.stall_s_per_checkpoint)} per checkpoint is above the budget of "
+            f"{format_duration(budget_s)}"
+            + ("; save asynchronously" if b.mode == "sync" else "; speed up the device-to-host copy")
+        )
+    if b.storage_kind == "object" and b.put_requests_per_s > b.put_rate_limit:
+        out.append(
+            f"PUT rate over the per-prefix limit: the burst needs {b.put_requests_per_s:,.0f} requests/s and "
+            f"the prefixes take {b.put_rate_limit:,.0f}/s; spread over more prefixes or use larger files"
+        )
+    return out
+
+
+def _check_root(
+    result: Admission,
+    b: BurstBudget,
+    root: str,
+    *,
+    data_dirs: list[str],
+    policy: AdmissionPolicy,
+    home: str | None,
+) -> None:
+    path = root.removeprefix("file://")
+    volume = volume_of(path)
+    result.free_bytes = float(volume.free_bytes)
+    result.fs_type = volume.fs_type
+    result.needed_bytes = (policy.keep_last + 1) * b.checkpoint_bytes
+    if result.free_bytes < result.needed_bytes:
+        result.reasons.append(
+            f"free space below keep_last + 1 checkpoints: {format_bytes(result.free_bytes)} free at "
+            f"{volume.mount.mount_point if volume.mount else volume.existing}, "
+            f"{policy.keep_last + 1} × {format_bytes(b.checkpoint_bytes)} = "
+            f"{format_bytes(result.needed_bytes)} needed"
+        )
+    for finding in check_volumes(path, data_dirs, home=home):
+        if finding.code == "root-under-home":
+            result.reasons.append(f"root under $HOME: {finding.message}")
+        elif finding.code == "root-on-data-volume" and b.ranks > policy.split_volumes_above:
+            result.reasons.append(
+                f"checkpoints on the dataset volume for a gang of {b.ranks} ranks "
+                f"(> {policy.split_volumes_above}): {finding.message}"
+            )
+        else:
+            result.warnings.append(finding.message)
+    result.root = os.path.abspath(path)
