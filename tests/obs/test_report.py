@@ -150,7 +150,7 @@ def test_cli_json_and_out(run_files, tmp_path, capsys) -> None:
     [
         (b'{"ts":1,"mono":1,"rank":0,"event":"queue","step":null}\n{"ts":1,"mono":2,"ra', 2, "truncated"),
         (b'{"ts":1,"mono":1,"rank":0,"event":"queue"}\n\nnot json at all\n', 3, "not JSON"),
-        (b'[1, 2]\n', 1, "JSON object"),
+        (b"[1, 2]\n", 1, "JSON object"),
         (b'{"ts":1,"mono":1,"event":"queue"}\n', 1, "missing field"),
         (b'{"ts":"x","mono":1,"rank":0,"event":"queue"}\n', 1, "numbers"),
         (b'{"ts":1,"mono":1,"rank":0,"event":"queue"}\n\xff\xfe\n', 2, "not JSON"),

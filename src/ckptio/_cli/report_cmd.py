@@ -45,5 +45,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in summary.verdicts:
             print(line)
+        sys.stdout.flush()  # keep the verdicts before the stderr line when both go to one terminal
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

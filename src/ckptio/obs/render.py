@@ -118,22 +118,47 @@ def _alarming(line: str) -> bool:
     )
 
 
+def _span(timeline: Timeline) -> float:
+    ends = [s.start + s.seconds for steps in timeline.steps.values() for s in steps] + list(
+        timeline.end.values()
+    )
+    return max(ends, default=1.0) or 1.0
+
+
+def _draw_steps(ax: Any, steps: list[Any], span: float) -> None:
+    """One bar per step, as wide as it lasted and as tall as its duration: a cliff is a block of tall bars.
+
+    Drawn as one polygon collection per kind (thousands of steps stay fast); a bar narrower than a pixel or so
+    is widened to stay visible and loses its white separator, which would otherwise be all that shows.
+    """
+    from matplotlib.collections import PolyCollection
+
+    min_width = span / 1200
+    for kind, colour in _STEP_COLOURS.items():
+        chosen = [s for s in steps if s.kind == kind]
+        if not chosen:
+            continue
+        boxes = []
+        for s in chosen:
+            x0, x1 = s.start, s.start + max(s.seconds, min_width)
+            boxes.append([(x0, 0.0), (x0, s.seconds), (x1, s.seconds), (x1, 0.0)])
+        narrow = sum(s.seconds < 4 * min_width for s in chosen) > len(chosen) / 2
+        ax.add_collection(
+            PolyCollection(
+                boxes,
+                facecolors=colour,
+                edgecolors="none" if narrow else "white",
+                linewidths=0.3,
+                label=_STEP_LABELS[kind],
+            )
+        )
+    ax.set_xlim(-span * 0.01, span * 1.01)
+
+
 def _draw_rank(ax: Any, rank: int, timeline: Timeline, rs: RankSummary) -> None:
     steps, saves = timeline.steps[rank], timeline.saves[rank]
     top = max((s.seconds for s in steps), default=1.0) or 1.0
-    for kind, colour in _STEP_COLOURS.items():
-        chosen = [s for s in steps if s.kind == kind]
-        if chosen:
-            ax.bar(
-                [s.start for s in chosen],
-                [s.seconds for s in chosen],
-                width=[s.seconds for s in chosen],
-                align="edge",
-                color=colour,
-                edgecolor="white",
-                linewidth=0.3,
-                label=_STEP_LABELS[kind],
-            )
+    _draw_steps(ax, steps, _span(timeline))
     clean = rs.step_s["clean"]["p50"]
     if clean:
         ax.axhline(clean, color="#333333", linestyle=(0, (4, 3)), linewidth=0.8)
@@ -274,13 +299,13 @@ def _draw_lag(ax: Any, timeline: Timeline, summary: Summary) -> None:
         ax.axvline(x, color="#b22222", linewidth=1, linestyle=":")
         ax.annotate(
             f"skipped {step}",
-            (x, 1),
+            (x, 0),
             xycoords=("data", "axes fraction"),
-            xytext=(3, -2),
+            xytext=(3, 2),
             textcoords="offset points",
             fontsize=7,
             color="#b22222",
-            va="top",
+            va="bottom",
         )
     if summary.median_interval_s:
         ax.axhline(
@@ -295,7 +320,7 @@ def _draw_lag(ax: Any, timeline: Timeline, summary: Summary) -> None:
     title = "flush lag per save" + (f" (grows {growth:+.2f} s per save)" if growth is not None else "")
     ax.set_title(title, loc="left", fontsize=9, color="#333333")
     if points or summary.median_interval_s:
-        ax.legend(fontsize=7.5, loc="upper left", frameon=False)
+        ax.legend(fontsize=7.5, loc="best", frameon=True, framealpha=0.85, edgecolor="none")
 
 
 def _legend(fig: Any) -> None:
