@@ -124,6 +124,8 @@ class Checkpointer:
         self._closed = False
         self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
                                    on_death=self._on_writer_death)
+        # Booting an interpreter that imports torch takes seconds: start now so it overlaps training, not a save.
+        self._writer.ensure_started()
 
     # ---- construction helpers -----------------------------------------------------------------------------------
     def _storage_options(self) -> dict[str, Any]:
@@ -163,11 +165,18 @@ class Checkpointer:
 
                     check_residency(self.storage, self.config.residency)
                 self._check_volumes()
+                self._check_writable()
             except CkptError as exc:
                 error = exc
         error = self.group.broadcast_from_rank0(error)
         if error is not None:
             raise error
+
+    def _check_writable(self) -> None:
+        """Fail at construction, not at the first background save, when the root cannot be written."""
+        key = f".ckptio-write-test-{os.getpid()}"
+        self.storage.put(key, b"ok")
+        self.storage.delete(key)
 
     def _check_volumes(self) -> None:
         if self.config.volume_check == "off" or not self.storage.is_posix:

@@ -11,7 +11,10 @@ once per state structure and the writer receives it as plain data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import torch
 
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
@@ -93,17 +96,19 @@ def plan_layout(rank: int, items: list[WriteItem], file_size_bytes: int) -> Rank
         if item.type == WriteItemType.BYTE_IO:
             objects.append(ObjectEntry(fqn=item.index.fqn, index_hint=item.index.index))
             continue
-        nbytes = item.tensor_storage_size() or 0
+        assert item.tensor_data is not None
+        # The chunk (this rank's shard of a DTensor, or the whole tensor) is what gets staged and written.
+        shape = tuple(item.tensor_data.chunk.sizes)
+        nbytes = math.prod(shape) * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
         if file_fill and file_fill + nbytes > file_size_bytes:
             file_no, file_fill = file_no + 1, 0
-        assert item.tensor_data is not None
         tensors.append(
             TensorEntry(
                 fqn=item.index.fqn,
                 chunk_offset=tuple(item.index.offset or ()),
                 index_hint=item.index.index,
                 dtype=_dtype_name(item),
-                shape=tuple(item.tensor_data.size),
+                shape=shape,
                 nbytes=nbytes,
                 slot_offset=slot_offset,
                 file_no=file_no,
