@@ -7,6 +7,7 @@ uninterrupted run. This module must never decide what the demo prints: it only m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ckptio import Checkpointer
 from ckptio.demo.job import RankJob, RankResult, SaveRecord
 from ckptio.demo.model import Trainer, TrainState
 from ckptio.demo.savers import CkptioSaver, DcpAsyncSaver, DcpSyncSaver, Saver, open_demo_storage
@@ -58,45 +60,49 @@ class _Progress:
             os.replace(self.path + ".tmp", self.path)
 
 
-def train(job: RankJob, rank: int, trainer: Trainer, result: RankResult) -> None:
+_STARTED = time.monotonic()
+
+
+def log(message: str) -> None:
+    """One timestamped line in this rank's log (the launcher keeps it under ``run/logs``)."""
+    print(f"[{time.monotonic() - _STARTED:7.2f} s] {message}", flush=True)
+
+
+def train(
+    job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: Trainer, result: RankResult
+) -> None:
     """The measured run: train ``job.steps`` steps, saving at ``job.save_steps()``."""
-    events = EventLog(job.events_path(rank), rank=rank, role="trainer")
     timer = StepTimer(events)
-    saver = _make_saver(job, rank, events)
     state = {"app": TrainState(trainer, _mesh(job))}
     progress = _Progress(job.progress_path, rank)
     saves = set(job.save_steps())
-    try:
-        for step in range(1, job.steps + 1):
-            with timer.step(step):
-                result.losses[step] = trainer.train_step()
-                if step in saves:
-                    began = time.monotonic()
-                    saver.save(step, state)
-                    result.saves.append(SaveRecord(step=step, blocking_s=time.monotonic() - began))
-            result.step_seconds[step] = timer.last_seconds or 0.0
-            progress.report(step)
-        began = time.monotonic()
-        saver.drain()
-        result.drain_s = time.monotonic() - began
-        lags = saver.lags()
-        for record in result.saves:
-            record.lag_s = lags.get(record.step)
-        if rank == 0:
-            result.committed = saver.committed()
-    finally:
-        saver.close()
-        events.close()
+    for step in range(1, job.steps + 1):
+        with timer.step(step):
+            result.losses[step] = trainer.train_step()
+            if step in saves:
+                began = time.monotonic()
+                saver.save(step, state)
+                result.saves.append(SaveRecord(step=step, blocking_s=time.monotonic() - began))
+        result.step_seconds[step] = timer.last_seconds or 0.0
+        progress.report(step)
+    log(f"trained {job.steps} steps")
+    began = time.monotonic()
+    saver.drain()
+    result.drain_s = time.monotonic() - began
+    log(f"last saves durable after {result.drain_s:.2f} s")
+    lags = saver.lags()
+    for record in result.saves:
+        record.lag_s = lags.get(record.step)
+    if rank == 0:
+        result.committed = saver.committed()
 
 
-def resume(job: RankJob, rank: int, trainer: Trainer, result: RankResult) -> None:
+def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer, result: RankResult) -> None:
     """Restore the newest ckptio step in this fresh process group, then train on to ``job.steps``."""
-    import ckptio
-
     state = {"app": TrainState(trainer, _mesh(job))}
     progress = _Progress(job.progress_path, rank)
-    with ckptio.Checkpointer(root=open_demo_storage(job.store)) as checkpointer:
-        result.restored_step = checkpointer.restore(state)
+    result.restored_step = checkpointer.restore(state)
+    log(f"restored step {result.restored_step}")
     for step in range(trainer.step + 1, job.steps + 1):
         began = time.monotonic()
         result.losses[step] = trainer.train_step()
@@ -113,18 +119,29 @@ def main(argv: list[str]) -> int:
     rank = int(argv[1])
     # One compute thread per rank: the ranks (and ckptio's writers) share the machine's cores.
     torch.set_num_threads(1)
+    log(f"{job.mode} rank {rank}/{job.world} started")
     _join(job, rank)
-    try:
-        trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
-        result = RankResult(mode=job.mode, rank=rank)
+    log("joined the process group")
+    result = RankResult(mode=job.mode, rank=rank)
+    # The saver comes first, as in a real job: ckptio's writer process boots while the model is built.
+    with contextlib.ExitStack() as stack:
+        stack.callback(dist.destroy_process_group)
         if job.mode == "resume":
-            resume(job, rank, trainer, result)
+            checkpointer = stack.enter_context(Checkpointer(root=open_demo_storage(job.store)))
+            trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+            resume(job, rank, checkpointer, trainer, result)
         else:
-            train(job, rank, trainer, result)
+            events = stack.enter_context(
+                contextlib.closing(EventLog(job.events_path(rank), rank=rank, role="trainer"))
+            )
+            saver = _make_saver(job, rank, events)
+            stack.callback(saver.close)
+            trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+            log("model built")
+            train(job, rank, saver=saver, events=events, trainer=trainer, result=result)
         dist.barrier()
         result.dump(job.result_path(rank))
-    finally:
-        dist.destroy_process_group()
+    log("done")
     return 0
 
 

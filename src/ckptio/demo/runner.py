@@ -26,9 +26,9 @@ from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import Prediction, measure_copy_bandwidth, measure_step_time, predict
 from ckptio.demo.s3 import BUCKET, embedded_s3
-from ckptio.demo.table import LABELS, RunRow, prediction_table, results_table, row_from_summary
+from ckptio.demo.table import LABELS, RunRow, mib_per_s, prediction_table, results_table, row_from_summary
 from ckptio.errors import CkptError, ConfigError
-from ckptio.plan.units import format_bytes, format_rate
+from ckptio.plan.units import format_bytes
 
 RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio")
 QUICK_SHAPE = ModelShape(vocab=16_384, d_model=128, layers=1, heads=2, seq_len=32, batch=4)
@@ -157,7 +157,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     """Run the whole demo; raises :class:`~ckptio.errors.CkptError` when a run fails."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a pipe or a log file: wide enough that the tables do not wrap
+            console.width = max(console.width, 120)
     began = time.monotonic()
     paths = _Layout(config.out)
     paths.reset()
@@ -203,7 +206,7 @@ def _intro(console: Console, config: DemoConfig, s3_endpoint: str | None) -> Non
         f"[bold]ckptio demo[/]: {config.ranks} ranks (gloo, CPU) train a transformer with Adam for "
         f"{config.steps} steps, saving every {config.every}; checkpoint {format_bytes(state)} "
         f"({format_bytes(state / config.ranks)} per rank) to {where} behind a "
-        f"{format_rate(config.store_bandwidth)} shared-bandwidth throttle."
+        f"{mib_per_s(config.store_bandwidth)} shared-bandwidth throttle."
     )
     if s3_endpoint:
         console.print(

@@ -64,6 +64,11 @@ def row_from_summary(mode: str, summary: Summary, committed: list[int], wall_s: 
     )
 
 
+def mib_per_s(bytes_per_s: float) -> str:
+    """Bandwidth in the unit ``--store-bandwidth`` defaults to."""
+    return f"{bytes_per_s / 2**20:.0f} MiB/s"
+
+
 def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
 
@@ -94,7 +99,7 @@ def prediction_table(prediction: Prediction, *, bandwidth: float) -> Table:
     table = Table(
         title=(
             f"Planner prediction: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
-            f"{sync.ranks} ranks on a {format_rate(bandwidth)} store, a save every "
+            f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every "
             f"{sync.interval_steps} steps "
             f"(measured {prediction.step_time_s:.2f} s/step, copy {format_rate(prediction.copy_bytes_per_s)})"
         ),

@@ -1,0 +1,151 @@
+"""The demo end to end (real ranks, gloo, files), its Ctrl-C cleanup, and its throttled DCP writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from rich.console import Console
+
+from ckptio.demo.job import RankJob, StoreSpec
+from ckptio.demo.model import ModelShape
+from ckptio.demo.runner import DemoConfig, run_demo
+from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
+from ckptio.errors import ConfigError
+
+TINY = ModelShape(vocab=2048, d_model=32, layers=1, heads=2, seq_len=8, batch=2, classes=16)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_short_demo_end_to_end(tmp_path: Path) -> None:
+    console = Console(file=open(os.devnull, "w"), width=120)  # noqa: SIM115 (closed below)
+    config = DemoConfig(steps=7, every=3, shape=TINY, store_bandwidth=4 * 2**20, out=str(tmp_path / "demo"))
+    try:
+        outcome = run_demo(config, console)
+    finally:
+        console.file.close()
+
+    assert [row.mode for row in outcome.rows] == ["dcp-sync", "dcp-async", "ckptio"]
+    for row in outcome.rows:
+        assert row.committed == [3, 6], row
+        assert row.saves == 2
+        assert row.median_step_s is not None and row.median_step_s > 0
+    # ckptio's steps are committed by the contract's rule (the manifest exists) and DCP-loadable.
+    store = tmp_path / "demo" / "store"
+    for step in (3, 6):
+        assert (store / "ckptio" / f"step-{step:08d}" / "manifest.json").is_file()
+        assert (store / "dcp-sync" / f"step-{step:08d}" / ".metadata").is_file()
+    assert outcome.resume.restored_step == 6
+    assert outcome.resume.bit_exact
+    assert outcome.resume.resumed[7] == outcome.resume.uninterrupted[7]
+    for mode in ("ckptio", "dcp-sync", "dcp-async"):
+        report = Path(outcome.reports[mode])
+        assert report.is_file() and report.stat().st_size > 0
+        assert report.with_suffix(".png").is_file()
+    assert outcome.prediction.sync.checkpoint_bytes == pytest.approx(TINY.state_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_ctrl_c_ends_every_process(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "ckptio._cli.main", "demo", "--quick", "--steps", "400", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    launcher = psutil.Process(demo.pid)
+    spawned: list[psutil.Process] = []
+    deadline = time.monotonic() + 120
+    # Wait until the first run's ranks have joined (training started), then interrupt as a terminal would.
+    while time.monotonic() < deadline and not _ranks_joined(out / "run" / "logs"):
+        assert demo.poll() is None, demo.stderr.read().decode() if demo.stderr else ""
+        time.sleep(0.2)
+    spawned = launcher.children(recursive=True)
+    assert len(spawned) >= 2
+    demo.send_signal(signal.SIGINT)
+    assert demo.wait(timeout=60) == 130
+    _gone, alive = psutil.wait_procs(spawned, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def _ranks_joined(log_dir: Path) -> bool:
+    logs = list(log_dir.glob("dcp-sync.rank*.log"))
+    return len(logs) >= 2 and all("joined" in log.read_text(errors="replace") for log in logs)
+
+
+def _clock(path: str) -> float:
+    with open(path, "rb") as f:
+        raw = f.read(8)
+    return struct.unpack("d", raw)[0] if len(raw) == 8 else 0.0
+
+
+def test_dcp_writer_books_its_bytes_on_the_shared_clock(tmp_path: Path) -> None:
+    bandwidth = 1e9
+    throttle = ThrottleSpec(bytes_per_s=bandwidth, state_path=str(tmp_path / "clock"))
+    state = {"a": torch.arange(1 << 16, dtype=torch.float32), "b": torch.ones(3, 5, dtype=torch.float64)}
+    tensor_bytes = (1 << 16) * 4 + 15 * 8
+    # Start the shared clock a little in the future, as if another writer held the store: the booking must
+    # begin there and last exactly bytes / bandwidth.
+    busy_until = time.monotonic() + 0.3
+    with open(throttle.state_path, "wb") as f:
+        f.write(struct.pack("d", busy_until))
+    dcp.save(state, storage_writer=ThrottledFileSystemWriter(str(tmp_path / "ckpt"), throttle=throttle))
+    booked = _clock(throttle.state_path) - busy_until
+    assert booked == pytest.approx(tensor_bytes / bandwidth, rel=0.05)
+    loaded = {"a": torch.zeros(1 << 16), "b": torch.zeros(3, 5, dtype=torch.float64)}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "ckpt"))
+    assert torch.equal(loaded["a"], state["a"]) and torch.equal(loaded["b"], state["b"])
+
+
+def test_job_round_trips_through_json(tmp_path: Path) -> None:
+    job = RankJob(
+        mode="ckptio",
+        world=2,
+        store_port=1234,
+        steps=10,
+        every=4,
+        seed=3,
+        shape=TINY,
+        store=StoreSpec(root=str(tmp_path), bytes_per_s=1e6, throttle_state=str(tmp_path / "t")),
+        events_dir=str(tmp_path),
+        results_dir=str(tmp_path),
+        progress_path=str(tmp_path / "p"),
+    )
+    job.dump(str(tmp_path / "job.json"))
+    assert RankJob.load(str(tmp_path / "job.json")) == job
+    assert job.save_steps() == [4, 8]
+    assert json.loads((tmp_path / "job.json").read_text())["shape"]["vocab"] == TINY.vocab
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"ranks": 0}, {"steps": 5, "every": 5}, {"store_bandwidth": 0}, {"store": "nfs"}, {"ranks": 3}],
+)
+def test_bad_demo_options_are_config_errors(changes: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        DemoConfig(**changes)  # type: ignore[arg-type]
+
+
+def test_cli_parses_bandwidth_and_quick() -> None:
+    from ckptio._cli.demo_cmd import build_config
+    from ckptio._cli.main import build_parser
+
+    args = build_parser().parse_args(["demo", "--quick", "--store-bandwidth", "200MiB/s", "--ranks", "4"])
+    config = build_config(args)
+    assert config.store_bandwidth == 200 * 2**20
+    assert config.ranks == 4 and config.steps < DemoConfig().steps
+    bad = build_parser().parse_args(["demo", "--store-bandwidth", "fast"])
+    with pytest.raises(ConfigError):
+        build_config(bad)
