@@ -171,3 +171,12 @@ def test_unknown_events_are_skipped_and_duplicates_kept_once(tmp_path) -> None:
     future = {**known, "event": "from_a_newer_version"}
     path.write_text("\n".join(json.dumps(r) for r in (known, future, known)) + "\n")
     assert load_events([str(path), str(tmp_path)]) == [known]
+
+
+def test_a_log_without_step_events_still_reports_saves(tmp_path) -> None:
+    files = write_run(FakeRun(steps=40, every=10), str(tmp_path / "ev.jsonl"))
+    records = [r for r in load_events(files) if not r["event"].startswith("step_")]
+    summary = write_report(records, str(tmp_path / "r.png"))
+    assert summary.lost_fraction is None and summary.committed == 4
+    assert summary.verdicts[0].startswith("no step events: save() blocked")
+    assert (tmp_path / "r.png").read_bytes()[:8] == PNG_MAGIC

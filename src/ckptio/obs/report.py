@@ -21,6 +21,7 @@ Definitions (the docs and tests rely on them):
 
 from __future__ import annotations
 
+import bisect
 import glob
 import json
 import math
@@ -144,6 +145,8 @@ class SaveTrace:
     """save() returned (staging done)."""
     skipped_at: float | None = None
     """All ranks agreed to skip this save."""
+    skip_reason: str | None = None
+    """save_skipped.reason."""
     committed: float | None = None
     """This rank saw the step committed."""
     failed: str | None = None
@@ -250,7 +253,8 @@ def _pair_rank(
             s = trace(step)
             s.returned, s.blocking_s, s.bytes = t, float(r.get("blocking_s") or 0.0), int(r.get("bytes") or 0)
         elif event == "save_skipped":
-            trace(step).skipped_at = t
+            s = trace(step)
+            s.skipped_at, s.skip_reason = t, str(r.get("reason") or "skipped")
         elif event == "save_failed":
             s = trace(step)
             s.failed, s.failed_at = str(r.get("error_type") or "error"), t
@@ -270,15 +274,13 @@ def _num(value: Any) -> float | None:
 
 
 def _attribute(steps: list[StepSample], saves: list[SaveTrace], end: float) -> None:
-    staging = [(s.requested, s.returned or s.skipped_at) for s in saves if s.requested is not None]
-    flushing = [
-        (s.returned, s.flush_end or end) for s in saves if s.returned is not None and s.skipped_at is None
-    ]
+    staging = _Spans([(s.requested, s.returned or s.skipped_at) for s in saves])
+    flushing = _Spans([(s.returned, s.flush_end or end) for s in saves if s.skipped_at is None])
     for sample in steps:
         a, b = sample.start, sample.start + sample.seconds
-        if any(_overlaps(a, b, lo, hi) for lo, hi in staging):
+        if staging.overlaps(a, b):
             sample.kind = "staging"
-        elif any(_overlaps(a, b, lo, hi) for lo, hi in flushing):
+        elif flushing.overlaps(a, b):
             sample.kind = "flush"
 
 
@@ -287,8 +289,24 @@ def _attribute(steps: list[StepSample], saves: list[SaveTrace], end: float) -> N
 _OVERLAP_EPS_S = 1e-6
 
 
-def _overlaps(a: float, b: float, lo: float | None, hi: float | None) -> bool:
-    return lo is not None and hi is not None and min(b, hi) - max(a, lo) > _OVERLAP_EPS_S
+class _Spans:
+    """Time spans sorted by start, asked "does [a, b] overlap any?" for every step: a bisection, then a short
+    scan back (no span is longer than the longest), so 10⁵ steps against 10³ saves stay fast."""
+
+    def __init__(self, spans: list[tuple[float | None, float | None]]) -> None:
+        known = sorted((lo, hi) for lo, hi in spans if lo is not None and hi is not None)
+        self.starts = [lo for lo, _ in known]
+        self.spans = known
+        self.longest = max((hi - lo for lo, hi in known), default=0.0)
+
+    def overlaps(self, a: float, b: float) -> bool:
+        i = bisect.bisect_left(self.starts, b) - 1
+        while i >= 0 and self.starts[i] >= a - self.longest - _OVERLAP_EPS_S:
+            lo, hi = self.spans[i]
+            if min(b, hi) - max(a, lo) > _OVERLAP_EPS_S:
+                return True
+            i -= 1
+        return False
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -486,25 +504,13 @@ def _verdicts(s: Summary, tl: Timeline) -> list[str]:
             f" ({100 * s.lost_fraction:.1f}%):"
             f" {s.blocking_s:.2f} s blocked in save(), {s.contention_s:.2f} s of slower steps during flushes"
         )
-    growth, interval = s.lag_growth_s_per_save, s.median_interval_s
-    scale = interval if interval else (s.median_lag_s or 0.0)
-    if growth is not None and scale > 0 and growth > 0.1 * scale:
-        out.append(f"flush never catches up: lag grows {growth:.1f} s per save (interval {scale:.1f} s)")
-    elif interval and s.median_lag_s and s.median_lag_s > interval:
-        out.append(f"flush lag ({s.median_lag_s:.1f} s) exceeds the save interval ({interval:.1f} s)")
-    if s.skipped_steps:
-        steps = ", ".join(map(str, s.skipped_steps[:8])) + (" …" if len(s.skipped_steps) > 8 else "")
-        out.append(f"{len(s.skipped_steps)} save(s) skipped (no free staging slot): step {steps}")
-    ranks = set(tl.saves)
-    for step in s.skipped_steps:
-        skipped_on = {
-            sv.rank for r in ranks for sv in tl.saves[r] if sv.step == step and sv.skipped_at is not None
-        }
-        if skipped_on != ranks:
-            out.append(f"step {step} skipped on rank(s) {sorted(skipped_on)} only: ranks disagreed")
-    if s.failed_steps:
-        kinds = sorted({sv.failed for r in ranks for sv in tl.saves[r] if sv.failed})
-        out.append(f"{len(s.failed_steps)} save(s) failed ({', '.join(kinds)}): step {s.failed_steps}")
+    elif s.saves:
+        out.append(
+            f"no step events: save() blocked {s.blocking_s:.2f} s in all; wrap training steps in StepTimer"
+            " (or ck.step_timer) to see what the flushes cost the steps"
+        )
+    out.extend(_lag_verdicts(s))
+    out.extend(_skip_and_failure_verdicts(s, tl))
     if s.writer_deaths:
         out.append(f"{s.writer_deaths} writer process(es) died")
     if s.retries:
@@ -521,6 +527,36 @@ def _verdicts(s: Summary, tl: Timeline) -> list[str]:
         out.append(f"{in_flight} save(s) still in flight when the log ends")
     if len(out) == 1 and s.lost_fraction is not None and s.lost_fraction < 0.01:
         out.append("no checkpoint cost worth chasing: look elsewhere for step-time spikes")
+    return out
+
+
+def _lag_verdicts(s: Summary) -> list[str]:
+    growth, interval = s.lag_growth_s_per_save, s.median_interval_s
+    scale = interval if interval else (s.median_lag_s or 0.0)
+    if growth is not None and scale > 0 and growth > 0.1 * scale:
+        return [f"flush never catches up: lag grows {growth:.1f} s per save (interval {scale:.1f} s)"]
+    if interval and s.median_lag_s and s.median_lag_s > interval:
+        return [f"flush lag ({s.median_lag_s:.1f} s) exceeds the save interval ({interval:.1f} s)"]
+    return []
+
+
+def _skip_and_failure_verdicts(s: Summary, tl: Timeline) -> list[str]:
+    out = []
+    if s.skipped_steps:
+        steps = ", ".join(map(str, s.skipped_steps[:8])) + (" …" if len(s.skipped_steps) > 8 else "")
+        ranks = set(tl.saves)
+        reasons = sorted({sv.skip_reason for r in ranks for sv in tl.saves[r] if sv.skip_reason})
+        out.append(f"{len(s.skipped_steps)} save(s) skipped ({'; '.join(reasons)}): step {steps}")
+    ranks = set(tl.saves)
+    for step in s.skipped_steps:
+        skipped_on = {
+            sv.rank for r in ranks for sv in tl.saves[r] if sv.step == step and sv.skipped_at is not None
+        }
+        if skipped_on != ranks:  # skips are agreed collectively: a lone skip is a correctness bug
+            out.append(f"step {step} skipped on rank(s) {sorted(skipped_on)} only: ranks disagreed")
+    if s.failed_steps:
+        kinds = sorted({sv.failed for r in ranks for sv in tl.saves[r] if sv.failed})
+        out.append(f"{len(s.failed_steps)} save(s) failed ({', '.join(kinds)}): step {s.failed_steps}")
     return out
 
 
