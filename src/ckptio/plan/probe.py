@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ _FIO_SHARE = 0.30
 _FSYNC_SAMPLES = 20
 _LIST_REPEATS = 20
 
+T = TypeVar("T")
 Progress = Callable[[str, float], None]
 """Called with a phase description and the fraction of the time bound spent so far."""
 
@@ -162,13 +164,9 @@ def _pattern(size: int) -> memoryview:
     return memoryview(np.random.default_rng().bytes(size))
 
 
-def _parallel(workers: int, work: Callable[[int], int]) -> float:
-    """Run ``work(i)`` for each worker at once; aggregate bytes per second from first start to last end."""
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptio-probe") as pool:
-        done = sum(pool.map(work, range(workers)))
+def _rate(nbytes: int, start: float) -> float:
     elapsed = time.monotonic() - start
-    return done / elapsed if elapsed > 0 and done else 0.0
+    return nbytes / elapsed if nbytes and elapsed > 0 else 0.0
 
 
 class _ProbeRun:
@@ -183,6 +181,16 @@ class _ProbeRun:
         self.fsync_s: float | None = None
         self.metadata: dict[str, float] = {}
         self.fio_figures: dict[str, float] | None = None
+
+    def parallel(self, workers: int, work: Callable[[int], T]) -> list[T]:
+        """``work(i)`` on ``workers`` threads at once; an interrupt stops them all before it returns."""
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptio-probe") as pool:
+            try:
+                return list(pool.map(work, range(workers)))
+            except BaseException:
+                # Set before the pool's exit waits for its threads, which check it between chunks.
+                self.clock.stop.set()
+                raise
 
     def check_space(self) -> None:
         need = self.config.writers * self.config.files_per_writer * self.config.file_size_bytes
@@ -213,29 +221,34 @@ class _ProbeRun:
             files = range(self.config.files_per_writer)
             names = [[f"w{writers}/{w}/{f}.bin" for f in files] for w in range(writers)]
             self.clock.report(f"write × {writers}")
-            write_deadline = start + per_level * 0.6
-            write_rate = _parallel(writers, partial(self._write, names, block, write_deadline))
+            written = self.parallel(writers, partial(self._write, names, block, start + per_level * 0.6))
+            write_rate = _rate(sum(n for files in written for _, n in files), start)
             self.clock.report(f"read × {writers}")
-            read_deadline = start + per_level
-            read_rate = _parallel(writers, partial(self._read, names, read_deadline))
+            read_start = time.monotonic()
+            read_rate = _rate(sum(self.parallel(writers, partial(self._read, written, start + per_level))),
+                              read_start)
             self.target.remove_tree(f"w{writers}")
             self.points.append(
                 ConcurrencyPoint(writers=writers, write_bytes_per_s=write_rate, read_bytes_per_s=read_rate)
             )
 
-    def _write(self, names: list[list[str]], block: memoryview, deadline: float, writer: int) -> int:
-        written = 0
+    def _write(
+        self, names: list[list[str]], block: memoryview, deadline: float, writer: int
+    ) -> list[tuple[str, int]]:
+        """``(name, bytes)`` of each file this writer wrote (the deadline may cut the last one short)."""
+        written = []
         for name in names[writer]:
             if self.clock.expired(deadline):
                 break
-            size = self.config.file_size_bytes
-            written += self.target.write_file(name, size, block, self.clock, deadline)
+            nbytes = self.target.write_file(name, self.config.file_size_bytes, block, self.clock, deadline)
+            if nbytes:
+                written.append((name, nbytes))
         return written
 
-    def _read(self, names: list[list[str]], deadline: float, reader: int) -> int:
+    def _read(self, written: list[list[tuple[str, int]]], deadline: float, reader: int) -> int:
         buffer = bytearray(CHUNK_BYTES)
         read = 0
-        for name in names[reader]:
+        for name, _ in written[reader]:
             if self.clock.expired(deadline):
                 break
             read += self.target.read_file(name, buffer, self.clock, deadline)
@@ -297,8 +310,7 @@ class _ProbeRun:
                 done.append(name)
             return done
 
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptio-probe-meta") as pool:
-            return [name for shard in pool.map(work, range(workers)) for name in shard]
+        return [name for shard in self.parallel(workers, work) for name in shard]
 
     def run_fio(self) -> dict[str, float] | None:
         directory = self.target.fio_directory()
