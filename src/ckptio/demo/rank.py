@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
         if job.mode == "resume":
             checkpointer = stack.enter_context(Checkpointer(root=open_demo_storage(job.store)))
             trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+            log("model built")
             resume(job, rank, checkpointer, trainer, result)
         else:
             events = stack.enter_context(
@@ -138,6 +139,10 @@ def main(argv: list[str]) -> int:
             stack.callback(saver.close)
             trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
             log("model built")
+            waited = saver.ready()
+            if waited:
+                log(f"waited {waited:.2f} s more for the saver to be ready")
+            dist.barrier()  # every rank starts step 1 together
             train(job, rank, saver=saver, events=events, trainer=trainer, result=result)
         dist.barrier()
         result.dump(job.result_path(rank))

@@ -26,7 +26,15 @@ from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import Prediction, measure_copy_bandwidth, measure_step_time, predict
 from ckptio.demo.s3 import BUCKET, embedded_s3
-from ckptio.demo.table import LABELS, RunRow, mib_per_s, prediction_table, results_table, row_from_summary
+from ckptio.demo.table import (
+    LABELS,
+    RunRow,
+    mib_per_s,
+    prediction_findings,
+    prediction_table,
+    results_table,
+    row_from_summary,
+)
 from ckptio.errors import CkptError, ConfigError
 from ckptio.plan.units import format_bytes
 
@@ -225,6 +233,8 @@ def _predict(console: Console, config: DemoConfig) -> Prediction:
         copy_bytes_per_s=measure_copy_bandwidth(),
     )
     console.print(prediction_table(prediction, bandwidth=config.store_bandwidth))
+    for finding in prediction_findings(prediction):
+        console.print(f"  [dim]planner: {finding}[/]")
     return prediction
 
 

@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 
 from ckptio.demo.job import StoreSpec
 from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
+from ckptio.errors import WriterDiedError
 from ckptio.obs.events import EventLog, rank_path
 from ckptio.storage import PosixStorage, Storage, open_storage
 
@@ -50,6 +51,9 @@ def committed_steps(storage: Storage, marker: str) -> list[int]:
 
 
 class Saver(Protocol):
+    def ready(self) -> float:
+        """Wait until saving can begin (ckptio: its writer process booted); returns the seconds waited."""
+
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Save ``state`` as ``step``; returns when the training loop may go on."""
 
@@ -111,6 +115,9 @@ class _DcpSaver:
     def lags(self) -> dict[int, float]:
         with self._lock:
             return dict(self._lags)
+
+    def ready(self) -> float:
+        return 0.0
 
     def committed(self) -> list[int]:
         return committed_steps(PosixStorage(self.spec.root, fsync=False), ".metadata")
@@ -178,9 +185,20 @@ class CkptioSaver:
 
         self.storage = open_demo_storage(spec)
         self.events_path = rank_path(events_pattern, rank)
+        self.rank = rank
         self.checkpointer = ckptio.Checkpointer(
             root=self.storage, events_path=events_pattern, keep_last=0, max_pending=1, fsync=spec.fsync
         )
+
+    def ready(self, timeout_s: float = 300.0) -> float:
+        # The writer boots a fresh interpreter that imports torch: seconds on a small machine. A real job
+        # hides that behind its own start-up; the demo waits for it so step 1 is not measured against it.
+        began = time.monotonic()
+        while time.monotonic() - began < timeout_s:
+            if any(record.get("event") == "writer_started" for record in self._records()):
+                return time.monotonic() - began
+            time.sleep(0.05)
+        raise WriterDiedError(f"ckptio's writer did not start within {timeout_s:.0f} s", rank=self.rank)
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         self.checkpointer.save(step, state)
@@ -188,16 +206,19 @@ class CkptioSaver:
     def drain(self) -> None:
         self.checkpointer.wait()
 
-    def lags(self) -> dict[int, float]:
-        lags: dict[int, float] = {}
+    def _records(self) -> list[dict[str, Any]]:
         if not os.path.exists(self.events_path):
-            return lags
+            return []
         with open(self.events_path) as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("event") == "committed" and record.get("lag_s") is not None:
-                    lags[int(record["step"])] = float(record["lag_s"])
-        return lags
+            # A line being appended right now may be cut short: only whole lines count.
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+    def lags(self) -> dict[int, float]:
+        return {
+            int(record["step"]): float(record["lag_s"])
+            for record in self._records()
+            if record.get("event") == "committed" and record.get("lag_s") is not None
+        }
 
     def committed(self) -> list[int]:
         return committed_steps(self.storage, "manifest.json")

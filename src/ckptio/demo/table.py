@@ -15,6 +15,7 @@ from ckptio.demo.predict import Prediction
 from ckptio.obs.report import Summary
 from ckptio.plan.units import format_bytes, format_rate
 
+_DEMO_FINDINGS = ("flush-behind", "flush-tight", "stall")
 LABELS = {"dcp-sync": "dcp.save (sync)", "dcp-async": "dcp.async_save", "ckptio": "ckptio"}
 
 
@@ -105,7 +106,7 @@ def prediction_table(prediction: Prediction, *, bandwidth: float) -> Table:
         ),
         title_justify="left",
     )
-    for header in ("save", "stall / save", "time lost", "flush", "keeps up", "verdict"):
+    for header in ("save", "stall / save", "time lost", "flush", "keeps up"):
         table.add_column(header, justify="left" if header == "save" else "right")
     for label, plan in (("synchronous (dcp.save)", sync), ("staged + background flush (ckptio)", staged)):
         table.add_row(
@@ -114,6 +115,16 @@ def prediction_table(prediction: Prediction, *, bandwidth: float) -> Table:
             _pct(plan.overhead_fraction),
             _s(plan.flush_s),
             "yes" if plan.keeps_up else "no",
-            plan.verdict,
         )
     return table
+
+
+def prediction_findings(prediction: Prediction) -> list[str]:
+    """The planner's findings that concern this demo (the failure-rate interval advice does not: the job is
+    minutes long)."""
+    found = []
+    for label, plan in (("sync", prediction.sync), ("ckptio", prediction.staged)):
+        for code, reason in zip(plan.reason_codes, plan.reasons, strict=True):
+            if code in _DEMO_FINDINGS:
+                found.append(f"{label}: {reason}")
+    return found
