@@ -1,0 +1,484 @@
+"""The burst simulator: a fluid model of a job's saves, its writers, their queues and one shared store.
+
+Owns what the closed-form budget hides: saves that queue behind a slow flush one at a time, skipped saves,
+flushes slowed by the data loader's reads (and training slowed by the flush taking the loader's share), the
+local tier filling up, request-rate caps. It must never create a Python object per byte, request or rank:
+ranks that write alike are one class (:class:`~ckptio.plan.model.RankClass`) and move as one fluid, so
+16,384 ranks cost what a handful of classes cost.
+
+The model (documented assumptions, each a choice that can be argued with):
+
+* Training alternates compute (``interval_s`` of compute time) and a save request; saves and skips are
+  agreed by every rank, so all classes see the same requests. While training computes, its data loaders
+  read ``loader_read_bytes_per_s`` from the same store; when they get less, compute slows in proportion.
+  While training is stopped (copying, waiting for a slot, a synchronous save), the loaders are idle.
+* The store's aggregate bandwidth is shared max-min fairly among every active flow — one per rank writing a
+  checkpoint (capped at the per-writer bandwidth) and one loader per rank (capped at its demand). PUT-rate
+  and metadata limits cap the checkpoint traffic as a whole (bytes per operation × operations per second).
+* Each rank's writer flushes its saves one after another. ``async``: a staging slot is held from the copy
+  until the rank's flush is durable. ``tiered``: the slot is held until the rank's local write is done; the
+  local copy is held until drained to the store; a full local tier holds the slot too. ``sync``: training
+  waits for the copy and the whole flush.
+* A checkpoint commits when the last class's flush of it is durable (manifest and index writes are small and
+  ignored).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ckptio.errors import ConfigError
+from ckptio.plan.budget import METADATA_OPS_PER_OBJECT, Schedule, StorageModel, plan_burst
+from ckptio.plan.fairshare import max_min_rates
+from ckptio.plan.model import CheckpointShape
+
+_EPS_S = 1e-9
+_MAX_EVENTS = 5_000_000
+
+
+@dataclass(kw_only=True, slots=True)
+class SimulationConfig:
+    """How the simulated job saves, beyond what ``plan`` already knows."""
+
+    checkpoints: int = 20
+    """Save requests to simulate."""
+
+    mode: Literal["sync", "async", "tiered"] = "async"
+    """``sync``: training waits for the flush; ``async``: a staging slot per pending save; ``tiered``: a
+    local tier absorbs the write, then drains to the store."""
+
+    max_pending: int = 1
+    """Staging slots per rank (async and tiered)."""
+
+    overflow: Literal["block", "skip"] = "block"
+    """With no free slot: wait for one, or skip the save."""
+
+    loader_read_bytes_per_s: float = 0.0
+    """Aggregate read bandwidth the data loaders need from the same store while training computes."""
+
+    local_bytes_per_s: float | None = None
+    """Tiered: write bandwidth of one node's local tier (NVMe, RAM)."""
+
+    local_capacity_bytes: float | None = None
+    """Tiered: capacity of one node's local tier."""
+
+    ranks_per_node: int = 8
+    """Ranks sharing one node's local tier."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoints < 1:
+            raise ConfigError(f"checkpoints must be >= 1, got {self.checkpoints}")
+        if self.mode not in ("sync", "async", "tiered"):
+            raise ConfigError(f"mode must be sync, async or tiered, got {self.mode!r}")
+        if self.max_pending < 1:
+            raise ConfigError(f"max_pending must be >= 1, got {self.max_pending}")
+        if self.overflow not in ("block", "skip"):
+            raise ConfigError(f"overflow must be block or skip, got {self.overflow!r}")
+        if self.loader_read_bytes_per_s < 0:
+            raise ConfigError("loader read bandwidth must be >= 0")
+        if self.ranks_per_node < 1:
+            raise ConfigError(f"ranks per node must be >= 1, got {self.ranks_per_node}")
+        if self.mode == "tiered" and not (self.local_bytes_per_s and self.local_capacity_bytes):
+            raise ConfigError("tiered mode needs the local tier's bandwidth and capacity")
+        for name in ("local_bytes_per_s", "local_capacity_bytes"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointRecord:
+    """What happened to one save request."""
+
+    index: int
+    """0-based save request number."""
+    requested_s: float
+    """Simulated time of the request."""
+    skipped: bool = False
+    """Dropped because no staging slot was free (``overflow="skip"``)."""
+    queue_depth: int = 0
+    """Earlier saves not yet durable on the slowest class when this one was requested."""
+    stall_s: float = 0.0
+    """GPU-idle seconds this save cost: waiting for a slot, the copy, and (sync) the flush."""
+    returned_s: float | None = None
+    """When training resumed (async/tiered) or the copy ended (sync)."""
+    committed_s: float | None = None
+    """When the last class's flush was durable."""
+    flush_s: float | None = None
+    """``committed_s − returned_s``."""
+    lag_s: float | None = None
+    """``committed_s − requested_s``."""
+    phases: list[tuple[int, str, float, float]] = field(default_factory=list)
+    """``(class index, phase, start, end)`` of each class's local write and upload."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SimulationResult:
+    """The simulator's answer (``ckptio simulate --json`` prints these keys; ``records`` per save)."""
+
+    mode: str
+    """sync, async or tiered."""
+    ranks: int
+    """Ranks simulated (as classes)."""
+    rank_classes: int
+    """Distinct rank classes the ranks fold into."""
+    checkpoints: int
+    """Save requests simulated."""
+    skipped: int
+    """Saves dropped for want of a slot."""
+    interval_s: float
+    """Compute time between save requests."""
+    blocking_s: float
+    """Device-to-host copy per save."""
+    flush_s: float
+    """Median flush time (save return → commit) of the committed saves."""
+    flush_s_max: float
+    """Slowest flush."""
+    stall_s_per_checkpoint: float
+    """GPU-idle seconds per save request, averaged (skipped saves cost none)."""
+    lag_growth_s_per_checkpoint: float
+    """Least-squares slope of lag against save index: > 0 when the queue grows."""
+    queue_depth_max: int
+    """Most saves pending behind a new request."""
+    keeps_up: bool
+    """Every save found the previous one durable and none was skipped."""
+    gpu_idle_fraction: float
+    """Share of wall time GPUs idle for checkpoints: stalls, plus compute slowed by the loader."""
+    gpu_idle_hours_per_day: float
+    """``gpu_idle_fraction`` × ranks × 24 h."""
+    loader_slowdown_fraction: float
+    """Share of compute time lost because the loader got less than its demand."""
+    storage_utilization: float
+    """Checkpoint bytes written ÷ (store bandwidth × wall time)."""
+    store_busy_fraction: float
+    """Share of wall time some checkpoint flush was active."""
+    host_staging_bytes_per_rank: float
+    """Peak host memory the staging slots held on the largest rank."""
+    wall_s: float
+    """Simulated wall time of the requests (to the last one's return)."""
+    plan_flush_s: float
+    """The planner's closed-form flush time, for comparison."""
+    records: list[CheckpointRecord] = field(default_factory=list)
+    """One record per save request."""
+
+    def to_json(self, *, with_records: bool = True) -> dict[str, Any]:
+        data = asdict(self)
+        if not with_records:
+            data.pop("records")
+        return data
+
+
+@dataclass(slots=True)
+class _Job:
+    ckpt: int
+    remaining: float
+    started: float | None = None
+
+
+@dataclass(slots=True)
+class _ClassState:
+    index: int
+    count: int
+    bytes: float
+    durable: deque[_Job] = field(default_factory=deque)
+    local: deque[_Job] = field(default_factory=deque)
+    slots_used: int = 0
+    local_held: int = 0
+
+    def pending(self) -> int:
+        return len(self.durable) + len(self.local)
+
+
+def simulate(
+    shape: CheckpointShape, storage: StorageModel, schedule: Schedule, config: SimulationConfig
+) -> SimulationResult:
+    """Run ``config.checkpoints`` saves of ``shape`` on ``storage`` under ``schedule``."""
+    budget = plan_burst(shape, storage, schedule)  # the same blocking, interval and caps the planner uses
+    sim = _Simulator(shape, storage, config, interval_s=budget.interval_s, blocking_s=budget.blocking_s)
+    return sim.run(plan_flush_s=budget.flush_s)
+
+
+class _Simulator:
+    """The event loop: advance to the next completion, apply it, repeat."""
+
+    def __init__(
+        self,
+        shape: CheckpointShape,
+        storage: StorageModel,
+        config: SimulationConfig,
+        *,
+        interval_s: float,
+        blocking_s: float,
+    ) -> None:
+        self.shape, self.storage, self.config = shape, storage, config
+        self.interval_s, self.blocking_s = interval_s, blocking_s
+        self.classes = [_ClassState(i, c.count, c.bytes) for i, c in enumerate(shape.classes)]
+        self.ckpt_cap = self._checkpoint_traffic_cap()
+        self.local_slots = self._local_capacity()
+        self.loader_per_rank = config.loader_read_bytes_per_s / shape.ranks
+        self.t = 0.0
+        self.phase = "compute"  # compute | waiting | copying | sync
+        self.compute_left = interval_s
+        self.copy_left = 0.0
+        self.records: list[CheckpointRecord] = []
+        self.done_classes: dict[int, int] = {}
+        self.idle_s = self.slow_s = self.busy_s = self.bytes_written = 0.0
+        self.wall_s = 0.0
+        self.peak_slots = 0
+        self.compute_segments: list[tuple[float, float, float]] = []
+
+    # ---- set-up --------------------------------------------------------------------------------------------
+    def _checkpoint_traffic_cap(self) -> float:
+        """Aggregate bytes/s the request or metadata limit lets checkpoint traffic reach."""
+        st = self.storage
+        if st.kind == "object":
+            ops, limit = self.shape.requests, st.request_rate_limit
+        elif st.metadata_ops_per_s:
+            ops, limit = self.shape.objects * METADATA_OPS_PER_OBJECT, st.metadata_ops_per_s
+        else:
+            return math.inf
+        return self.shape.total_bytes * limit / ops
+
+    def _local_capacity(self) -> int:
+        if self.config.mode != "tiered":
+            return 0
+        assert self.config.local_capacity_bytes is not None
+        per_node = self.shape.bytes_per_rank_max * self.config.ranks_per_node
+        slots = int(self.config.local_capacity_bytes // per_node)
+        if slots < 1:
+            raise ConfigError(
+                f"the local tier ({self.config.local_capacity_bytes / 2**30:.1f} GiB per node) cannot hold "
+                f"one checkpoint of {self.config.ranks_per_node} ranks ({per_node / 2**30:.1f} GiB)"
+            )
+        return slots
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def run(self, *, plan_flush_s: float) -> SimulationResult:
+        for _ in range(_MAX_EVENTS):
+            if self._finished():
+                return self._result(plan_flush_s)
+            self._start_local_jobs()
+            durable_rates, loader_total = self._rates()
+            compute_rate = self._compute_rate(loader_total)
+            dt = self._horizon(durable_rates, compute_rate)
+            self._advance(dt, durable_rates, compute_rate)
+            self._complete_jobs()
+            self._advance_training()
+        raise RuntimeError("simulation did not finish; this is a bug in the simulator")
+
+    def _finished(self) -> bool:
+        requested = len(self.records)
+        idle_training = self.phase == "compute" and math.isinf(self.compute_left)
+        drained = not any(c.pending() for c in self.classes)
+        return requested == self.config.checkpoints and idle_training and drained
+
+    def _rates(self) -> tuple[list[float], float]:
+        """Per-rank flush rate of each class (0 when idle) and the loaders' aggregate read rate."""
+        active = [c for c in self.classes if c.durable]
+        loader_on = self.phase == "compute" and self.loader_per_rank > 0
+        flows = [(c.count, self.storage.per_writer_bytes_per_s) for c in active]
+        if loader_on:
+            flows.append((self.shape.ranks, self.loader_per_rank))
+        shares = max_min_rates(self.storage.write_bytes_per_s, flows)
+        writer_total = sum(c.count * r for c, r in zip(active, shares, strict=False))
+        loader_total = shares[-1] * self.shape.ranks if loader_on else 0.0
+        if writer_total > self.ckpt_cap:
+            scale = self.ckpt_cap / writer_total
+            shares = [r * scale for r in shares[: len(active)]] + shares[len(active) :]
+            freed = writer_total - self.ckpt_cap
+            if loader_on:
+                loader_total = min(self.config.loader_read_bytes_per_s, loader_total + freed)
+        rates = [0.0] * len(self.classes)
+        for c, r in zip(active, shares, strict=False):
+            rates[c.index] = r
+        return rates, loader_total
+
+    def _compute_rate(self, loader_total: float) -> float:
+        if self.phase != "compute":
+            return 0.0
+        if self.config.loader_read_bytes_per_s <= 0:
+            return 1.0
+        return min(1.0, loader_total / self.config.loader_read_bytes_per_s)
+
+    def _local_rate(self) -> float:
+        assert self.config.local_bytes_per_s is not None
+        return self.config.local_bytes_per_s / self.config.ranks_per_node
+
+    def _horizon(self, rates: list[float], compute_rate: float) -> float:
+        dt = math.inf
+        for c in self.classes:
+            if c.durable and rates[c.index] > 0:
+                dt = min(dt, c.durable[0].remaining / rates[c.index])
+            if c.local and c.local[0].started is not None:
+                dt = min(dt, c.local[0].remaining / self._local_rate())
+        if self.phase == "compute" and compute_rate > 0:
+            dt = min(dt, self.compute_left / compute_rate)
+        elif self.phase == "copying":
+            dt = min(dt, self.copy_left)
+        if math.isinf(dt):
+            raise RuntimeError(f"simulation stalled in phase {self.phase!r}; this is a bug in the simulator")
+        return max(dt, 0.0)
+
+    def _advance(self, dt: float, rates: list[float], compute_rate: float) -> None:
+        for c in self.classes:
+            if c.durable:
+                moved = min(c.durable[0].remaining, rates[c.index] * dt)
+                c.durable[0].remaining -= moved
+                if c.durable[0].started is None:
+                    c.durable[0].started = self.t
+                self.bytes_written += moved * c.count
+            if c.local and c.local[0].started is not None:
+                c.local[0].remaining -= min(c.local[0].remaining, self._local_rate() * dt)
+        if any(c.durable for c in self.classes):
+            self.busy_s += dt if self._counting() else 0.0
+        if self.phase == "compute":
+            if not math.isinf(self.compute_left):
+                self.compute_left = max(self.compute_left - compute_rate * dt, 0.0)
+            if self._counting():
+                self.slow_s += (1.0 - compute_rate) * dt
+            if dt > 0:
+                self.compute_segments.append((self.t, self.t + dt, compute_rate))
+        elif self._counting():
+            self.idle_s += dt
+        if self.phase == "copying":
+            self.copy_left = max(self.copy_left - dt, 0.0)
+        self.t += dt
+
+    def _counting(self) -> bool:
+        """Idle and busy time count until the last request returns; the drain after it does not."""
+        return len(self.records) < self.config.checkpoints or self.phase != "compute"
+
+    # ---- completions ---------------------------------------------------------------------------------------
+    def _start_local_jobs(self) -> None:
+        for c in self.classes:
+            if c.local and c.local[0].started is None and c.local_held < self.local_slots:
+                c.local[0].started = self.t
+                c.local_held += 1
+
+    def _complete_jobs(self) -> None:
+        for c in self.classes:
+            if c.local and c.local[0].started is not None and c.local[0].remaining <= _EPS_S * c.bytes:
+                job = c.local.popleft()
+                self.records[job.ckpt].phases.append((c.index, "local_write", job.started or self.t, self.t))
+                c.slots_used -= 1  # the staging slot is free once the local tier holds the bytes
+                c.durable.append(_Job(job.ckpt, c.bytes))
+            while c.durable and c.durable[0].remaining <= _EPS_S * max(c.bytes, 1.0):
+                job = c.durable.popleft()
+                self.records[job.ckpt].phases.append((c.index, "upload", job.started or self.t, self.t))
+                if self.config.mode == "async":
+                    c.slots_used -= 1
+                elif self.config.mode == "tiered":
+                    c.local_held -= 1
+                self._class_done(job.ckpt)
+
+    def _class_done(self, ckpt: int) -> None:
+        self.done_classes[ckpt] = self.done_classes.get(ckpt, 0) + 1
+        if self.done_classes[ckpt] == len(self.classes):
+            record = self.records[ckpt]
+            record.committed_s = self.t
+            record.lag_s = self.t - record.requested_s
+            if record.returned_s is not None:
+                record.flush_s = self.t - record.returned_s
+
+    # ---- training ------------------------------------------------------------------------------------------
+    def _advance_training(self) -> None:
+        more = len(self.records) < self.config.checkpoints
+        if self.phase == "compute" and self.compute_left <= _EPS_S and more:
+            self._request_save()
+        if self.phase == "waiting" and self._slot_free():
+            self._start_copy()
+        if self.phase == "copying" and self.copy_left <= _EPS_S:
+            self._copy_done()
+        if self.phase == "sync" and self.records[-1].committed_s is not None:
+            self._resume()
+
+    def _slot_free(self) -> bool:
+        return self.config.mode == "sync" or all(c.slots_used < self.config.max_pending for c in self.classes)
+
+    def _request_save(self) -> None:
+        record = CheckpointRecord(index=len(self.records), requested_s=self.t,
+                                  queue_depth=max(c.pending() for c in self.classes))
+        self.records.append(record)
+        if self._slot_free():
+            self._start_copy()
+        elif self.config.overflow == "skip":
+            record.skipped = True
+            self._resume()
+        else:
+            self.phase = "waiting"
+
+    def _start_copy(self) -> None:
+        self.phase, self.copy_left = "copying", self.blocking_s
+
+    def _copy_done(self) -> None:
+        record = self.records[-1]
+        record.returned_s = self.t
+        for c in self.classes:
+            if self.config.mode == "tiered":
+                c.local.append(_Job(record.index, c.bytes))
+                c.slots_used += 1
+            else:
+                c.durable.append(_Job(record.index, c.bytes))
+                c.slots_used += self.config.mode == "async"
+        self.peak_slots = max(self.peak_slots, *(c.slots_used for c in self.classes))
+        if self.config.mode == "sync":
+            self.phase = "sync"
+            self._complete_jobs()  # a class with nothing to write is done at once
+            if record.committed_s is not None:
+                self._resume()
+        else:
+            self._resume()
+
+    def _resume(self) -> None:
+        record = self.records[-1]
+        record.stall_s = 0.0 if record.skipped else self.t - record.requested_s
+        last = len(self.records) == self.config.checkpoints
+        if last:
+            self.wall_s = self.t
+        self.phase, self.compute_left = "compute", (math.inf if last else self.interval_s)
+
+    # ---- the answer ----------------------------------------------------------------------------------------
+    def _result(self, plan_flush_s: float) -> SimulationResult:
+        flushes = [r.flush_s for r in self.records if r.flush_s is not None]
+        lags = [(r.index, r.lag_s) for r in self.records if r.lag_s is not None]
+        wall = self.wall_s or self.t
+        idle_fraction = min((self.idle_s + self.slow_s) / wall, 1.0) if wall > 0 else 0.0
+        compute_s = wall - self.idle_s
+        skipped = sum(r.skipped for r in self.records)
+        depth = max(r.queue_depth for r in self.records)
+        return SimulationResult(
+            mode=self.config.mode,
+            ranks=self.shape.ranks,
+            rank_classes=len(self.classes),
+            checkpoints=len(self.records),
+            skipped=skipped,
+            interval_s=self.interval_s,
+            blocking_s=self.blocking_s,
+            flush_s=float(np.median(flushes)) if flushes else math.inf,
+            flush_s_max=max(flushes) if flushes else math.inf,
+            stall_s_per_checkpoint=sum(r.stall_s for r in self.records) / len(self.records),
+            lag_growth_s_per_checkpoint=_slope(lags),
+            queue_depth_max=depth,
+            keeps_up=self.config.mode == "sync" or (skipped == 0 and depth == 0),
+            gpu_idle_fraction=idle_fraction,
+            gpu_idle_hours_per_day=idle_fraction * self.shape.ranks * 24.0,
+            loader_slowdown_fraction=self.slow_s / compute_s if compute_s > 0 else 0.0,
+            storage_utilization=self.bytes_written / (self.storage.write_bytes_per_s * max(self.t, _EPS_S)),
+            store_busy_fraction=min(self.busy_s / wall, 1.0) if wall > 0 else 0.0,
+            host_staging_bytes_per_rank=self.peak_slots * self.shape.bytes_per_rank_max,
+            wall_s=wall,
+            plan_flush_s=plan_flush_s,
+            records=self.records,
+        )
+
+
+def _slope(points: list[tuple[int, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    xs, ys = zip(*points, strict=True)
+    return float(np.polyfit(np.array(xs, dtype=float), np.array(ys, dtype=float), 1)[0])
