@@ -1,8 +1,8 @@
 """Session-wide fixtures. Per-area fixtures live in each test folder's own conftest.py.
 
-The S3 fixtures start one real S3-protocol server (moto) for the whole session on 127.0.0.1 and a free port (a
-fixed port deadlocks under xdist), put fake credentials in the environment so every boto3 client of the session
-(and of the processes it spawns) talks to it, and create buckets in given regions, public or private.
+The S3 fixtures start one real S3-protocol server (moto) for the whole session on 127.0.0.1 and a free port
+(a fixed port deadlocks under xdist), put fake credentials in the environment so every boto3 client of the
+session (and of the processes it spawns) talks to it, and create buckets in given regions, public or private.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ They must never hold a lock or a connection that does not survive pickling.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Union
@@ -109,7 +110,7 @@ class Storage(abc.ABC):
         """Whole objects for several keys. Backends with latency override this with concurrent GETs."""
         return {k: self.get(k) for k in keys}
 
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """The distinct first path segments below ``prefix`` (``step-00000100`` under the root)."""
         base = join_key(prefix)
         cut = len(base) + 1 if base else 0

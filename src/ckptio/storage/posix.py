@@ -51,7 +51,7 @@ class PosixStorage(Storage):
         return {"root": self.root, "fsync": self.fsync, "region": self.region}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["root"], fsync=state["fsync"], region=state["region"])  # type: ignore[arg-type,misc]
+        self.__init__(state["root"], fsync=state["fsync"], region=state["region"])  # type: ignore[misc]
 
     def local_path(self, key: str) -> str:
         key = join_key(key)

@@ -54,6 +54,8 @@ _TOKEN_META = "ckptio-write"
 HASHED_DIR_PREFIX = "h-"
 
 _T = TypeVar("_T")
+_SESSIONS: dict[str | None, Any] = {}
+_SESSIONS_LOCK = threading.Lock()
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504, 409})
 _RETRYABLE_CODES = frozenset(
     {
@@ -280,6 +282,7 @@ class S3Storage(Storage):
 
     def _reset_process_state(self) -> None:
         self._client: Any = None
+        self._client_pid = 0
         self._client_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         #: Requests sent and retries made by this process (for probes, benches and tests).
@@ -297,14 +300,15 @@ class S3Storage(Storage):
         self.__init__(state["bucket"], state["prefix"], **state["options"])  # type: ignore[misc]
         self._bucket_region = state["bucket_region"]
 
-    # ---- client and retries -------------------------------------------------------------------------------
+    # ---- client and retries --------------------------------------------------------------------------------
     @property
     def client(self) -> Any:
         """This process's boto3 S3 client (thread-safe; created on first use)."""
-        if self._client is None:
+        if self._client is None or self._client_pid != os.getpid():
             with self._client_lock:
-                if self._client is None:
-                    self._client = self._make_client()
+                if self._client is None or self._client_pid != os.getpid():
+                    # A forked child must not share the parent's connections: it opens its own client.
+                    self._client, self._client_pid = self._make_client(), os.getpid()
         return self._client
 
     def _make_client(self) -> Any:
@@ -314,7 +318,11 @@ class S3Storage(Storage):
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ConfigError("s3:// roots need boto3: pip install 'ckptio[s3]'") from exc
         opts = self.options
-        session = boto3.session.Session(profile_name=opts.profile)
+        with _SESSIONS_LOCK:
+            # One boto3 session per profile and process: a new one re-parses the S3 service model (~0.3 s).
+            session = _SESSIONS.get(opts.profile)
+            if session is None:
+                session = _SESSIONS[opts.profile] = boto3.session.Session(profile_name=opts.profile)
         config = Config(
             connect_timeout=opts.connect_timeout_s,
             read_timeout=opts.read_timeout_s,
@@ -323,7 +331,10 @@ class S3Storage(Storage):
             s3={"addressing_style": opts.addressing_style},
             tcp_keepalive=True,
         )
-        return session.client("s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config)
+        with _SESSIONS_LOCK:  # client creation from a shared session is not thread-safe
+            return session.client(
+                "s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config
+            )
 
     def _full(self, key: str) -> str:
         clean = join_key(key)
@@ -364,7 +375,7 @@ class S3Storage(Storage):
             return StorageError(f"S3 {code or status} on {key!r}: {exc}", root=self.url, path=path)
         return StorageError(f"S3 request failed on {key!r}: {exc}", root=self.url, path=path)
 
-    # ---- primitives ---------------------------------------------------------------------------------------
+    # ---- primitives ----------------------------------------------------------------------------------------
     def put(
         self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
     ) -> ObjectInfo:
@@ -607,7 +618,7 @@ class S3Storage(Storage):
                 raise StorageError(f"delete of {first.get('Key')} failed: {first.get('Code')}", root=self.url)
         return len(keys)
 
-    # ---- bucket facts (residency) -------------------------------------------------------------------------
+    # ---- bucket facts (residency) --------------------------------------------------------------------------
     @property
     def region(self) -> str | None:  # type: ignore[override]
         """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""

@@ -1,13 +1,14 @@
 """Storage wrappers: throttle, latency and fault injection on top of any backend.
 
 Used by tests (ENOSPC/EIO without filling a disk), by the probe and by the demo (a local directory behind a
-bandwidth cap that emulates a shared filesystem under contention). Wrappers pickle with their inner storage, so the
-writer processes of every rank get the same behaviour; the throttle's budget is shared between those processes
-through a small state file guarded by ``flock``.
+bandwidth cap that emulates a shared filesystem under contention). Wrappers pickle with their inner storage,
+so the writer processes of every rank get the same behaviour; the throttle's budget is shared between those
+processes through a small state file guarded by ``flock``.
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import os
@@ -39,7 +40,9 @@ class StorageWrapper(Storage):
     def region(self) -> str | None:  # type: ignore[override]
         return self.inner.region
 
-    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
         return self.inner.put(key, data, mode=mode, if_match=if_match)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
@@ -53,6 +56,16 @@ class StorageWrapper(Storage):
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        # The inner backend's own put_file streams (S3 multipart) instead of reading the file into memory.
+        return self.inner.put_file(key, path, mode=mode)
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        return self.inner.list_dirs(prefix)
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self.inner.delete_prefix(prefix)
 
     def local_path(self, key: str) -> str:
         return self.inner.local_path(key)
@@ -68,8 +81,9 @@ class ThrottledStorage(StorageWrapper):
     """Caps the aggregate write (and optionally read) bandwidth of every process sharing ``state_path``.
 
     Each transfer reserves its slot on a shared virtual clock (``next_free``): it starts when the previous one
-    would have finished and lasts ``bytes / bandwidth``. Concurrent writers therefore share the bandwidth, like
-    clients of a saturated filesystem do. The real write happens first; the wrapper sleeps for the remainder.
+    would have finished and lasts ``bytes / bandwidth``. Concurrent writers therefore share the bandwidth,
+    like clients of a saturated filesystem do. The real write happens first; the wrapper sleeps for the
+    remainder.
     """
 
     def __init__(
@@ -98,7 +112,9 @@ class ThrottledStorage(StorageWrapper):
 
     def _reserve(self, nbytes: int, bandwidth: float) -> float:
         """Book ``nbytes`` on the shared clock; returns the monotonic time the transfer may end."""
-        with open(self.state_path, "r+b") as f:
+        # O_CREAT: a state path named by the caller (shared by every rank) need not exist yet.
+        fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT, 0o644)
+        with open(fd, "r+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             raw = f.read(8)
             next_free = struct.unpack("d", raw)[0] if len(raw) == 8 else 0.0
@@ -112,7 +128,9 @@ class ThrottledStorage(StorageWrapper):
         if delay > 0:
             time.sleep(delay)
 
-    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
         end = self._reserve(data_size(data), self.write_bytes_per_s)
         info = self.inner.put(key, data, mode=mode, if_match=if_match)
         self._wait_until(end)
@@ -138,9 +156,15 @@ class LatencyStorage(StorageWrapper):
         super().__init__(inner)
         self.seconds = seconds
 
-    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
         time.sleep(self.seconds)
         return self.inner.put(key, data, mode=mode, if_match=if_match)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        time.sleep(self.seconds)
+        return self.inner.put_file(key, path, mode=mode)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         time.sleep(self.seconds)
@@ -181,7 +205,9 @@ class FaultStorage(StorageWrapper):
             cls = StorageFullError if self.errno_code in (errno.ENOSPC, errno.EDQUOT) else StorageError
             raise cls(message, root=self.url, path=key)
 
-    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
         self._check(key, data_size(data))
         return self.inner.put(key, data, mode=mode, if_match=if_match)
 

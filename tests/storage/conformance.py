@@ -1,0 +1,340 @@
+"""The storage conformance suite: every guarantee of ``ckptio.storage.base`` as tests, for every backend.
+
+A backend's test module subclasses :class:`StoreTests` and provides a ``storage`` fixture yielding an empty
+key space (zarr-python's ``StoreTests`` habit). The suite never looks behind the protocol: what it checks is
+what commit, retention, restore and probe rely on.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from array import array
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError
+from ckptio.storage.base import ObjectInfo, Storage
+
+CONCURRENT_CREATORS = 6
+# Each spawned worker imports torch (through ckptio) once; on a 2-core machine four is what the suite affords.
+CONCURRENT_PROCESSES = 4
+
+
+# ---- functions run in spawned processes (module level so spawn can import them) ----------------------------
+def warm_up(hold_s: float) -> int:
+    """Import what the tests use, and hold the worker a moment so every worker of the pool gets one call."""
+    import ckptio.storage
+    import ckptio.storage.s3  # noqa: F401
+
+    time.sleep(hold_s)
+    return os.getpid()
+
+
+def aws_env() -> dict[str, str]:
+    """The parent's AWS_* variables: pool workers may have been spawned before a fixture set them."""
+    return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+
+
+def create_at(storage: Storage, key: str, payload: bytes, start_at: float, env: dict[str, str]) -> str:
+    """Sleep until ``start_at`` (wall clock shared by every process), then try a create-only put."""
+    os.environ.update(env)
+    storage.exists(key + ".warm")  # open the client first, so the creators race on the put itself
+    time.sleep(max(0.0, start_at - time.time()))
+    try:
+        storage.put(key, payload, mode="create")
+    except AlreadyExistsError:
+        return "lost"
+    return "won"
+
+
+def write_and_read(storage: Storage, key: str, payload: bytes, read_key: str, env: dict[str, str]) -> bytes:
+    """Use an unpickled storage in a fresh process: write one key, read another."""
+    os.environ.update(env)
+    storage.put(key, payload)
+    return storage.get(read_key)
+
+
+def put_through(storage: Storage, prefix: str, size: int, count: int) -> int:
+    """Write ``count`` objects of ``size`` bytes; returns the bytes written."""
+    for i in range(count):
+        storage.put(f"{prefix}/{i}", b"\0" * size)
+    return size * count
+
+
+class StoreTests:
+    """Subclass and define a ``storage`` fixture returning an empty storage (function scope)."""
+
+    # Sizes large enough to take a backend's multi-part path when the subclass configures a small threshold.
+    large_size: int = 3 << 20
+
+    # ---- put / get -----------------------------------------------------------------------------------------
+    def test_round_trip_single_buffer(self, storage: Storage) -> None:
+        info = storage.put("a/b.bin", b"hello world")
+        assert storage.get("a/b.bin") == b"hello world"
+        assert info.key == "a/b.bin"
+        assert info.size == 11
+
+    def test_round_trip_list_of_mixed_buffers(self, storage: Storage) -> None:
+        floats = array("f", [1.5, -2.0, 3.25])  # itemsize 4: must be cast to bytes, not truncated
+        parts = [b"ab", bytearray(b"cd"), memoryview(b"xxefxx")[2:4], memoryview(floats), b""]
+        storage.put("mixed", parts)
+        assert storage.get("mixed") == b"abcdef" + floats.tobytes()
+        assert storage.head("mixed").size == 6 + floats.itemsize * 3
+
+    def test_numpy_buffer(self, storage: Storage) -> None:
+        np = pytest.importorskip("numpy")
+        arr = np.arange(1000, dtype=np.float64).reshape(10, 100)
+        storage.put("np", memoryview(arr))
+        assert storage.get("np") == arr.tobytes()
+
+    def test_empty_object(self, storage: Storage) -> None:
+        info = storage.put("empty", b"")
+        assert info.size == 0
+        assert storage.get("empty") == b""
+        assert storage.head("empty").size == 0
+        storage.put("empty-list", [])
+        assert storage.get("empty-list") == b""
+
+    def test_large_object_across_buffers(self, storage: Storage) -> None:
+        payload = os.urandom(self.large_size)
+        cut1, cut2 = 12345, self.large_size // 2 + 7
+        views = [memoryview(payload)[:cut1], memoryview(payload)[cut1:cut2], memoryview(payload)[cut2:]]
+        info = storage.put("large", views)
+        assert info.size == self.large_size
+        assert storage.get("large") == payload
+        assert storage.get("large", offset=cut2 - 10, length=20) == payload[cut2 - 10 : cut2 + 10]
+
+    def test_overwrite_replaces_content_and_etag(self, storage: Storage) -> None:
+        first = storage.put("k", b"one")
+        second = storage.put("k", b"two!")
+        assert storage.get("k") == b"two!"
+        assert storage.head("k") == second
+        assert first.etag != second.etag
+
+    def test_reader_never_sees_a_partial_object(self, storage: Storage) -> None:
+        versions = [b"A" * 300_000, b"B" * 200_000]
+        storage.put("flip", versions[0])
+        stop = threading.Event()
+
+        def writer() -> None:
+            for i in range(10):
+                storage.put("flip", versions[i % 2])
+            stop.set()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        seen = set()
+        while not stop.is_set():
+            seen.add(storage.get("flip"))
+        thread.join()
+        assert seen <= set(versions)
+
+    # ---- ranged get / head ---------------------------------------------------------------------------------
+    def test_ranged_get(self, storage: Storage) -> None:
+        storage.put("r", bytes(range(100)))
+        assert storage.get("r", offset=10, length=5) == bytes(range(10, 15))
+        assert storage.get("r", offset=90) == bytes(range(90, 100))
+        assert storage.get("r", length=3) == b"\x00\x01\x02"
+        assert storage.get("r", offset=95, length=50) == bytes(range(95, 100))
+        assert storage.get("r", offset=100) == b""
+        assert storage.get("r", offset=5, length=0) == b""
+
+    def test_head_size_and_etag(self, storage: Storage) -> None:
+        info = storage.put("h", b"x" * 1234)
+        head = storage.head("h")
+        assert isinstance(head, ObjectInfo)
+        assert (head.key, head.size, head.etag) == ("h", 1234, info.etag)
+        assert head.etag
+
+    def test_missing_keys_raise_not_found(self, storage: Storage) -> None:
+        with pytest.raises(NotFoundError):
+            storage.get("missing")
+        with pytest.raises(NotFoundError):
+            storage.get("missing", offset=3, length=2)
+        with pytest.raises(NotFoundError):
+            storage.head("missing")
+        with pytest.raises(FileNotFoundError):  # NotFoundError is also the builtin
+            storage.head("dir/missing")
+        assert not storage.exists("missing")
+        storage.put("present", b"1")
+        assert storage.exists("present")
+
+    def test_not_found_carries_context(self, storage: Storage) -> None:
+        with pytest.raises(NotFoundError) as info:
+            storage.get("nowhere/x")
+        assert info.value.root == storage.url
+        assert "nowhere/x" in str(info.value)
+
+    # ---- list / delete -------------------------------------------------------------------------------------
+    def _populate_steps(self, storage: Storage) -> None:
+        for key in ("step-00000100/a", "step-00000100/ranks/0.json", "step-00000200/a", "latest", "step-1/x"):
+            storage.put(key, key.encode())
+
+    def test_list_prefixes(self, storage: Storage) -> None:
+        self._populate_steps(storage)
+        everything = {i.key: i for i in storage.list()}
+        assert set(everything) == {
+            "step-00000100/a",
+            "step-00000100/ranks/0.json",
+            "step-00000200/a",
+            "latest",
+            "step-1/x",
+        }
+        assert everything["latest"].size == len(b"latest")
+        assert {i.key for i in storage.list("step-00000100/")} == {
+            "step-00000100/a",
+            "step-00000100/ranks/0.json",
+        }
+        # A prefix ending inside a name matches like a string prefix, as on S3.
+        assert {i.key for i in storage.list("step-000001")} == {
+            "step-00000100/a",
+            "step-00000100/ranks/0.json",
+        }
+        assert {i.key for i in storage.list("step-00000100/ranks/0")} == {"step-00000100/ranks/0.json"}
+        assert {i.key for i in storage.list("lat")} == {"latest"}
+        assert list(storage.list("nothing-here")) == []
+        assert list(storage.list("nothing/here/")) == []
+
+    def test_list_etags_match_head(self, storage: Storage) -> None:
+        self._populate_steps(storage)
+        for info in storage.list():
+            assert storage.head(info.key) == info
+
+    def test_list_dirs(self, storage: Storage) -> None:
+        self._populate_steps(storage)
+        assert storage.list_dirs() == ["step-00000100", "step-00000200", "step-1"]
+        assert storage.list_dirs("step-00000100") == ["ranks"]
+        assert storage.list_dirs("missing") == []
+
+    def test_delete(self, storage: Storage) -> None:
+        storage.put("d/x", b"1")
+        storage.put("d/y", b"2")
+        storage.delete("d/x")
+        assert not storage.exists("d/x")
+        assert storage.get("d/y") == b"2"
+        storage.delete("d/x")  # missing is fine
+        storage.delete("never/was")
+
+    def test_delete_prefix_stops_at_segment_boundary(self, storage: Storage) -> None:
+        self._populate_steps(storage)
+        storage.put("step-10/y", b"y")
+        assert storage.delete_prefix("step-1") == 1
+        assert storage.exists("step-10/y")
+        assert storage.delete_prefix("step-00000100") == 2
+        assert {i.key for i in storage.list()} == {"step-00000200/a", "latest", "step-10/y"}
+        assert storage.delete_prefix("absent") == 0
+
+    # ---- create-only and compare-and-swap ------------------------------------------------------------------
+    def test_create_only(self, storage: Storage) -> None:
+        storage.put("manifest.json", b"first", mode="create")
+        with pytest.raises(AlreadyExistsError) as info:
+            storage.put("manifest.json", b"second", mode="create")
+        assert isinstance(info.value, FileExistsError)
+        assert storage.get("manifest.json") == b"first"
+
+    def test_create_only_large(self, storage: Storage) -> None:
+        payload = os.urandom(self.large_size)
+        storage.put("big", payload, mode="create")
+        with pytest.raises(AlreadyExistsError):
+            storage.put("big", b"small now", mode="create")
+        with pytest.raises(AlreadyExistsError):
+            storage.put("big", os.urandom(self.large_size), mode="create")
+        assert storage.get("big") == payload
+
+    def test_concurrent_creators_threads_one_wins(self, storage: Storage) -> None:
+        barrier = threading.Barrier(CONCURRENT_CREATORS)
+
+        def create(i: int) -> str:
+            barrier.wait()
+            try:
+                storage.put("race", f"writer-{i}".encode(), mode="create")
+            except AlreadyExistsError:
+                return "lost"
+            return f"writer-{i}"
+
+        with ThreadPoolExecutor(CONCURRENT_CREATORS) as pool:
+            outcomes = list(pool.map(create, range(CONCURRENT_CREATORS)))
+        winners = [o for o in outcomes if o != "lost"]
+        assert len(winners) == 1
+        assert storage.get("race") == winners[0].encode()
+
+    @pytest.mark.multiproc
+    def test_concurrent_creators_processes_one_wins(self, storage: Storage, spawn_pool: Executor) -> None:
+        start_at = time.time() + 2.0
+        futures = [
+            spawn_pool.submit(create_at, storage, "race", f"proc-{i}".encode(), start_at, aws_env())
+            for i in range(CONCURRENT_PROCESSES)
+        ]
+        outcomes = [f.result(timeout=120) for f in futures]
+        assert outcomes.count("won") == 1
+        assert outcomes.count("lost") == CONCURRENT_PROCESSES - 1
+        winner = outcomes.index("won")
+        assert storage.get("race") == f"proc-{winner}".encode()
+
+    def test_if_match_compare_and_swap(self, storage: Storage) -> None:
+        first = storage.put("latest", b"100")
+        second = storage.put("latest", b"200", if_match=first.etag)
+        assert storage.get("latest") == b"200"
+        with pytest.raises(PreconditionError):
+            storage.put("latest", b"300", if_match=first.etag)  # stale etag
+        assert storage.get("latest") == b"200"
+        storage.put("latest", b"400", if_match=second.etag)
+        assert storage.get("latest") == b"400"
+
+    def test_if_match_on_missing_key_loses(self, storage: Storage) -> None:
+        with pytest.raises(PreconditionError):
+            storage.put("nothing", b"x", if_match="0123456789abcdef")
+        assert not storage.exists("nothing")
+
+    # ---- derived operations --------------------------------------------------------------------------------
+    def test_put_file(self, storage: Storage, tmp_path: Any) -> None:
+        for name, size in (("small", 1000), ("large", self.large_size + 3)):
+            path = tmp_path / name
+            payload = os.urandom(size)
+            path.write_bytes(payload)
+            info = storage.put_file(f"files/{name}", str(path))
+            assert info.size == size
+            assert storage.get(f"files/{name}") == payload
+
+    def test_put_file_create_only(self, storage: Storage, tmp_path: Any) -> None:
+        path = tmp_path / "f"
+        path.write_bytes(b"content")
+        storage.put_file("f", str(path), mode="create")
+        with pytest.raises(AlreadyExistsError):
+            storage.put_file("f", str(path), mode="create")
+
+    def test_get_many(self, storage: Storage) -> None:
+        expected = {f"many/{i}": os.urandom(100 + i) for i in range(12)}
+        for key, value in expected.items():
+            storage.put(key, value)
+        assert storage.get_many(list(expected)) == expected
+        assert storage.get_many([]) == {}
+        with pytest.raises(NotFoundError):
+            storage.get_many(["many/0", "many/missing"])
+
+    # ---- pickling ------------------------------------------------------------------------------------------
+    def test_pickle_round_trip_in_process(self, storage: Storage) -> None:
+        storage.put("before", b"1")
+        clone = pickle.loads(pickle.dumps(storage))
+        assert clone.url == storage.url
+        assert clone.get("before") == b"1"
+        clone.put("after", b"2")
+        assert storage.get("after") == b"2"
+
+    @pytest.mark.multiproc
+    def test_works_in_spawned_process(self, storage: Storage, spawn_pool: Executor) -> None:
+        storage.put("from-parent", b"parent")
+        future = spawn_pool.submit(write_and_read, storage, "from-child", b"child", "from-parent", aws_env())
+        got = future.result(120)
+        assert got == b"parent"
+        assert storage.get("from-child") == b"child"
+
+    def test_close_is_idempotent(self, storage: Storage) -> None:
+        storage.put("x", b"1")
+        storage.close()
+        storage.close()

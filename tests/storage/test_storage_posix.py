@@ -1,0 +1,50 @@
+"""PosixStorage passes the conformance suite, with fsync on and off; plus what only a directory can show."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conformance import StoreTests
+
+from ckptio.errors import StorageError
+from ckptio.storage import PosixStorage, Storage, open_storage
+from ckptio.storage.posix import TMP_PREFIX
+
+
+class TestPosixFsync(StoreTests):
+    @pytest.fixture
+    def storage(self, tmp_path: Path) -> Storage:
+        return PosixStorage(tmp_path / "root", fsync=True)
+
+
+class TestPosixNoFsync(StoreTests):
+    @pytest.fixture
+    def storage(self, tmp_path: Path) -> Storage:
+        return PosixStorage(tmp_path / "root", fsync=False, region="eu-west-1")
+
+
+def test_no_temp_files_left_after_a_lost_create(tmp_path: Path) -> None:
+    storage = PosixStorage(tmp_path, fsync=False)
+    storage.put("m", b"1", mode="create")
+    with pytest.raises(FileExistsError):
+        storage.put("m", b"2", mode="create")
+    assert [n for n in os.listdir(tmp_path) if n.startswith(TMP_PREFIX)] == []
+
+
+def test_keys_cannot_escape_the_root(tmp_path: Path) -> None:
+    storage = PosixStorage(tmp_path / "root", fsync=False)
+    with pytest.raises(StorageError):
+        storage.put("../outside", b"x")
+    assert not (tmp_path / "outside").exists()
+
+
+def test_open_storage_paths(tmp_path: Path) -> None:
+    by_path = open_storage(tmp_path)
+    by_url = open_storage(f"file://{tmp_path}", fsync=False)
+    assert isinstance(by_path, PosixStorage) and isinstance(by_url, PosixStorage)
+    assert by_path.root == by_url.root == str(tmp_path)
+    assert open_storage(by_path) is by_path
+    with pytest.raises(ValueError):
+        open_storage("gs://bucket/x")
