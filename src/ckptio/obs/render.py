@@ -52,7 +52,9 @@ def _pyplot() -> Any:
 def png_bytes(timeline: Timeline, summary: Summary, *, title: str | None = None) -> bytes:
     """The timeline picture as PNG bytes."""
     plt = _pyplot()
-    ranks = sorted(timeline.steps)[:_MAX_RANK_PANELS]
+    # With many ranks, show the ones that lost the most: the straggler is the one worth looking at.
+    worst = sorted(summary.ranks, key=lambda r: -r.lost_s)[:_MAX_RANK_PANELS]
+    ranks = sorted(r.rank for r in worst)
     verdicts = summary.verdicts[:5]
     header_in = 0.5 + 0.24 * len(verdicts)
     heights = [header_in] + [2.0] * len(ranks) + [1.7]
@@ -82,7 +84,9 @@ def png_bytes(timeline: Timeline, summary: Summary, *, title: str | None = None)
     _draw_lag(lag_ax, timeline, summary)
     if len(timeline.steps) > len(ranks):
         lag_ax.set_title(
-            f"(showing ranks {ranks[0]}–{ranks[-1]} of {len(timeline.steps)})", loc="right", fontsize=8
+            f"(showing the {len(ranks)} ranks that lost the most, of {len(timeline.steps)})",
+            loc="right",
+            fontsize=8,
         )
     _legend(fig)
     buf = io.BytesIO()
