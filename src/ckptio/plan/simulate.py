@@ -165,9 +165,12 @@ class SimulationResult:
     """The planner's closed-form flush time, for comparison."""
     records: list[CheckpointRecord] = field(default_factory=list)
     """One record per save request."""
+    compute_segments: list[tuple[float, float, float]] = field(default_factory=list)
+    """``(start, end, rate)``: when training computed, and how fast (1 = not slowed by the loader)."""
 
     def to_json(self, *, with_records: bool = True) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("compute_segments")
         if not with_records:
             data.pop("records")
         return data
@@ -341,13 +344,21 @@ class _Simulator:
                 self.compute_left = max(self.compute_left - compute_rate * dt, 0.0)
             if self._counting():
                 self.slow_s += (1.0 - compute_rate) * dt
-            if dt > 0:
-                self.compute_segments.append((self.t, self.t + dt, compute_rate))
+            self._record_compute(dt, compute_rate)
         elif self._counting():
             self.idle_s += dt
         if self.phase == "copying":
             self.copy_left = max(self.copy_left - dt, 0.0)
         self.t += dt
+
+    def _record_compute(self, dt: float, rate: float) -> None:
+        if dt <= 0:
+            return
+        segments = self.compute_segments
+        if segments and segments[-1][2] == rate and abs(segments[-1][1] - self.t) <= _EPS_S:
+            segments[-1] = (segments[-1][0], self.t + dt, rate)
+        else:
+            segments.append((self.t, self.t + dt, rate))
 
     def _counting(self) -> bool:
         """Idle and busy time count until the last request returns; the drain after it does not."""
@@ -474,6 +485,7 @@ class _Simulator:
             wall_s=wall,
             plan_flush_s=plan_flush_s,
             records=self.records,
+            compute_segments=self.compute_segments,
         )
 
 

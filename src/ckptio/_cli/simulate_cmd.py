@@ -1,0 +1,152 @@
+"""``ckptio simulate``: the job of ``ckptio plan`` run save by save on a fluid model of the store.
+
+Owns the command's flags (those of ``plan`` plus the simulation's), its table, ``--json``, ``--events`` (the
+simulation in ckptio's event schema) and ``--out`` (the timeline picture, drawn by ``ckptio.obs.report``).
+The model is :mod:`ckptio.plan.simulate`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from ckptio._cli.job_args import Job, add_job_arguments, add_storage_arguments, job_from_args
+from ckptio.plan.sim_events import simulation_events, write_events
+from ckptio.plan.simulate import SimulationConfig, SimulationResult, simulate
+from ckptio.plan.units import format_bytes, format_duration, parse_rate, parse_size
+
+_SHOWN_RECORDS = 12
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="simulate the job's saves on a model of the store: stalls, flush lag, skips, idle GPUs",
+        description="Run --checkpoints saves of the job through a fluid model of ranks, writers, queues and "
+        "a shared store (max-min fair bandwidth, per-writer caps, request limits, data-loader reads).",
+    )
+    add_job_arguments(parser)
+    add_storage_arguments(parser)
+    sim = parser.add_argument_group("simulation")
+    sim.add_argument("--checkpoints", type=int, default=20, help="save requests to simulate (20)")
+    sim.add_argument("--mode", choices=("sync", "async", "tiered"), default="async", help="how saves run")
+    sim.add_argument("--max-pending", type=int, default=1, help="staging slots per rank (1)")
+    sim.add_argument("--overflow", choices=("block", "skip"), default="block", help="no free slot: (block)")
+    sim.add_argument(
+        "--loader-read-bandwidth", default="0", help="aggregate data-loader reads from the store"
+    )
+    sim.add_argument("--local-bandwidth", help="tiered: one node's local tier write bandwidth")
+    sim.add_argument("--local-capacity", help="tiered: one node's local tier capacity")
+    sim.add_argument("--ranks-per-node", type=int, default=8, help="ranks sharing a local tier (8)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the result as JSON (with per-save records)")
+    out.add_argument("--events", help="write the simulation as ckptio JSONL events (for `ckptio report`)")
+    out.add_argument("--out", help="draw the timeline: FILE.png or FILE.html (needs matplotlib)")
+    parser.set_defaults(func=run)
+
+
+def simulation_config(args: argparse.Namespace) -> SimulationConfig:
+    loader_text = args.loader_read_bandwidth.strip()
+    loader = 0.0 if loader_text in ("", "0") else parse_rate(loader_text, what="--loader-read-bandwidth")
+    local_bw, local_cap = args.local_bandwidth, args.local_capacity
+    return SimulationConfig(
+        checkpoints=args.checkpoints,
+        mode=args.mode,
+        max_pending=args.max_pending,
+        overflow=args.overflow,
+        loader_read_bytes_per_s=loader,
+        local_bytes_per_s=parse_rate(local_bw, what="--local-bandwidth") if local_bw else None,
+        local_capacity_bytes=parse_size(local_cap, what="--local-capacity") if local_cap else None,
+        ranks_per_node=args.ranks_per_node,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = simulation_config(args)
+    # The planner's schedule semantics: a synchronous simulation is planned as a synchronous job.
+    job = job_from_args(args, mode="sync" if config.mode == "sync" else "async")
+    result = simulate(job.shape, job.storage, job.schedule, config)
+    if args.events or args.out:
+        records = simulation_events(result, job.shape, step_time_s=job.schedule.step_time_s)
+        if args.events:
+            write_events(records, args.events)
+        if args.out:
+            from ckptio.obs.report import write_report
+
+            write_report(records, args.out, title=f"ckptio simulate: {result.ranks:,} ranks, {config.mode}")
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print_result(Console(file=sys.stdout), job, result)
+        for path in (args.events, args.out):
+            if path:
+                print(f"written: {path}")
+    return 0
+
+
+def print_result(console: Console, job: Job, r: SimulationResult) -> None:
+    summary = Table(title=f"ckptio simulate ({r.mode})", show_header=False, title_justify="left", box=None)
+    summary.add_column(style="dim")
+    summary.add_column(justify="right")
+    summary.add_column(style="dim")
+    rows = [
+        ("ranks", f"{r.ranks:,}", f"{r.rank_classes} classes, {format_bytes(job.shape.total_bytes)} a save"),
+        (
+            "saves",
+            f"{r.checkpoints:,}",
+            f"every {format_duration(r.interval_s)} of compute, {r.skipped} skipped",
+        ),
+        (
+            "flush",
+            format_duration(r.flush_s),
+            f"max {format_duration(r.flush_s_max)}; plan: {format_duration(r.plan_flush_s)}",
+        ),
+        (
+            "stall per save",
+            format_duration(r.stall_s_per_checkpoint),
+            f"copy {format_duration(r.blocking_s)}",
+        ),
+        (
+            "lag growth",
+            f"{r.lag_growth_s_per_checkpoint:+,.1f} s/save",
+            f"queue depth up to {r.queue_depth_max}",
+        ),
+        ("GPU idle", f"{r.gpu_idle_fraction:.2%}", f"{r.gpu_idle_hours_per_day:,.1f} GPU-hours/day"),
+        ("loader slowdown", f"{r.loader_slowdown_fraction:.2%}", "compute lost to the flush's reads share"),
+        ("store", f"{r.storage_utilization:.1%} utilized", f"busy {r.store_busy_fraction:.1%} of the time"),
+        ("host staging", format_bytes(r.host_staging_bytes_per_rank), "peak per rank"),
+    ]
+    for row in rows:
+        summary.add_row(*row)
+    console.print(summary)
+    console.print(_records_table(r))
+    verdict = "keeps up" if r.keeps_up else "does NOT keep up"
+    style = "bold green" if r.keeps_up else "bold red"
+    console.print(f"[{style}]{verdict}[/]", highlight=False)
+
+
+def _records_table(r: SimulationResult) -> Table:
+    table = Table(title="saves", title_justify="left")
+    for name in ("#", "at", "queue", "stall", "flush", "lag"):
+        table.add_column(name, justify="right")
+    shown = r.records if len(r.records) <= _SHOWN_RECORDS else r.records[:6] + r.records[-6:]
+    for rec in shown:
+        if rec.skipped:
+            at = format_duration(rec.requested_s)
+            table.add_row(str(rec.index), at, str(rec.queue_depth), "skipped", "", "")
+            continue
+        flush = format_duration(rec.flush_s) if rec.flush_s is not None else "-"
+        lag = format_duration(rec.lag_s) if rec.lag_s is not None else "-"
+        table.add_row(
+            str(rec.index),
+            format_duration(rec.requested_s),
+            str(rec.queue_depth),
+            format_duration(rec.stall_s),
+            flush,
+            lag,
+        )
+    return table
