@@ -265,7 +265,7 @@ class StoreTests:
 
     @pytest.mark.multiproc
     def test_concurrent_creators_processes_one_wins(self, storage: Storage, spawn_pool: Executor) -> None:
-        start_at = time.time() + 2.0
+        start_at = time.time() + 1.0
         futures = [
             spawn_pool.submit(create_at, storage, "race", f"proc-{i}".encode(), start_at, aws_env())
             for i in range(CONCURRENT_PROCESSES)
