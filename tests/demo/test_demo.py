@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
@@ -81,7 +82,7 @@ def test_ctrl_c_ends_every_process(tmp_path: Path) -> None:
 
 
 def _ranks_joined(log_dir: Path) -> bool:
-    logs = list(log_dir.glob("dcp-sync.rank*.log"))
+    logs = list(log_dir.glob("dcp-sync-*.rank*.log"))
     return len(logs) >= 2 and all("joined" in log.read_text(errors="replace") for log in logs)
 
 
@@ -110,15 +111,16 @@ def test_dcp_writer_books_its_bytes_on_the_shared_clock(tmp_path: Path) -> None:
 
 
 def test_job_round_trips_through_json(tmp_path: Path) -> None:
+    store = StoreSpec(root=str(tmp_path), bytes_per_s=1e6, throttle_state=str(tmp_path / "t"))
     job = RankJob(
-        mode="ckptio",
+        runs=["dcp-sync", "ckptio"],
         world=2,
         store_port=1234,
         steps=10,
         every=4,
         seed=3,
         shape=TINY,
-        store=StoreSpec(root=str(tmp_path), bytes_per_s=1e6, throttle_state=str(tmp_path / "t")),
+        stores={"dcp-sync": store, "ckptio": store},
         events_dir=str(tmp_path),
         results_dir=str(tmp_path),
         progress_path=str(tmp_path / "p"),
@@ -127,6 +129,15 @@ def test_job_round_trips_through_json(tmp_path: Path) -> None:
     assert RankJob.load(str(tmp_path / "job.json")) == job
     assert job.save_steps() == [4, 8]
     assert json.loads((tmp_path / "job.json").read_text())["shape"]["vocab"] == TINY.vocab
+    with pytest.raises(ConfigError):  # a resume always starts from fresh processes
+        RankJob(
+            **{
+                **asdict(job),
+                "shape": TINY,
+                "stores": {"resume": store, "ckptio": store},
+                "runs": ["ckptio", "resume"],
+            }
+        )
 
 
 @pytest.mark.parametrize(

@@ -43,10 +43,11 @@ class StoreSpec:
 
 @dataclass(kw_only=True, slots=True)
 class RankJob:
-    """One run of the demo job, identical for every rank."""
+    """One launch of the demo job's ranks, identical for every rank: one or more runs, one after the other."""
 
-    mode: Mode
-    """``dcp-sync``, ``dcp-async`` or ``ckptio`` training runs, or ``resume`` (restore newest ckptio step)."""
+    runs: list[Mode]
+    """The runs, in order: training runs (``dcp-sync``, ``dcp-async``, ``ckptio``) share one launch;
+    ``resume`` (restore the newest ckptio step) is a launch of its own, so it starts from fresh processes."""
 
     world: int
     """Number of ranks."""
@@ -66,21 +67,24 @@ class RankJob:
     shape: ModelShape
     """Model and data sizes."""
 
-    store: StoreSpec
-    """The checkpoint store of this run."""
+    stores: dict[str, StoreSpec]
+    """The checkpoint store of each run (``resume`` reads ckptio's)."""
 
     events_dir: str
-    """Where each rank writes its JSONL events (``<mode>.rank<N>.jsonl``)."""
+    """Where each rank writes its JSONL events (``<run>.rank<N>.jsonl``)."""
 
     results_dir: str
-    """Where each rank writes its :class:`RankResult` (``<mode>.rank<N>.json``)."""
+    """Where each rank writes its :class:`RankResult` (``<run>.rank<N>.json``)."""
 
     progress_path: str
-    """Rank 0 overwrites this file with the step it is on, for the launcher's progress bar."""
+    """Rank 0 overwrites this file with the run and step it is on, for the launcher's progress bar."""
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"unknown demo mode {self.mode!r}")
+        unknown = [run for run in self.runs if run not in MODES or run not in self.stores]
+        if not self.runs or unknown:
+            raise ConfigError(f"bad demo runs {self.runs!r} (stores for {sorted(self.stores)})")
+        if "resume" in self.runs and len(self.runs) > 1:
+            raise ConfigError("a resume must be a launch of its own")
         if self.world < 1 or self.steps < 2 or self.every < 1:
             raise ConfigError(f"bad run size: world={self.world} steps={self.steps} every={self.every}")
 
@@ -88,15 +92,15 @@ class RankJob:
         """Steps ending with a save: multiples of ``every`` before the last (a resume needs a next step)."""
         return list(range(self.every, self.steps, self.every))
 
-    def events_path(self, rank: int) -> str:
-        return self.events_pattern().replace("{rank}", str(rank))
+    def events_path(self, run: Mode, rank: int) -> str:
+        return self.events_pattern(run).replace("{rank}", str(rank))
 
-    def events_pattern(self) -> str:
-        """The run's event files with ``{rank}`` for the rank (the form ckptio's ``events_path`` takes)."""
-        return os.path.join(self.events_dir, f"{self.mode}.rank{{rank}}.jsonl")
+    def events_pattern(self, run: Mode) -> str:
+        """A run's event files with ``{rank}`` for the rank (the form ckptio's ``events_path`` takes)."""
+        return os.path.join(self.events_dir, f"{run}.rank{{rank}}.jsonl")
 
-    def result_path(self, rank: int) -> str:
-        return os.path.join(self.results_dir, f"{self.mode}.rank{rank}.json")
+    def result_path(self, run: Mode, rank: int) -> str:
+        return os.path.join(self.results_dir, f"{run}.rank{rank}.json")
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
@@ -107,7 +111,7 @@ class RankJob:
         with open(path) as f:
             raw = json.load(f)
         raw["shape"] = ModelShape(**raw["shape"])
-        raw["store"] = StoreSpec(**raw["store"])
+        raw["stores"] = {run: StoreSpec(**spec) for run, spec in raw["stores"].items()}
         return cls(**raw)
 
 
@@ -152,6 +156,9 @@ class RankResult:
 
     restored_step: int | None = None
     """Resume runs: the step restored."""
+
+    wall_s: float = 0.0
+    """From the start of the run's set-up (saver, model) to its last save being durable."""
 
     def dump(self, path: str) -> None:
         with open(path + ".tmp", "w") as f:

@@ -112,9 +112,9 @@ def run_ranks(
     job: RankJob,
     *,
     work_dir: str,
-    on_step: Callable[[int], None] | None = None,
+    on_step: Callable[[str, int], None] | None = None,
     timeout_s: float = 600.0,
-) -> list[RankResult]:
+) -> dict[str, list[RankResult]]:
     """Run ``job`` on ``job.world`` fresh processes; every rank's result, or an error with a log tail."""
     for folder in (job.events_dir, job.results_dir, os.path.join(work_dir, "logs")):
         os.makedirs(folder, exist_ok=True)
@@ -122,37 +122,43 @@ def run_ranks(
         os.unlink(job.progress_path)
     with _rendezvous() as store:
         job.store_port = store.port
-        job_path = os.path.join(work_dir, f"{job.mode}.job.json")
+        label = "-".join(job.runs)
+        job_path = os.path.join(work_dir, f"{label}.job.json")
         job.dump(job_path)
-        group = RankGroup(job_path, job.world, os.path.join(work_dir, "logs"), job.mode)
+        group = RankGroup(job_path, job.world, os.path.join(work_dir, "logs"), label)
         try:
             _watch(group, job, on_step, timeout_s)
         finally:
             group.terminate()
-    return [RankResult.load(job.result_path(rank)) for rank in range(job.world)]
+    return {
+        run: [RankResult.load(job.result_path(run, rank)) for rank in range(job.world)] for run in job.runs
+    }
 
 
-def _watch(group: RankGroup, job: RankJob, on_step: Callable[[int], None] | None, timeout_s: float) -> None:
+def _watch(
+    group: RankGroup, job: RankJob, on_step: Callable[[str, int], None] | None, timeout_s: float
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not group.finished():
         failure = group.failed()
         if failure is not None:
             rank, code = failure
             log = group.log_paths[rank]
-            raise CkptError(f"{job.mode} rank {rank} exited with {code}; log {log}:\n{_tail(log)}")
+            raise CkptError(f"demo rank {rank} exited with {code}; log {log}:\n{_tail(log)}")
         if time.monotonic() > deadline:
-            raise CkptError(f"{job.mode} run took longer than {timeout_s:.0f} s; logs in {group.log_paths}")
+            raise CkptError(f"demo ranks took longer than {timeout_s:.0f} s; logs in {group.log_paths}")
         if on_step is not None:
-            step = _read_progress(job.progress_path)
-            if step is not None:
-                on_step(step)
+            progress = _read_progress(job.progress_path)
+            if progress is not None:
+                on_step(*progress)
         time.sleep(_POLL_S)
 
 
-def _read_progress(path: str) -> int | None:
+def _read_progress(path: str) -> tuple[str, int] | None:
+    """(run, step) that rank 0 last reported."""
     try:
         with open(path) as f:
-            text = f.read().strip()
+            run, _, step = f.read().strip().partition(" ")
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return (run, int(step)) if step.isdigit() else None

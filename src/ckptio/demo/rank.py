@@ -8,6 +8,7 @@ uninterrupted run. This module must never decide what the demo prints: it only m
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ckptio import Checkpointer
-from ckptio.demo.job import RankJob, RankResult, SaveRecord
+from ckptio.demo.job import Mode, RankJob, RankResult, SaveRecord
 from ckptio.demo.model import Trainer, TrainState
 from ckptio.demo.savers import CkptioSaver, DcpAsyncSaver, DcpSyncSaver, Saver, open_demo_storage
 from ckptio.obs.events import EventLog
@@ -31,32 +32,33 @@ def _join(job: RankJob, rank: int) -> None:
     store = dist.TCPStore("127.0.0.1", job.store_port, is_master=False, timeout=_RENDEZVOUS_TIMEOUT)
     dist.init_process_group(
         "gloo",
-        store=dist.PrefixStore(job.mode, store),
+        store=dist.PrefixStore("-".join(job.runs), store),
         rank=rank,
         world_size=job.world,
         timeout=_RENDEZVOUS_TIMEOUT,
     )
 
 
-def _make_saver(job: RankJob, rank: int, events: EventLog) -> Saver:
+def _make_saver(job: RankJob, run: Mode, rank: int, events: EventLog) -> Saver:
     per_rank_bytes = job.shape.state_bytes() // job.world
-    if job.mode == "dcp-sync":
-        return DcpSyncSaver(job.store, events, per_rank_bytes)
-    if job.mode == "dcp-async":
-        return DcpAsyncSaver(job.store, events, per_rank_bytes)
-    return CkptioSaver(job.store, job.events_pattern(), rank)
+    if run == "dcp-sync":
+        return DcpSyncSaver(job.stores[run], events, per_rank_bytes)
+    if run == "dcp-async":
+        return DcpAsyncSaver(job.stores[run], events, per_rank_bytes)
+    return CkptioSaver(job.stores[run], job.events_pattern(run), rank)
 
 
 class _Progress:
-    """Rank 0 tells the launcher which step it is on (one tiny overwrite per step)."""
+    """Rank 0 tells the launcher which run and step it is on (one tiny overwrite per step)."""
 
-    def __init__(self, path: str, rank: int) -> None:
+    def __init__(self, path: str, run: Mode, rank: int) -> None:
         self.path = path if rank == 0 else None
+        self.run = run
 
     def report(self, step: int) -> None:
         if self.path is not None:
             with open(self.path + ".tmp", "w") as f:
-                f.write(str(step))
+                f.write(f"{self.run} {step}")
             os.replace(self.path + ".tmp", self.path)
 
 
@@ -74,7 +76,7 @@ def train(
     """The measured run: train ``job.steps`` steps, saving at ``job.save_steps()``."""
     timer = StepTimer(events)
     state = {"app": TrainState(trainer, _mesh(job))}
-    progress = _Progress(job.progress_path, rank)
+    progress = _Progress(job.progress_path, result.mode, rank)
     saves = set(job.save_steps())
     for step in range(1, job.steps + 1):
         with timer.step(step):
@@ -100,7 +102,7 @@ def train(
 def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer, result: RankResult) -> None:
     """Restore the newest ckptio step in this fresh process group, then train on to ``job.steps``."""
     state = {"app": TrainState(trainer, _mesh(job))}
-    progress = _Progress(job.progress_path, rank)
+    progress = _Progress(job.progress_path, "resume", rank)
     result.restored_step = checkpointer.restore(state)
     log(f"restored step {result.restored_step}")
     for step in range(trainer.step + 1, job.steps + 1):
@@ -114,39 +116,57 @@ def _mesh(job: RankJob) -> DeviceMesh:
     return init_device_mesh("cpu", (job.world,))
 
 
+def run_training(job: RankJob, run: Mode, rank: int) -> RankResult:
+    """One measured training run in this process group; its saver and model are built and released here."""
+    began = time.monotonic()
+    result = RankResult(mode=run, rank=rank)
+    with contextlib.ExitStack() as stack:
+        events = stack.enter_context(
+            contextlib.closing(EventLog(job.events_path(run, rank), rank=rank, role="trainer"))
+        )
+        # The saver comes first, as in a real job: ckptio's writer process boots while the model is built.
+        saver = _make_saver(job, run, rank, events)
+        stack.callback(saver.close)
+        trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+        log(f"{run}: model built")
+        waited = saver.ready()
+        if waited:
+            log(f"{run}: waited {waited:.2f} s more for the saver to be ready")
+        dist.barrier()  # every rank starts step 1 together
+        train(job, rank, saver=saver, events=events, trainer=trainer, result=result)
+        result.wall_s = time.monotonic() - began
+    return result
+
+
+def run_resume(job: RankJob, rank: int) -> RankResult:
+    """Restore the newest ckptio step into a freshly built model, then train on."""
+    began = time.monotonic()
+    result = RankResult(mode="resume", rank=rank)
+    with Checkpointer(root=open_demo_storage(job.stores["resume"])) as checkpointer:
+        trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+        log("resume: model built")
+        resume(job, rank, checkpointer, trainer, result)
+    result.wall_s = time.monotonic() - began
+    return result
+
+
 def main(argv: list[str]) -> int:
     job = RankJob.load(argv[0])
     rank = int(argv[1])
     # One compute thread per rank: the ranks (and ckptio's writers) share the machine's cores.
     torch.set_num_threads(1)
-    log(f"{job.mode} rank {rank}/{job.world} started")
+    log(f"rank {rank}/{job.world} started for {', '.join(job.runs)}")
     _join(job, rank)
     log("joined the process group")
-    result = RankResult(mode=job.mode, rank=rank)
-    # The saver comes first, as in a real job: ckptio's writer process boots while the model is built.
-    with contextlib.ExitStack() as stack:
-        stack.callback(dist.destroy_process_group)
-        if job.mode == "resume":
-            checkpointer = stack.enter_context(Checkpointer(root=open_demo_storage(job.store)))
-            trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
-            log("model built")
-            resume(job, rank, checkpointer, trainer, result)
-        else:
-            events = stack.enter_context(
-                contextlib.closing(EventLog(job.events_path(rank), rank=rank, role="trainer"))
-            )
-            saver = _make_saver(job, rank, events)
-            stack.callback(saver.close)
-            trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
-            log("model built")
-            waited = saver.ready()
-            if waited:
-                log(f"waited {waited:.2f} s more for the saver to be ready")
-            dist.barrier()  # every rank starts step 1 together
-            train(job, rank, saver=saver, events=events, trainer=trainer, result=result)
-        dist.barrier()
-        result.dump(job.result_path(rank))
-    log("done")
+    try:
+        for run in job.runs:
+            result = run_resume(job, rank) if run == "resume" else run_training(job, run, rank)
+            dist.barrier()
+            result.dump(job.result_path(run, rank))
+            log(f"{run}: done")
+            gc.collect()  # the previous run's model and staging go before the next run allocates its own
+    finally:
+        dist.destroy_process_group()
     return 0
 
 

@@ -175,16 +175,13 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     with _sigterm_as_interrupt(), _store_context(config) as s3_endpoint:
         _intro(console, config, s3_endpoint)
         prediction = _predict(console, config)
-        rows, results = [], {}
-        for mode in RUN_MODES:
-            started = time.monotonic()
-            results[mode] = _run(console, config, paths, mode, s3_endpoint)
-            rows.append(_row(paths, mode, results[mode], time.monotonic() - started))
-        resumed = _run(console, config, paths, "resume", s3_endpoint)
+        results = _launch(console, config, paths, list(RUN_MODES), s3_endpoint)
+        rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
+        resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
     check = ResumeCheck(
-        restored_step=resumed[0].restored_step,
-        resumed=resumed[0].losses,
-        uninterrupted={s: results["ckptio"][0].losses[s] for s in resumed[0].losses},
+        restored_step=resumed.restored_step,
+        resumed=resumed.losses,
+        uninterrupted={s: results["ckptio"][0].losses[s] for s in resumed.losses},
     )
     _show_resume(console, check)
     console.print(results_table(rows, title="Measured (median over every rank's steps)"))
@@ -258,44 +255,54 @@ def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str
     )
 
 
-def _run(
-    console: Console, config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str | None
-) -> list[RankResult]:
+def _label(mode: str) -> str:
+    return "resume from newest ckptio step" if mode == "resume" else LABELS[mode]
+
+
+def _launch(
+    console: Console, config: DemoConfig, paths: _Layout, runs: list[Mode], s3_endpoint: str | None
+) -> dict[str, list[RankResult]]:
+    """One launch of fresh rank processes doing ``runs`` in order, with a progress bar per run."""
     job = RankJob(
-        mode=mode,
+        runs=runs,
         world=config.ranks,
         store_port=0,
         steps=config.steps,
         every=config.every,
         seed=config.seed,
         shape=config.shape,
-        store=_store_spec(config, paths, mode, s3_endpoint),
+        stores={run: _store_spec(config, paths, run, s3_endpoint) for run in runs},
         events_dir=paths.events,
         results_dir=paths.results,
         progress_path=os.path.join(paths.work, "progress"),
     )
-    label = "resume from newest ckptio step" if mode == "resume" else LABELS[mode]
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    began = time.monotonic()
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(f"{label:<32}", total=config.steps)
-        results = run_ranks(
-            job,
-            work_dir=paths.work,
-            on_step=lambda step: progress.update(task, completed=step),
-            timeout_s=config.timeout_s,
+        tasks = {
+            run: progress.add_task(f"{_label(run):<32}", total=config.steps, start=False) for run in runs
+        }
+
+        def on_step(run: str, step: int) -> None:
+            for earlier in runs[: runs.index(run)] if run in tasks else []:
+                progress.update(tasks[earlier], completed=config.steps)
+            if run in tasks:
+                progress.start_task(tasks[run])
+                progress.update(tasks[run], completed=step)
+
+        results = run_ranks(job, work_dir=paths.work, on_step=on_step, timeout_s=config.timeout_s)
+    for run in runs:
+        wall = max(r.wall_s for r in results[run])
+        console.print(
+            f"[green]✓[/] {_label(run):<32} {wall:5.1f} s" if wall else f"[green]✓[/] {_label(run)}"
         )
-    console.print(f"[green]✓[/] {label:<32} {time.monotonic() - began:5.1f} s")
     return results
 
 
-def _row(paths: _Layout, mode: str, results: list[RankResult], wall_s: float) -> RunRow:
+def _row(paths: _Layout, mode: str, results: list[RankResult]) -> RunRow:
     from ckptio.obs.report import load_events, summarize
 
-    summary = summarize(
-        load_events([os.path.join(paths.events, f"{mode}.rank{r.rank}.jsonl") for r in results])
-    )
-    return row_from_summary(mode, summary, results[0].committed, wall_s)
+    summary = summarize(load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl")))
+    return row_from_summary(mode, summary, results[0].committed, max(r.wall_s for r in results))
 
 
 def _show_resume(console: Console, check: ResumeCheck) -> None:
