@@ -32,15 +32,12 @@ def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | 
 
 def _unwrap(exc: CheckpointException, step: int) -> CkptError:
     """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch."""
-    for failure in exc.failures.values():
-        inner = failure[0] if isinstance(failure, tuple) else failure
+    inners = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+    for inner in inners:
         if isinstance(inner, CkptError):
             return inner
-    text = str(exc)
-    return StructureMismatchError(
-        f"state does not match the checkpoint: {text.strip().splitlines()[-1] if text.strip() else exc!r}",
-        step=step,
-    )
+    detail = "; ".join(sorted({f"{type(i).__name__}: {i}" for i in inners})) or repr(exc)
+    return StructureMismatchError(f"state does not match the checkpoint: {detail}", step=step)
 
 
 def restore_step(

@@ -106,8 +106,8 @@ class PosixStorage(Storage):
         finally:
             try:
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            except (FileNotFoundError, NotADirectoryError):
+                pass  # never created (linked away, or the directory could not be made)
 
     def _write_tmp(self, tmp: str, data: Data) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
