@@ -61,22 +61,23 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.multiproc
 def test_ctrl_c_ends_every_process(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "ckptio._cli.main", "demo", "--quick", "--steps", "400", "--out", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    with open(tmp_path / "stderr.log", "wb") as stderr:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "ckptio._cli.main", "demo", "--quick", "--steps=400", f"--out={out}"],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     launcher = psutil.Process(demo.pid)
-    spawned: list[psutil.Process] = []
     deadline = time.monotonic() + 120
-    # Wait until the first run's ranks have joined (training started), then interrupt as a terminal would.
+    # Wait until the ranks have joined (training is starting), then interrupt as a terminal's Ctrl-C would.
     while time.monotonic() < deadline and not _ranks_joined(out / "run" / "logs"):
-        assert demo.poll() is None, demo.stderr.read().decode() if demo.stderr else ""
+        assert demo.poll() is None, (tmp_path / "stderr.log").read_text()
         time.sleep(0.2)
     spawned = launcher.children(recursive=True)
     assert len(spawned) >= 2
     demo.send_signal(signal.SIGINT)
     assert demo.wait(timeout=60) == 130
+    assert "interrupted" in (tmp_path / "stderr.log").read_text()
     _gone, alive = psutil.wait_procs(spawned, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
 
