@@ -15,7 +15,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
@@ -35,6 +34,10 @@ from ckptio.errors import CkptError, ConfigError, UnsupportedStateError, WriterD
 from ckptio.group import SideGroup
 from ckptio.layout import plan_layout
 from ckptio.obs.events import EventLog, rank_path
+from ckptio.obs.metrics import SaveMetrics, start_exporter
+from ckptio.obs.steps import StepTimer
+from ckptio.ownership import OwnerRecord, claim_root, release_root
+from ckptio.policy.volumes import enforce_volume_policy
 from ckptio.restore import restore_step
 from ckptio.staging import StagingArea, copy_into_slot, remove_stale_slots
 from ckptio.storage import Storage, open_storage
@@ -107,6 +110,9 @@ class Checkpointer:
         )
         self.events = EventLog(rank_path(config.events_path, self.rank) if config.events_path else None,
                                rank=self.rank, role="trainer")
+        self.steps = StepTimer(self.events)
+        self._owner: OwnerRecord | None = None
+        self._exporter: Any = None
         self._metrics = self._start_metrics()
         self._check_policies()
         remove_stale_slots()
@@ -139,19 +145,15 @@ class Checkpointer:
         return WriterSpec(rank=self.rank, world_size=self.world_size, durable=self.storage, local=self.local,
                           keep_last=c.keep_last, upload_concurrency=c.upload_concurrency,
                           commit_timeout_s=c.commit_timeout_s, residency=c.residency,
-                          residency_recheck_s=c.residency_recheck_s)
+                          residency_recheck_s=c.residency_recheck_s, owner=self._owner)
 
-    def _start_metrics(self) -> Any:
-        try:
-            from ckptio.obs.metrics import SaveMetrics
-        except ImportError:
-            return None
+    def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)
         self.events.add_listener(metrics.observe)
-        if self.config.metrics_port is not None and self.rank == 0:
-            from ckptio.obs.metrics import start_exporter
-
-            self._exporter = start_exporter(self.config.metrics_port, host=self.config.metrics_host,
+        if self.config.metrics_port is not None:
+            # Each rank's metrics live in its own process: rank r serves on metrics_port + r (0 = any free port).
+            port = self.config.metrics_port + self.rank if self.config.metrics_port else 0
+            self._exporter = start_exporter(port, host=self.config.metrics_host,
                                             registry=self.config.metrics_registry)
         return metrics
 
@@ -166,6 +168,8 @@ class Checkpointer:
                     check_residency(self.storage, self.config.residency)
                 self._check_volumes()
                 self._check_writable()
+                if self.config.lease_s > 0:
+                    self._owner = claim_root(self.storage, lease_s=self.config.lease_s, job_id=self.config.job_id)
             except CkptError as exc:
                 error = exc
         error = self.group.broadcast_from_rank0(error)
@@ -179,14 +183,9 @@ class Checkpointer:
         self.storage.delete(key)
 
     def _check_volumes(self) -> None:
-        if self.config.volume_check == "off" or not self.storage.is_posix:
-            return
-        try:
-            from ckptio.policy.volumes import check_checkpoint_volume
-        except ImportError:
-            return
-        check_checkpoint_volume(self.storage.local_path(""), data_dirs=self.config.data_dirs,
-                                mode=self.config.volume_check)
+        if self.storage.is_posix:
+            enforce_volume_policy(self.storage.url.removeprefix("file://"), self.config.data_dirs,
+                                  mode=self.config.volume_check)
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -383,21 +382,15 @@ class Checkpointer:
         return restore_step(self.storage, state, step=step, local=self.local, group=self.group,
                             concurrency=self.config.upload_concurrency)
 
-    @contextlib.contextmanager
-    def step_timer(self, step: int) -> Iterator[None]:
+    def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""
-        self.step_begin(step)
-        try:
-            yield
-        finally:
-            self.step_end(step)
+        return self.steps.step(step)
 
     def step_begin(self, step: int) -> None:
-        self._step_t0 = time.monotonic()
-        self.events.emit("step_begin", step)
+        self.steps.begin(step)
 
-    def step_end(self, step: int) -> None:
-        self.events.emit("step_end", step, seconds=time.monotonic() - getattr(self, "_step_t0", time.monotonic()))
+    def step_end(self, step: int) -> float:
+        return self.steps.end(step)
 
     def close(self, *, wait: bool = True) -> None:
         """Finish pending saves (unless ``wait=False``), stop the writer and free the staging memory."""
@@ -411,8 +404,10 @@ class Checkpointer:
         finally:
             self._writer.stop()
             self._staging.close()
+            if self._owner is not None:
+                release_root(self.storage, self._owner)
             self.events.close()
-            if getattr(self, "_exporter", None) is not None:
+            if self._exporter is not None:
                 self._exporter.close()
 
     def _check_open(self) -> None:

@@ -84,6 +84,13 @@ class CheckpointerConfig:
     metrics_host: str = "127.0.0.1"
     """Bind address of the metrics exporter."""
 
+    lease_s: float = 60.0
+    """Ownership lease of the root: another job may not use it while this job's heartbeat is younger than this
+    (on the same host a dead owner process frees it at once). 0 disables the ownership check."""
+
+    job_id: str | None = None
+    """Names this job in the owner record; a restarted job with the same id takes its root over at once."""
+
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
 
@@ -104,6 +111,8 @@ class CheckpointerConfig:
             raise ConfigError(f"upload_concurrency must be >= 1, got {self.upload_concurrency}")
         if self.commit_timeout_s <= 0:
             raise ConfigError(f"commit_timeout_s must be > 0, got {self.commit_timeout_s}")
+        if self.lease_s < 0:
+            raise ConfigError(f"lease_s must be >= 0, got {self.lease_s}")
         if self.volume_check not in ("off", "warn", "error"):
             raise ConfigError(f"volume_check must be off, warn or error, got {self.volume_check!r}")
         if self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0:

@@ -46,6 +46,7 @@ from ckptio.commit import (
 from ckptio.dcp import build_metadata, item_records
 from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError
 from ckptio.layout import RankLayout, data_file_name
+from ckptio.ownership import OwnerRecord, heartbeat
 from ckptio.storage.base import Storage, join_key
 
 
@@ -62,6 +63,8 @@ class WriterSpec:
     commit_timeout_s: float
     residency: Any = None
     residency_recheck_s: float = 300.0
+    owner: OwnerRecord | None = None
+    """Rank 0 only: the root's owner record, whose heartbeat this writer keeps fresh."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -137,6 +140,14 @@ class Writer:
         self._commit_thread.start()
         self._last_residency_check = 0.0
         self._plans: dict[int, PlanInfo] = {}
+        self._stop = threading.Event()
+        if spec.owner is not None:
+            threading.Thread(target=self._heartbeat_loop, name="ckptio-heartbeat", daemon=True).start()
+
+    def _heartbeat_loop(self) -> None:
+        assert self.spec.owner is not None
+        while not self._stop.wait(self.spec.owner.lease_s / 3):
+            heartbeat(self.spec.durable, self.spec.owner)
 
     def add_plan(self, plan_id: int, plan: PlanInfo) -> None:
         self._plans = {plan_id: plan}  # jobs are in order, so older plans are never referenced again
@@ -377,6 +388,7 @@ class Writer:
                     pass  # best effort: the next commit retries
 
     def close(self) -> None:
+        self._stop.set()
         self._commits.put(None)
         self._commit_thread.join()
         self._pool.shutdown(wait=True)

@@ -1,0 +1,72 @@
+"""Retention keeps the newest committed steps and removes garbage; one job per root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ckptio
+from ckptio import commit
+from ckptio.errors import RootInUseError
+from ckptio.storage import PosixStorage
+
+
+def _steps(root: str) -> list[str]:
+    return sorted(n for n in os.listdir(root) if n.startswith("step-"))
+
+
+def test_keep_last_keeps_the_newest_and_removes_uncommitted_leftovers(root):
+    os.makedirs(os.path.join(root, "step-00000002"))  # a crashed attempt's leftover, older than what follows
+    with open(os.path.join(root, "step-00000002", "__0_0.distcp"), "wb") as f:
+        f.write(b"partial")
+    os.makedirs(os.path.join(root, "step-00000099"))  # newer than every commit: may be in flight, kept
+    state = {"w": torch.ones(8)}
+    with ckptio.Checkpointer(root, keep_last=2) as ck:
+        for step in (1, 3, 5, 7):
+            ck.save(step, state).wait(timeout=120)
+        assert commit.committed_steps(PosixStorage(root)) == [5, 7]
+    assert _steps(root) == ["step-00000005", "step-00000007", "step-00000099"]
+
+
+def test_keep_last_zero_keeps_everything(root):
+    with ckptio.Checkpointer(root, keep_last=0) as ck:
+        for step in (1, 2, 3, 4):
+            ck.save(step, {"w": torch.ones(8)})
+        ck.wait()
+    assert commit.committed_steps(PosixStorage(root)) == [1, 2, 3, 4]
+
+
+def test_retention_never_deletes_before_the_newer_step_is_committed(root):
+    storage = PosixStorage(root)
+    with ckptio.Checkpointer(root, keep_last=1) as ck:
+        ck.save(1, {"w": torch.ones(8)}).wait(timeout=120)
+    # Step 2 exists but is not committed: retention as of step 2 must not touch step 1.
+    os.makedirs(os.path.join(root, "step-00000002", "ranks"))
+    assert commit.apply_retention(storage, keep_last=1, newest_committed=2) == []
+    assert commit.committed_steps(storage) == [1]
+
+
+def test_a_second_job_on_the_same_root_is_refused_until_the_first_closes(root):
+    first = ckptio.Checkpointer(root)
+    try:
+        with pytest.raises(RootInUseError, match="owns this root"):
+            ckptio.Checkpointer(root)
+    finally:
+        first.close()
+    with ckptio.Checkpointer(root) as again:
+        assert again.latest_step() is None
+
+
+def test_a_dead_owner_frees_the_root_at_once(root):
+    # A job that claims the root and exits without closing (like kill -9) leaves a stale owner record.
+    code = (
+        "import os, ckptio; ck = ckptio.Checkpointer(%r); os._exit(0)" % root
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    assert os.path.exists(os.path.join(root, ".ckptio-owner.json"))
+    with ckptio.Checkpointer(root) as ck:
+        ck.save(1, {"w": torch.ones(2)}).wait(timeout=120)
