@@ -18,8 +18,8 @@ from ckptio.storage import open_storage
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointerConfig",
     "Checkpointer",
+    "CheckpointerConfig",
     "CkptioStorageReader",
     "SaveHandle",
     "__version__",

@@ -225,7 +225,7 @@ class CkptioStorageReader(StorageReader):
             # Bounded look-ahead: at most `concurrency` files are held in memory at once.
             for start in range(0, len(names), self.concurrency):
                 batch = names[start : start + self.concurrency]
-                for name, data in zip(batch, pool.map(self._fetch, batch)):
+                for name, data in zip(batch, pool.map(self._fetch, batch), strict=True):
                     self._apply(per_file[name], memoryview(data), planner)
         fut: Future[None] = Future()
         fut.set_result(None)

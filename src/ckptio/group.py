@@ -67,6 +67,7 @@ class SideGroup:
         if not self.distributed:
             return obj
         box = [obj]
+        assert self.group is not None
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
         return box[0]
 

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 

@@ -19,7 +19,7 @@ from ckptio.group import SideGroup
 from ckptio.storage.base import Storage
 
 
-def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | None | CkptError:
+def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | CkptError | None:
     if group.rank != 0:
         return None
     if step is None:

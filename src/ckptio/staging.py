@@ -131,7 +131,7 @@ def copy_into_slot(slot: StagingSlot, tensors: list[torch.Tensor]) -> int:
         slot.pin()
     total = 0
     with torch.no_grad():
-        for dst, src in zip(slot.views, tensors):
+        for dst, src in zip(slot.views, tensors, strict=True):
             if src.shape != dst.shape:
                 raise UnsupportedStateError(f"tensor shape changed to {tuple(src.shape)} from {tuple(dst.shape)}")
             dst.copy_(src, non_blocking=src.is_cuda and slot.pinned)

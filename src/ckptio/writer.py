@@ -205,6 +205,7 @@ class Writer:
         """Serialize each file and write it to the first tier (local if any, else durable), concurrently."""
         target = self.spec.local or self.spec.durable
         tier = "local" if self.spec.local is not None else "durable"
+        assert job.layout is not None
         futures = [self._pool.submit(self._write_one_file, job, buf, n, target, tier)
                    for n in range(job.layout.n_files)]
         files, items = [], []
@@ -218,14 +219,15 @@ class Writer:
                         tier: str) -> tuple[FileRecord, list[Any]]:
         rank = self.spec.rank
         name = data_file_name(rank, n)
+        assert job.layout is not None
         t0 = time.monotonic()
         blobs: list[bytes] = []
         items: list[tuple[MetadataIndex, str, int, int]] = []
         offset = 0
         if n == 0:
-            for entry, payload in zip(job.layout.objects, job.objects):
+            for obj, payload in zip(job.layout.objects, job.objects, strict=True):
                 blobs.append(payload)
-                items.append((entry.index, name, offset, len(payload)))
+                items.append((obj.index, name, offset, len(payload)))
                 offset += len(payload)
         for entry in job.layout.tensors:
             if entry.file_no != n:

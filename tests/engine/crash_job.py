@@ -39,7 +39,7 @@ def main() -> None:
     else:
         expected = state_for(restored)
         ok = target["step"] == restored and torch.equal(target["w"], expected["w"]) and all(
-            torch.equal(a, b) for a, b in zip(target["small"], expected["small"])
+            torch.equal(a, b) for a, b in zip(target["small"], expected["small"], strict=True)
         )
         print(f"restored {restored} {int(ok)}", flush=True)
         start = restored + 1

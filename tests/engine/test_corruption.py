@@ -40,7 +40,7 @@ def test_verify_names_the_corrupt_file_and_restore_raises(tmp_path, capsys):
     assert any("__0_0.distcp" in p and "checksum" in p for p in report["steps"][0]["problems"])
     assert cli(["verify", root, "--step", "1"]) == 1
     assert "__0_0.distcp" in capsys.readouterr().out
-    with ckptio.Checkpointer(root) as ck, pytest.raises(ChecksumError, match="__0_0.distcp"):
+    with ckptio.Checkpointer(root) as ck, pytest.raises(ChecksumError, match=r"__0_0\.distcp"):
         ck.restore({"w": torch.zeros(128, 128)})
 
 

@@ -44,7 +44,7 @@ def _save_on_ranks(rank: int, world_size: int, root: str, out: str) -> None:
         state["step_info"]["seed"] = -1
         assert ck.restore(state) == 100
     ok = torch.equal(state["sharded"].full_tensor(), _full(5)) and all(
-        torch.equal(a, b) for a, b in zip(state["replicated"].values(), model_state(5).values())
+        torch.equal(a, b) for a, b in zip(state["replicated"].values(), model_state(5).values(), strict=True)
     )
     with open(os.path.join(out, f"save{rank}.json"), "w") as f:
         json.dump({"ok": ok, "seed": state["step_info"]["seed"]}, f)
@@ -55,7 +55,7 @@ def _dcp_load_on_ranks(rank: int, world_size: int, root: str, out: str) -> None:
     state["sharded"].to_local().zero_()
     dcp.load(state, checkpoint_id=os.path.join(root, "step-00000100"))
     ok = torch.equal(state["sharded"].full_tensor(), _full(5)) and all(
-        torch.equal(a, b) for a, b in zip(state["replicated"].values(), model_state(5).values())
+        torch.equal(a, b) for a, b in zip(state["replicated"].values(), model_state(5).values(), strict=True)
     )
     with open(os.path.join(out, f"load{rank}.json"), "w") as f:
         json.dump({"ok": ok, "local_rows": state["sharded"].to_local().shape[0],

@@ -63,9 +63,7 @@ def test_a_second_job_on_the_same_root_is_refused_until_the_first_closes(root):
 
 def test_a_dead_owner_frees_the_root_at_once(root):
     # A job that claims the root and exits without closing (like kill -9) leaves a stale owner record.
-    code = (
-        "import os, ckptio; ck = ckptio.Checkpointer(%r); os._exit(0)" % root
-    )
+    code = f"import os, ckptio; ck = ckptio.Checkpointer({root!r}); os._exit(0)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
     assert os.path.exists(os.path.join(root, ".ckptio-owner.json"))
     with ckptio.Checkpointer(root) as ck:

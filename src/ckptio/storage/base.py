@@ -24,13 +24,13 @@ import abc
 import builtins
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 from ckptio.errors import NotFoundError
 
 # Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays.
-Buffer = Union[bytes, bytearray, memoryview]
-Data = Union[Buffer, Sequence[Buffer]]
+Buffer = bytes | bytearray | memoryview
+Data = Buffer | Sequence[Buffer]
 WriteMode = Literal["overwrite", "create"]
 
 
@@ -133,7 +133,7 @@ class Storage(abc.ABC):
         """The filesystem path of ``key`` (POSIX backends only)."""
         raise NotImplementedError(f"{type(self).__name__} has no local paths")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
         """Release clients and pools. Idempotent."""
 
     def __repr__(self) -> str:
