@@ -36,8 +36,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "CheckpointerConfig",
     "Checkpointer",
+    "CheckpointerConfig",
     "CkptioStorageReader",
     "Residency",
     "SaveHandle",
