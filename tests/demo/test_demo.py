@@ -161,3 +161,27 @@ def test_cli_parses_bandwidth_and_quick() -> None:
     bad = build_parser().parse_args(["demo", "--store-bandwidth", "fast"])
     with pytest.raises(ConfigError):
         build_config(bad)
+
+
+@pytest.mark.s3
+def test_embedded_s3_store_takes_a_throttled_write(tmp_path: Path) -> None:
+    pytest.importorskip("moto.server")
+    from ckptio.demo.s3 import BUCKET, embedded_s3
+    from ckptio.demo.savers import committed_steps, open_demo_storage
+
+    before = os.environ.get("AWS_ENDPOINT_URL")
+    with embedded_s3() as endpoint:
+        assert endpoint.startswith("http://127.0.0.1:")
+        spec = StoreSpec(
+            kind="s3",
+            root=f"s3://{BUCKET}/run",
+            bytes_per_s=1e9,
+            throttle_state=str(tmp_path / "clock"),
+            options={"endpoint_url": endpoint, "region": "us-east-1"},
+        )
+        storage = open_demo_storage(spec)
+        storage.put("step-00000003/manifest.json", b"{}")
+        storage.put("step-00000006/ranks/0.json", b"{}")  # not committed: no manifest
+        assert committed_steps(storage, "manifest.json") == [3]
+        assert _clock(spec.throttle_state) > 0  # the write was booked on the shared clock
+    assert os.environ.get("AWS_ENDPOINT_URL") == before

@@ -26,36 +26,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument("--ranks", type=int, default=None, help="ranks of the job (default 2)")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="training steps per run (default 50; quick 12)"
-    )
-    parser.add_argument("--every", type=int, default=None, help="save every N steps (default 15; quick 4)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 50; quick 20)")
+    parser.add_argument("--every", type=int, default=None, help="save every N steps (default 15; quick 8)")
     parser.add_argument(
         "--store-bandwidth",
         default=None,
-        help="write bandwidth of the emulated shared store, e.g. 200MiB/s (default 160MiB/s; quick 24MiB/s)",
+        help="write bandwidth of the emulated shared store, e.g. 200MiB/s (default 160MiB/s; quick 96MiB/s)",
     )
     parser.add_argument(
         "--store", choices=("posix", "s3"), default="posix", help="posix directory, or an embedded S3 server"
     )
     parser.add_argument("--out", default="ckptio-demo", help="working directory (default ./ckptio-demo)")
-    parser.add_argument(
-        "--quick", action="store_true", help="a small model and few steps (well under a minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="a small model and few steps (about a minute)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and data")
     parser.set_defaults(func=run)
 
 
 def build_config(args: argparse.Namespace) -> DemoConfig:
     """The :class:`~ckptio.demo.runner.DemoConfig` the arguments describe (``--quick`` changes defaults)."""
-    from ckptio.demo.runner import QUICK_SHAPE, DemoConfig
+    from ckptio.demo.runner import QUICK, DemoConfig
     from ckptio.plan.units import parse_rate
 
-    base = (
-        DemoConfig(steps=12, every=4, store_bandwidth=24 * 2**20, shape=QUICK_SHAPE)
-        if args.quick
-        else (DemoConfig())
-    )
+    base = QUICK if args.quick else DemoConfig()
     changes: dict[str, Any] = {"store": args.store, "out": args.out, "seed": args.seed}
     for name in ("ranks", "steps", "every"):
         value = getattr(args, name)

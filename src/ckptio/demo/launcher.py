@@ -130,14 +130,10 @@ def run_ranks(
             _watch(group, job, on_step, timeout_s)
         finally:
             group.terminate()
-    return {
-        run: [RankResult.load(job.result_path(run, rank)) for rank in range(job.world)] for run in job.runs
-    }
+    return {run: [RankResult.load(job.result_path(run, rank)) for rank in range(job.world)] for run in job.runs}
 
 
-def _watch(
-    group: RankGroup, job: RankJob, on_step: Callable[[str, int], None] | None, timeout_s: float
-) -> None:
+def _watch(group: RankGroup, job: RankJob, on_step: Callable[[str, int], None] | None, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not group.finished():
         failure = group.failed()

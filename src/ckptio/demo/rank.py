@@ -70,9 +70,7 @@ def log(message: str) -> None:
     print(f"[{time.monotonic() - _STARTED:7.2f} s] {message}", flush=True)
 
 
-def train(
-    job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: Trainer, result: RankResult
-) -> None:
+def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: Trainer, result: RankResult) -> None:
     """The measured run: train ``job.steps`` steps, saving at ``job.save_steps()``."""
     timer = StepTimer(events)
     state = {"app": TrainState(trainer, _mesh(job))}

@@ -39,7 +39,6 @@ from ckptio.errors import CkptError, ConfigError
 from ckptio.plan.units import format_bytes
 
 RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio")
-QUICK_SHAPE = ModelShape(vocab=16_384, d_model=128, layers=1, heads=2, seq_len=32, batch=4)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,6 +86,15 @@ class DemoConfig:
             raise ConfigError(f"--store must be posix or s3, got {self.store!r}")
         if self.shape.vocab % self.ranks:
             raise ConfigError(f"the model's vocab ({self.shape.vocab}) must divide over {self.ranks} ranks")
+
+
+QUICK = DemoConfig(
+    steps=20,
+    every=8,
+    store_bandwidth=96 * 2**20,
+    shape=ModelShape(vocab=16_384, d_model=128, layers=1, heads=2, seq_len=64, batch=8),
+)
+"""``--quick``: a 27 MiB checkpoint, two saves; the saves still dominate the step time."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -214,9 +222,7 @@ def _intro(console: Console, config: DemoConfig, s3_endpoint: str | None) -> Non
         f"{mib_per_s(config.store_bandwidth)} shared-bandwidth throttle."
     )
     if s3_endpoint:
-        console.print(
-            "  (torch has no S3 writer: the DCP baselines write to the directory store, same throttle.)"
-        )
+        console.print("  (torch has no S3 writer: the DCP baselines write to the directory store, same throttle.)")
 
 
 def _predict(console: Console, config: DemoConfig) -> Prediction:
@@ -278,9 +284,7 @@ def _launch(
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        tasks = {
-            run: progress.add_task(f"{_label(run):<32}", total=config.steps, start=False) for run in runs
-        }
+        tasks = {run: progress.add_task(f"{_label(run):<32}", total=config.steps, start=False) for run in runs}
 
         def on_step(run: str, step: int) -> None:
             for earlier in runs[: runs.index(run)] if run in tasks else []:
@@ -292,9 +296,7 @@ def _launch(
         results = run_ranks(job, work_dir=paths.work, on_step=on_step, timeout_s=config.timeout_s)
     for run in runs:
         wall = max(r.wall_s for r in results[run])
-        console.print(
-            f"[green]✓[/] {_label(run):<32} {wall:5.1f} s" if wall else f"[green]✓[/] {_label(run)}"
-        )
+        console.print(f"[green]✓[/] {_label(run):<32} {wall:5.1f} s" if wall else f"[green]✓[/] {_label(run)}")
     return results
 
 
