@@ -93,6 +93,16 @@ def test_aggregate_cap_and_blocking_and_sync_stall() -> None:
     assert sync.checkpoint_cost_s == pytest.approx(4.1)
 
 
+def test_writer_serialization_runs_before_the_store() -> None:
+    shape = shape_checkpoint(_ranks_of(1.0, 4))
+    storage = StorageModel(write_bytes_per_s=4 * GB, serialize_bytes_per_s=0.5 * GB)
+    b = plan_burst(shape, storage, Schedule(interval_s=600))
+    assert b.flush_s == pytest.approx(1.0 / 0.5 + 4.0 / 4.0)  # serialize the rank's 1 GB, then the burst
+    assert b.bottleneck == "writer serialization"
+    with pytest.raises(ConfigError):
+        StorageModel(write_bytes_per_s=GB, serialize_bytes_per_s=0)
+
+
 def test_save_cost_overrides_the_copy_estimate() -> None:
     shape = shape_checkpoint(_ranks_of(2.0, 8))
     b = plan_burst(shape, StorageModel(write_bytes_per_s=4 * GB), Schedule(interval_s=600, save_cost_s=3.0))

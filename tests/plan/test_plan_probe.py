@@ -43,6 +43,7 @@ def test_probe_of_a_directory_measures_everything_and_leaves_nothing(tmp_path: P
     assert set(profile.metadata) == {"create", "stat", "rename", "list", "delete"}
     assert all(rate > 0 for rate in profile.metadata.values())
     assert profile.fsync_s is not None and profile.fsync_s >= 0
+    assert profile.serialize_bytes_per_s is not None and profile.serialize_bytes_per_s > 0
     assert [p.writers for p in profile.concurrency] == [1, 2]
     assert profile.fs_type is not None and profile.kind == "posix"
     assert phases[-1] == "done" and any(p.startswith("write") for p in phases)

@@ -34,6 +34,7 @@ def _uniform(gb_per_rank: float, ranks: int) -> CheckpointModel:
         ("mlperf-llama3-70b", StorageModel(write_bytes_per_s=50 * GB, per_writer_bytes_per_s=0.5 * GB)),
         ("mlperf-llama3-405b", StorageModel(write_bytes_per_s=1e12, metadata_ops_per_s=5000)),
         ("mlperf-llama3-1t", StorageModel(write_bytes_per_s=2e12, kind="object", prefixes=16)),
+        ("mlperf-llama3-8b", StorageModel(write_bytes_per_s=10 * GB, serialize_bytes_per_s=1 * GB)),
     ],
 )
 @pytest.mark.parametrize("mode", ["async", "sync"])

@@ -74,6 +74,7 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     st.add_argument("--storage-kind", choices=("posix", "object"), help="default: the profile's, else posix")
     st.add_argument("--put-rate-per-prefix", help=f"PUT requests/s per prefix ({S3_PUT_RATE_PER_PREFIX:g})")
     st.add_argument("--prefixes", type=int, default=1, help="prefixes the ranks spread over (1)")
+    st.add_argument("--serialize-bandwidth", help="one writer's serialize+checksum rate (profile's)")
 
 
 def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
@@ -157,6 +158,8 @@ def storage_model(args: argparse.Namespace, profile: StorageProfile | None = Non
             else S3_PUT_RATE_PER_PREFIX
         ),
         prefixes=args.prefixes,
+        serialize_bytes_per_s=_rate(args.serialize_bandwidth, "--serialize-bandwidth")
+        or (profile.serialize_bytes_per_s if profile and profile.serialize_bytes_per_s else math.inf),
     )
 
 

@@ -87,6 +87,8 @@ def _store_note(job: Job) -> str:
         parts.append(f"{st.metadata_ops_per_s:,.0f} metadata ops/s")
     if st.kind == "object":
         parts.append(f"{st.request_rate_limit:,.0f} PUT/s over {st.prefixes} prefix(es)")
+    if st.serialize_bytes_per_s != float("inf"):
+        parts.append(f"serialize {format_rate(st.serialize_bytes_per_s)} per writer")
     return ", ".join(parts)
 
 

@@ -107,6 +107,9 @@ def print_profile(console: Console, p: StorageProfile) -> None:
     console.print(table)
     ops = ", ".join(f"{op} {rate:,.0f}/s" for op, rate in p.metadata.items())
     console.print(f"metadata: {p.metadata_ops_per_s:,.0f} ops/s ({ops})", highlight=False)
+    if p.serialize_bytes_per_s:
+        rate = format_rate(p.serialize_bytes_per_s)
+        console.print(f"serialize + checksum, one writer: {rate}", highlight=False)
     if p.fsync_s is not None:
         console.print(f"fsync of a small file: {format_duration(p.fsync_s)} (median)", highlight=False)
     if p.fio:

@@ -35,6 +35,9 @@ DEFAULT_D2H_BYTES_PER_S = 20e9
 OVERHEAD_WARN_FRACTION = 0.05
 FLUSH_HEADROOM_WARN = 0.8
 INTERVAL_WASTE_WARN = 0.01
+_POSITIVE_RATES = (
+    "write_bytes_per_s", "per_writer_bytes_per_s", "put_rate_per_prefix", "serialize_bytes_per_s"
+)
 
 
 def default_mtbf_s(ranks: int) -> float:
@@ -80,8 +83,12 @@ class StorageModel:
     prefixes: int = 1
     """Prefixes the writes spread over (ckptio's hash prefix per rank spreads them)."""
 
+    serialize_bytes_per_s: float = math.inf
+    """Rate at which one writer turns staged tensors into checksummed file bytes on its host (the stage before
+    the store); ``inf`` leaves it out of the model."""
+
     def __post_init__(self) -> None:
-        for name in ("write_bytes_per_s", "per_writer_bytes_per_s", "put_rate_per_prefix"):
+        for name in _POSITIVE_RATES:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("read_bytes_per_s", "metadata_ops_per_s"):
@@ -213,16 +220,24 @@ class BurstBudget:
 
 
 def flush_times(shape: CheckpointShape, storage: StorageModel) -> tuple[float, float, float]:
-    """Seconds to flush one checkpoint from bandwidth, from metadata ops and from the request rate."""
+    """Seconds to flush one checkpoint from bandwidth, from metadata ops and from the request rate.
+
+    The bandwidth figure includes the writers' serialization, which runs before their bytes reach the store.
+    """
     data_s = fair_share_flush_s(
         [(c.count, c.bytes) for c in shape.classes], storage.write_bytes_per_s, storage.per_writer_bytes_per_s
-    )
+    ) + serialize_s(shape, storage)
     metadata_s = requests_s = 0.0
     if storage.kind == "posix" and storage.metadata_ops_per_s:
         metadata_s = shape.objects * METADATA_OPS_PER_OBJECT / storage.metadata_ops_per_s
     if storage.kind == "object":
         requests_s = shape.requests / storage.request_rate_limit
     return data_s, metadata_s, requests_s
+
+
+def serialize_s(shape: CheckpointShape, storage: StorageModel) -> float:
+    """Time the largest rank's writer spends serializing before its first byte reaches the store."""
+    return shape.bytes_per_rank_max / storage.serialize_bytes_per_s
 
 
 def plan_burst(shape: CheckpointShape, storage: StorageModel, schedule: Schedule) -> BurstBudget:
@@ -334,6 +349,8 @@ def _bottleneck(
         return "request rate"
     if meta_s >= data_s:
         return "metadata ops"
+    if serialize_s(shape, storage) >= data_s / 2:
+        return "writer serialization"
     if shape.writers * storage.per_writer_bytes_per_s < storage.write_bytes_per_s:
         return "per-writer bandwidth"
     return "aggregate bandwidth"

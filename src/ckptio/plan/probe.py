@@ -14,6 +14,7 @@ backend exists, or a wrapped store in tests) through the storage protocol, one o
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import socket
@@ -45,6 +46,7 @@ _METADATA_SHARE = 0.15
 _FIO_SHARE = 0.30
 _FSYNC_SAMPLES = 20
 _LIST_REPEATS = 20
+_SERIALIZE_BYTES = 64 << 20
 
 T = TypeVar("T")
 Progress = Callable[[str, float], None]
@@ -159,6 +161,26 @@ def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) 
     return PosixTarget(text.removeprefix("file://"), name, fsync=config.fsync)
 
 
+def serialize_bytes_per_s(nbytes: int) -> float:
+    """Bytes/s one writer turns a tensor into checksummed file bytes on this host (median of three).
+
+    The host path the ckptio writer takes per tensor: ``torch.save`` into memory, then a crc32c. It is CPU
+    work that precedes every byte the store sees, and on a busy or slow host it costs as much as the write.
+    """
+    import crc32c
+    import torch
+
+    tensor = torch.ones(max(nbytes // 4, 1))
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out = io.BytesIO()
+        torch.save(tensor, out)
+        crc32c.crc32c(out.getvalue())
+        times.append(time.perf_counter() - start)
+    return tensor.numel() * 4 / max(statistics.median(times), 1e-9)
+
+
 def _pattern(size: int) -> memoryview:
     # Random bytes so compressing or deduplicating filesystems cannot flatter the figure.
     return memoryview(np.random.default_rng().bytes(size))
@@ -181,6 +203,7 @@ class _ProbeRun:
         self.fsync_s: float | None = None
         self.metadata: dict[str, float] = {}
         self.fio_figures: dict[str, float] | None = None
+        self.serialize_rate: float | None = None
 
     def parallel(self, workers: int, work: Callable[[int], T]) -> list[T]:
         """``work(i)`` on ``workers`` threads at once; an interrupt stops them all before it returns."""
@@ -202,6 +225,8 @@ class _ProbeRun:
             )
 
     def measure(self) -> None:
+        self.clock.report("serialize")
+        self.serialize_rate = serialize_bytes_per_s(min(self.config.file_size_bytes, _SERIALIZE_BYTES))
         throughput_share = _THROUGHPUT_SHARE - (_FIO_SHARE if self.fio else 0.0)
         self.throughput(self.clock.at(throughput_share))
         self.fsync_s = self.fsync_cost(self.clock.at(throughput_share + 0.03))
@@ -345,6 +370,7 @@ class _ProbeRun:
             metadata_ops_per_s=len(ops) / sum(1.0 / v for v in ops),
             metadata=self.metadata,
             fsync_s=self.fsync_s,
+            serialize_bytes_per_s=self.serialize_rate,
             concurrency=self.points,
             free_bytes=self.target.free_bytes(),
             file_size_bytes=self.config.file_size_bytes,

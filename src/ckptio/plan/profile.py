@@ -67,6 +67,9 @@ class StorageProfile:
     fsync_s: float | None = None
     """Median cost of one fsync of a small freshly written file (POSIX)."""
 
+    serialize_bytes_per_s: float | None = None
+    """Rate at which one ckptio writer on the probing host turns tensors into checksummed file bytes."""
+
     concurrency: list[ConcurrencyPoint] = field(default_factory=list)
     """Throughput against the number of concurrent writers."""
 

@@ -15,10 +15,11 @@ The model (documented assumptions, each a choice that can be argued with):
 * The store's aggregate bandwidth is shared max-min fairly among every active flow — one per rank writing a
   checkpoint (capped at the per-writer bandwidth) and one loader per rank (capped at its demand). PUT-rate
   and metadata limits cap the checkpoint traffic as a whole (bytes per operation × operations per second).
-* Each rank's writer flushes its saves one after another. ``async``: a staging slot is held from the copy
-  until the rank's flush is durable. ``tiered``: the slot is held until the rank's local write is done; the
-  local copy is held until drained to the store; a full local tier holds the slot too. ``sync``: training
-  waits for the copy and the whole flush.
+* Each rank's writer takes its saves one after another through its stages: serialize (host CPU, when the
+  store model gives a rate), local write (tiered), upload (the shared store); a stage holds one save at a
+  time. ``async``: a staging slot is held from the copy until the rank's flush is durable. ``tiered``: the
+  slot is held until the rank's local write is done; the local copy is held until drained to the store; a
+  full local tier holds the slot too. ``sync``: training waits for the copy and the whole flush.
 * A checkpoint commits when the last class's flush of it is durable (manifest and index writes are small and
   ignored).
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +40,7 @@ from ckptio.plan.fairshare import max_min_rates
 from ckptio.plan.model import CheckpointShape
 
 _EPS_S = 1e-9
+SERIALIZE, LOCAL_WRITE, UPLOAD = "serialize", "local_write", "upload"
 _MAX_EVENTS = 5_000_000
 
 
@@ -188,13 +191,13 @@ class _ClassState:
     index: int
     count: int
     bytes: float
-    durable: deque[_Job] = field(default_factory=deque)
-    local: deque[_Job] = field(default_factory=deque)
+    queues: list[deque[_Job]]
+    """One FIFO per writer stage, in pipeline order; the last is the upload to the store."""
     slots_used: int = 0
     local_held: int = 0
 
     def pending(self) -> int:
-        return len(self.durable) + len(self.local)
+        return sum(len(q) for q in self.queues)
 
 
 def simulate(
@@ -220,7 +223,11 @@ class _Simulator:
     ) -> None:
         self.shape, self.storage, self.config = shape, storage, config
         self.interval_s, self.blocking_s = interval_s, blocking_s
-        self.classes = [_ClassState(i, c.count, c.bytes) for i, c in enumerate(shape.classes)]
+        self.stages = self._stages()
+        self.classes = [
+            _ClassState(i, c.count, c.bytes, [deque() for _ in self.stages])
+            for i, c in enumerate(shape.classes)
+        ]
         self.ckpt_cap = self._checkpoint_traffic_cap()
         self.local_slots = self._local_capacity()
         self.loader_per_rank = config.loader_read_bytes_per_s / shape.ranks
@@ -247,6 +254,11 @@ class _Simulator:
             return math.inf
         return self.shape.total_bytes * limit / ops
 
+    def _stages(self) -> list[str]:
+        """The writer's stages for one save: serialize (when modelled), local write (tiered), upload."""
+        stages = [SERIALIZE] if math.isfinite(self.storage.serialize_bytes_per_s) else []
+        return [*stages, LOCAL_WRITE, UPLOAD] if self.config.mode == "tiered" else [*stages, UPLOAD]
+
     def _local_capacity(self) -> int:
         if self.config.mode != "tiered":
             return 0
@@ -265,11 +277,11 @@ class _Simulator:
         for _ in range(_MAX_EVENTS):
             if self._finished():
                 return self._result(plan_flush_s)
-            self._start_local_jobs()
-            durable_rates, loader_total = self._rates()
+            self._start_jobs()
+            upload_rates, loader_total = self._rates()
             compute_rate = self._compute_rate(loader_total)
-            dt = self._horizon(durable_rates, compute_rate)
-            self._advance(dt, durable_rates, compute_rate)
+            dt = self._horizon(upload_rates, compute_rate)
+            self._advance(dt, upload_rates, compute_rate)
             self._complete_jobs()
             self._advance_training()
         raise RuntimeError("simulation did not finish; this is a bug in the simulator")
@@ -281,8 +293,8 @@ class _Simulator:
         return requested == self.config.checkpoints and idle_training and drained
 
     def _rates(self) -> tuple[list[float], float]:
-        """Per-rank flush rate of each class (0 when idle) and the loaders' aggregate read rate."""
-        active = [c for c in self.classes if c.durable]
+        """Per-rank upload rate of each class (0 when idle) and the loaders' aggregate read rate."""
+        active = [c for c in self.classes if c.queues[-1]]
         loader_on = self.phase == "compute" and self.loader_per_rank > 0
         flows = [(c.count, self.storage.per_writer_bytes_per_s) for c in active]
         if loader_on:
@@ -308,17 +320,29 @@ class _Simulator:
             return 1.0
         return min(1.0, loader_total / self.config.loader_read_bytes_per_s)
 
-    def _local_rate(self) -> float:
+    def _stage_rate(self, stage: int, c: _ClassState, upload_rates: list[float]) -> float:
+        """Bytes/s one rank of ``c`` moves through ``stage`` now."""
+        name = self.stages[stage]
+        if name == UPLOAD:
+            return upload_rates[c.index]
+        if name == SERIALIZE:
+            return self.storage.serialize_bytes_per_s
         assert self.config.local_bytes_per_s is not None
         return self.config.local_bytes_per_s / self.config.ranks_per_node
 
-    def _horizon(self, rates: list[float], compute_rate: float) -> float:
-        dt = math.inf
+    def _running(self) -> Iterator[tuple[int, _ClassState, _Job]]:
+        """``(stage, class, job)`` of each stage's head job that has started."""
         for c in self.classes:
-            if c.durable and rates[c.index] > 0:
-                dt = min(dt, c.durable[0].remaining / rates[c.index])
-            if c.local and c.local[0].started is not None:
-                dt = min(dt, c.local[0].remaining / self._local_rate())
+            for stage, queue in enumerate(c.queues):
+                if queue and queue[0].started is not None:
+                    yield stage, c, queue[0]
+
+    def _horizon(self, upload_rates: list[float], compute_rate: float) -> float:
+        dt = math.inf
+        for stage, c, job in self._running():
+            rate = self._stage_rate(stage, c, upload_rates)
+            if rate > 0:
+                dt = min(dt, job.remaining / rate)
         if self.phase == "compute" and compute_rate > 0:
             dt = min(dt, self.compute_left / compute_rate)
         elif self.phase == "copying":
@@ -327,17 +351,13 @@ class _Simulator:
             raise RuntimeError(f"simulation stalled in phase {self.phase!r}; this is a bug in the simulator")
         return max(dt, 0.0)
 
-    def _advance(self, dt: float, rates: list[float], compute_rate: float) -> None:
-        for c in self.classes:
-            if c.durable:
-                moved = min(c.durable[0].remaining, rates[c.index] * dt)
-                c.durable[0].remaining -= moved
-                if c.durable[0].started is None:
-                    c.durable[0].started = self.t
+    def _advance(self, dt: float, upload_rates: list[float], compute_rate: float) -> None:
+        for stage, c, job in self._running():
+            moved = min(job.remaining, self._stage_rate(stage, c, upload_rates) * dt)
+            job.remaining -= moved
+            if self.stages[stage] == UPLOAD:
                 self.bytes_written += moved * c.count
-            if c.local and c.local[0].started is not None:
-                c.local[0].remaining -= min(c.local[0].remaining, self._local_rate() * dt)
-        if any(c.durable for c in self.classes):
+        if any(c.queues[-1] for c in self.classes):
             self.busy_s += dt if self._counting() else 0.0
         if self.phase == "compute":
             if not math.isinf(self.compute_left):
@@ -365,27 +385,43 @@ class _Simulator:
         return len(self.records) < self.config.checkpoints or self.phase != "compute"
 
     # ---- completions ---------------------------------------------------------------------------------------
-    def _start_local_jobs(self) -> None:
+    def _start_jobs(self) -> None:
         for c in self.classes:
-            if c.local and c.local[0].started is None and c.local_held < self.local_slots:
-                c.local[0].started = self.t
-                c.local_held += 1
+            for stage, queue in enumerate(c.queues):
+                if not queue or queue[0].started is not None:
+                    continue
+                if self.stages[stage] == LOCAL_WRITE:
+                    if c.local_held >= self.local_slots:
+                        continue  # the local tier is full until a drain finishes
+                    c.local_held += 1
+                queue[0].started = self.t
 
     def _complete_jobs(self) -> None:
-        for c in self.classes:
-            if c.local and c.local[0].started is not None and c.local[0].remaining <= _EPS_S * c.bytes:
-                job = c.local.popleft()
-                self.records[job.ckpt].phases.append((c.index, "local_write", job.started or self.t, self.t))
-                c.slots_used -= 1  # the staging slot is free once the local tier holds the bytes
-                c.durable.append(_Job(job.ckpt, c.bytes))
-            while c.durable and c.durable[0].remaining <= _EPS_S * max(c.bytes, 1.0):
-                job = c.durable.popleft()
-                self.records[job.ckpt].phases.append((c.index, "upload", job.started or self.t, self.t))
-                if self.config.mode == "async":
-                    c.slots_used -= 1
-                elif self.config.mode == "tiered":
-                    c.local_held -= 1
-                self._class_done(job.ckpt)
+        """Move each finished head job to its next stage; repeat while zero-byte jobs pass through."""
+        moved = True
+        while moved:
+            self._start_jobs()
+            moved = False
+            for stage, c, job in list(self._running()):
+                if job.remaining > _EPS_S * max(c.bytes, 1.0):
+                    continue
+                c.queues[stage].popleft()
+                self._stage_done(stage, c, job)
+                moved = True
+
+    def _stage_done(self, stage: int, c: _ClassState, job: _Job) -> None:
+        name = self.stages[stage]
+        self.records[job.ckpt].phases.append((c.index, name, job.started or self.t, self.t))
+        if name == LOCAL_WRITE:
+            c.slots_used -= 1  # the staging slot is free once the local tier holds the bytes
+        if stage + 1 < len(self.stages):
+            c.queues[stage + 1].append(_Job(job.ckpt, c.bytes))
+            return
+        if self.config.mode == "async":
+            c.slots_used -= 1
+        elif self.config.mode == "tiered":
+            c.local_held -= 1
+        self._class_done(job.ckpt)
 
     def _class_done(self, ckpt: int) -> None:
         self.done_classes[ckpt] = self.done_classes.get(ckpt, 0) + 1
@@ -430,12 +466,8 @@ class _Simulator:
         record = self.records[-1]
         record.returned_s = self.t
         for c in self.classes:
-            if self.config.mode == "tiered":
-                c.local.append(_Job(record.index, c.bytes))
-                c.slots_used += 1
-            else:
-                c.durable.append(_Job(record.index, c.bytes))
-                c.slots_used += self.config.mode == "async"
+            c.queues[0].append(_Job(record.index, c.bytes))
+            c.slots_used += self.config.mode != "sync"
         self.peak_slots = max(self.peak_slots, *(c.slots_used for c in self.classes))
         if self.config.mode == "sync":
             self.phase = "sync"
