@@ -31,6 +31,7 @@ from ckptio.demo.table import (
     RunRow,
     mib_per_s,
     prediction_findings,
+    prediction_heading,
     prediction_table,
     results_table,
     row_from_summary,
@@ -192,7 +193,8 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         uninterrupted={s: results["ckptio"][0].losses[s] for s in resumed.losses},
     )
     _show_resume(console, check)
-    console.print(results_table(rows, title="Measured (median over every rank's steps)"))
+    console.print("[bold]Measured[/] (step times over every rank's steps; lost = blocked in save() + slower steps)")
+    console.print(results_table(rows))
     reports = _write_reports(console, paths)
     outcome = DemoOutcome(
         prediction=prediction, rows=rows, resume=check, reports=reports, wall_s=time.monotonic() - began
@@ -235,7 +237,8 @@ def _predict(console: Console, config: DemoConfig) -> Prediction:
         step_time_s=measure_step_time(config.shape, config.ranks, config.seed),
         copy_bytes_per_s=measure_copy_bandwidth(),
     )
-    console.print(prediction_table(prediction, bandwidth=config.store_bandwidth))
+    console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
+    console.print(prediction_table(prediction))
     for finding in prediction_findings(prediction):
         console.print(f"  [dim]planner: {finding}[/]")
     return prediction

@@ -78,8 +78,8 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f} %"
 
 
-def results_table(rows: list[RunRow], *, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+def results_table(rows: list[RunRow]) -> Table:
+    table = Table()
     for header in ("run", "median step", "p99 step", "stall / save", "time lost", "flush lag", "committed"):
         table.add_column(header, justify="left" if header == "run" else "right")
     for row in rows:
@@ -95,17 +95,18 @@ def results_table(rows: list[RunRow], *, title: str) -> Table:
     return table
 
 
-def prediction_table(prediction: Prediction, *, bandwidth: float) -> Table:
-    sync, staged = prediction.sync, prediction.staged
-    table = Table(
-        title=(
-            f"Planner prediction: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
-            f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every "
-            f"{sync.interval_steps} steps "
-            f"(measured {prediction.step_time_s:.2f} s/step, copy {format_rate(prediction.copy_bytes_per_s)})"
-        ),
-        title_justify="left",
+def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
+    sync = prediction.sync
+    return (
+        f"[bold]Planner prediction[/]: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
+        f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
+        f"(measured here: {prediction.step_time_s:.2f} s/step, copy {format_rate(prediction.copy_bytes_per_s)})"
     )
+
+
+def prediction_table(prediction: Prediction) -> Table:
+    sync, staged = prediction.sync, prediction.staged
+    table = Table()
     for header in ("save", "stall / save", "time lost", "flush", "keeps up"):
         table.add_column(header, justify="left" if header == "save" else "right")
     for label, plan in (("synchronous (dcp.save)", sync), ("staged + background flush (ckptio)", staged)):
