@@ -289,12 +289,18 @@ def _launch(
     with Progress(*columns, console=console, transient=True) as progress:
         tasks = {run: progress.add_task(f"{_label(run):<32}", total=config.steps, start=False) for run in runs}
 
+        started: set[str] = set()
+
         def on_step(run: str, step: int) -> None:
-            for earlier in runs[: runs.index(run)] if run in tasks else []:
-                progress.update(tasks[earlier], completed=config.steps)
-            if run in tasks:
+            if run not in tasks:
+                return
+            if run not in started:  # a line per phase too, for logs where the bars do not show
+                started.add(run)
+                progress.console.print(f"[dim]· {_label(run)} …[/]")
                 progress.start_task(tasks[run])
-                progress.update(tasks[run], completed=step)
+            for earlier in runs[: runs.index(run)]:
+                progress.update(tasks[earlier], completed=config.steps)
+            progress.update(tasks[run], completed=step)
 
         results = run_ranks(job, work_dir=paths.work, on_step=on_step, timeout_s=config.timeout_s)
     for run in runs:
