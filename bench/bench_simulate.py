@@ -1,0 +1,129 @@
+"""Simulator speed at 16,384 ranks, and simulator truth against a measured ckptio run on this machine.
+
+1. Speed: 16,384 ranks (Llama 3 405B, TP 8 × PP 32 × DP 64, ZeRO-1) × 100 saves with data-loader contention,
+   median of three runs. Anchor: the closed-form plan of the same job in the same process. Goal: < 10 s.
+2. Truth: 2 gloo ranks saving ``--mib-per-rank`` each through ckptio to a directory behind a shared throttle
+   (an emulated saturated filesystem), once with saves far apart and once with saves closer than the flush
+   takes (blocking on the one staging slot). Anchor: the measured per-save flush and stall (median of the
+   timed saves, slowest rank). ckptio figure: ``simulate`` of the same job. Goal: within 20%.
+
+    .venv/bin/python bench/bench_simulate.py [--mib-per-rank 64] [--throttle-mib 48] [--saves 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ckptio.plan.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.model import PRESETS, CheckpointModel, Parallelism, shape_checkpoint
+from ckptio.plan.probe import serialize_bytes_per_s
+from ckptio.plan.simulate import SimulationConfig, simulate
+from plan_bench_run import RunSpec, copy_bytes_per_s, median, run_job
+
+MIB = 1 << 20
+
+
+def speed() -> None:
+    model = PRESETS["mlperf-llama3-405b"].model(parallelism=Parallelism.for_ranks(ranks=16384, tp=8, pp=32, zero=1))
+    shape = shape_checkpoint(model)
+    storage = StorageModel(write_bytes_per_s=2e12, per_writer_bytes_per_s=2e9, serialize_bytes_per_s=5e9)
+    schedule = Schedule(interval_s=1800)
+    config = SimulationConfig(checkpoints=100, loader_read_bytes_per_s=1.5e12)
+    times, plan_times = [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        plan_burst(shape, storage, schedule)
+        plan_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        result = simulate(shape, storage, schedule, config)
+        times.append(time.perf_counter() - start)
+    sim_s, plan_s = statistics.median(times), statistics.median(plan_times)
+    print(
+        f"speed: {shape.ranks:,} ranks in {len(shape.classes)} classes × {result.checkpoints} saves: "
+        f"simulate {sim_s:.3f} s, plan (anchor) {plan_s * 1000:.2f} ms; flush {result.flush_s:.1f} s "
+        f"(plan {result.plan_flush_s:.1f} s), GPU idle {result.gpu_idle_hours_per_day:,.0f} GPU-h/day"
+    )
+    print(f"speed goal < 10 s: {'met' if sim_s < 10 else 'MISSED'}")
+
+
+def truth(args: argparse.Namespace) -> list[float]:
+    bytes_per_rank = args.mib_per_rank * MIB
+    throttle = args.throttle_mib * MIB
+    model = CheckpointModel(
+        params=bytes_per_rank * args.ranks / 4,
+        weights_dtype="fp32",
+        optimizer="none",
+        parallelism=Parallelism(dp=args.ranks, zero=3),
+    )
+    shape = shape_checkpoint(model)
+    storage = StorageModel(write_bytes_per_s=throttle, serialize_bytes_per_s=serialize_bytes_per_s(bytes_per_rank))
+    copy = copy_bytes_per_s()
+    flush_estimate = plan_burst(shape, storage, Schedule(interval_s=3600, d2h_bytes_per_s=copy)).flush_s
+    ratios = []
+    for label, interval in (("apart", 2.0 * flush_estimate), ("behind", 0.6 * flush_estimate)):
+        workdir = tempfile.mkdtemp(prefix="ckptio-bench-simulate-", dir=args.dir)
+        try:
+            spec = RunSpec(
+                ranks=args.ranks,
+                bytes_per_rank=bytes_per_rank,
+                saves=args.saves,
+                interval_s=interval,
+                root=os.path.join(workdir, "ckpt"),
+                events_dir=os.path.join(workdir, "events"),
+                throttle_bytes_per_s=throttle,
+            )
+            saves = run_job(spec)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        sim = simulate(
+            shape,
+            storage,
+            Schedule(interval_s=interval, d2h_bytes_per_s=copy),
+            SimulationConfig(checkpoints=args.saves, max_pending=1, overflow="block"),
+        )
+        sim_flush = statistics.median(r.flush_s for r in sim.records if r.flush_s is not None)
+        sim_stall = statistics.median(r.stall_s for r in sim.records)
+        got_flush, got_stall = median(saves, "flush_s"), median(saves, "blocking_s")
+        print(
+            f"\n{label}: {args.ranks} ranks × {args.mib_per_rank} MiB, store {args.throttle_mib} MiB/s, "
+            f"a save every {interval:.2f} s of compute, {args.saves} saves"
+        )
+        print(f"{'':22}{'measured (anchor)':>20}{'simulate':>12}{'plan':>10}")
+        print(f"{'flush (s, median)':22}{got_flush:>20.2f}{sim_flush:>12.2f}{sim.plan_flush_s:>10.2f}")
+        print(f"{'stall/save (s, med.)':22}{got_stall:>20.2f}{sim_stall:>12.2f}")
+        ratios.append(sim_flush / got_flush)
+        if label == "behind":
+            ratios.append(sim_stall / got_stall)
+    return ratios
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--mib-per-rank", type=int, default=64)
+    parser.add_argument("--throttle-mib", type=float, default=48.0)
+    parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--skip-truth", action="store_true", help="speed only (no ranks started)")
+    args = parser.parse_args()
+    speed()
+    if args.skip_truth:
+        return 0
+    ratios = truth(args)
+    names = ("flush apart", "flush behind", "stall behind")
+    line = ", ".join(f"{n} {r:.2f}" for n, r in zip(names, ratios, strict=True))
+    met = all(0.8 <= r <= 1.2 for r in ratios)
+    print(f"\nratios simulate/measured: {line} (goal 0.80-1.20: {'met' if met else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
