@@ -1,0 +1,198 @@
+"""Shared helpers of the engine benchmarks: states, median-of-reps timing, fio, RSS sampling, the RATIOS line.
+
+Every benchmark measures its anchor and ckptio in the same run (BENCHMARKS.md: on a shared, noisy machine only a
+ratio measured in one run means something). This module never asserts a goal: the scripts print figures and one
+``RATIOS`` line and let the reader judge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def quiet_dcp() -> None:
+    """DCP warns on every single-process save (no process group) and about storage details; silence that."""
+    warnings.filterwarnings("ignore")
+    for name in ("torch.distributed.checkpoint", "torch.distributed", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def make_state(big: int, big_mib: int, tiny: int, *, seed: int = 0) -> dict[str, Any]:
+    """``big`` fp32 tensors of ``big_mib`` MiB each plus ``tiny`` 16-element tensors (the issue's state shape)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    numel = big_mib * MiB // 4
+    state: dict[str, Any] = {f"big.{i}": torch.rand(numel, generator=gen) for i in range(big)}
+    state.update({f"tiny.{i}": torch.rand(16, generator=gen) for i in range(tiny)})
+    return state
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of every tensor in a nested state (dicts, lists, tuples)."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.nbytes
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_time(run: Callable[[int], Any], reps: int, *, warmup: int = 1,
+                after: Callable[[int], Any] | None = None) -> tuple[float, list[float]]:
+    """Median wall time of ``run(rep)`` over ``reps`` after ``warmup`` untimed calls.
+
+    ``after(rep)`` runs untimed after each call (e.g. wait for a background flush so the next rep measures
+    staging, not queueing behind the previous save).
+    """
+    times = []
+    for rep in range(-warmup, reps):
+        t0 = time.perf_counter()
+        run(rep)
+        dt = time.perf_counter() - t0
+        if after is not None:
+            after(rep)
+        if rep >= 0:
+            times.append(dt)
+    return statistics.median(times), times
+
+
+def fmt_times(times: list[float]) -> str:
+    return "[" + ", ".join(f"{t * 1e3:.0f}" for t in times) + "] ms"
+
+
+def ratio_line(**ratios: float | str) -> str:
+    """The one closing line every benchmark prints: ``RATIOS name=value ...``."""
+    parts = [f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in ratios.items()]
+    line = "RATIOS " + " ".join(parts)
+    print(line, flush=True)
+    return line
+
+
+def verdict(value: float, goal: float, *, at_most: bool) -> str:
+    ok = value <= goal if at_most else value >= goal
+    return f"{'meets' if ok else 'MISSES'} goal {'<=' if at_most else '>='} {goal:g}"
+
+
+# ---- directories and fio ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def scratch_dir(parent: str | None, prefix: str) -> Iterator[Path]:
+    """A fresh directory on the disk under test, removed afterwards."""
+    base = parent or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def device_of(path: str | os.PathLike[str]) -> str:
+    """The filesystem source behind ``path`` (what ``df`` prints), for the report header."""
+    out = subprocess.run(["df", "--output=source,fstype", os.fspath(path)], check=False,
+                         capture_output=True, text=True)
+    lines = out.stdout.split("\n")
+    return " ".join(lines[1].split()) if len(lines) > 1 else "?"
+
+
+def drop_written(path: str | os.PathLike[str]) -> None:
+    """Remove what a rep wrote so the next rep starts from an empty directory (same as fio's fresh files)."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
+def fio_write(directory: str | os.PathLike[str], nbytes: int, *, numjobs: int = 1, bs: str = "16M") -> float:
+    """Sequential write with a final fsync (the flush anchor); returns MiB/s summed over jobs, from fio's JSON."""
+    if shutil.which("fio") is None:
+        sys.exit("fio not found: run `make sysdeps` (apt-get install -y fio)")
+    cmd = ["fio", "--name=w", "--rw=write", f"--bs={bs}", "--end_fsync=1", f"--size={nbytes // numjobs}",
+           f"--numjobs={numjobs}", f"--directory={os.fspath(directory)}", "--group_reporting",
+           "--output-format=json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    # fio may print warnings before the JSON document.
+    doc = json.loads(out.stdout[out.stdout.index("{"):])
+    job = doc["jobs"][0]["write"]
+    # bw_bytes is bytes / runtime where runtime includes the end fsync (end_fsync is part of the job).
+    return float(job["bw_bytes"]) / MiB
+
+
+# ---- RSS sampling ----------------------------------------------------------------------------------------------
+class RssSampler:
+    """Samples this process's RSS every ``interval_s`` in a thread; ``peak`` is the highest seen."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self.interval_s = interval_s
+        self.peak = self.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def now(self) -> int:
+        return int(self._proc.memory_info().rss)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, self.now())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now())
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All JSONL event records of a run (every per-rank file matching ``path``'s stem)."""
+    p = Path(path)
+    records: list[dict[str, Any]] = []
+    for f in sorted(p.parent.glob(p.stem + "*")):
+        with open(f) as fh:
+            records.extend(json.loads(line) for line in fh if line.strip())
+    return records
+
+
+def phase_summary(events: list[dict[str, Any]], step: int) -> str:
+    """Per-phase seconds of one step from the writer's events (summed over files), for diagnosing a miss."""
+    sums: dict[str, float] = {}
+    for e in events:
+        if e.get("step") == step and e.get("event") == "phase":
+            sums[e["phase"]] = sums.get(e["phase"], 0.0) + float(e["seconds"])
+        elif e.get("step") == step and e.get("event") in ("stage_end", "committed", "save_returned"):
+            key = {"stage_end": "stage", "committed": "flush_total", "save_returned": "blocking"}[e["event"]]
+            sums[key] = float(e.get("seconds", e.get("flush_s", e.get("blocking_s", 0.0))))
+    return " ".join(f"{k}={v:.3f}s" for k, v in sums.items())

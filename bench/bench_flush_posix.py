@@ -1,0 +1,91 @@
+"""POSIX flush throughput of ckptio vs ``fio --rw=write --bs=16M --end_fsync=1`` in the same directory.
+
+ckptio's figure is bytes ÷ (commit time − ``save`` return): the background part of a save (serialize, checksum,
+write, fsync, rank index, metadata, manifest, retention), one rank, one writer process. The anchor is one fio job
+writing the same number of bytes into the same directory with a final fsync, parsed from fio's JSON output. Reps
+alternate fio and ckptio so that load from other processes on this shared machine hits both alike; each rep starts
+from an empty directory. Median of ``--reps`` after one warm-up of each.
+
+    .venv/bin/python bench/bench_flush_posix.py [--mib 1024] [--reps 3] [--dir /tmp]
+
+Goal (BENCHMARKS.md): ckptio ≥ 0.9 × fio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from _common import (
+    MiB,
+    device_of,
+    drop_written,
+    fio_write,
+    make_state,
+    phase_summary,
+    ratio_line,
+    read_events,
+    scratch_dir,
+    state_bytes,
+    verdict,
+)
+
+
+def flush_once(ck: object, step: int, state: dict) -> float:
+    """Seconds from ``save`` returning to the commit being seen by this rank."""
+    handle = ck.save(step, state)  # type: ignore[attr-defined]
+    t_return = time.monotonic()
+    handle.wait()
+    return time.monotonic() - t_return
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=1024, help="state size in MiB (32 MiB fp32 tensors)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="parent directory on the disk under test (default: /tmp)")
+    parser.add_argument("--file-mib", type=int, default=1024, help="ckptio file_size_bytes in MiB")
+    parser.add_argument("--no-fsync", action="store_true", help="ckptio fsync=False (diagnosis only)")
+    args = parser.parse_args()
+
+    import ckptio
+
+    state = make_state(max(1, args.mib // 32), 32, 0)
+    nbytes = state_bytes(state)
+    with scratch_dir(args.dir, "ckptio-bench-flush-") as base:
+        fio_dir, ck_root = base / "fio", base / "ckptio"
+        fio_dir.mkdir()
+        events = str(base / "events.jsonl")
+        print(f"{nbytes / MiB:.0f} MiB per flush into {base} ({device_of(base)}); reps {args.reps} + 1 warm-up")
+        ck = ckptio.Checkpointer(str(ck_root), max_pending=1, keep_last=1, events_path=events,
+                                 file_size_bytes=args.file_mib * MiB, fsync=not args.no_fsync)
+        fio_rates, ck_rates = [], []
+        try:
+            for rep in range(-1, args.reps):
+                drop_written(fio_dir)
+                fio_rate = fio_write(fio_dir, nbytes)
+                drop_written(fio_dir)
+                ck_rate = nbytes / flush_once(ck, rep + 1, state) / MiB
+                print(f"  rep {rep:>2}{' (warm-up)' if rep < 0 else ''}: fio {fio_rate:7.1f} MiB/s   "
+                      f"ckptio {ck_rate:7.1f} MiB/s", flush=True)
+                if rep >= 0:
+                    fio_rates.append(fio_rate)
+                    ck_rates.append(ck_rate)
+        finally:
+            ck.close()
+        recs = read_events(events)
+        print(f"  ckptio phases of the last step (writer, summed over files): {phase_summary(recs, args.reps)}")
+
+    fio_med, ck_med = statistics.median(fio_rates), statistics.median(ck_rates)
+    ratio = ck_med / fio_med
+    print(f"fio write+fsync {fio_med:.1f} MiB/s; ckptio flush {ck_med:.1f} MiB/s; "
+          f"ratio {ratio:.2f} ({verdict(ratio, 0.9, at_most=False)})")
+    ratio_line(flush_vs_fio=ratio, ckptio_mibs=f"{ck_med:.1f}", fio_mibs=f"{fio_med:.1f}",
+               mib=f"{nbytes // MiB}", writers=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
