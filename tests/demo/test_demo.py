@@ -52,8 +52,8 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert outcome.resume.resumed[7] == outcome.resume.uninterrupted[7]
     for mode in ("ckptio", "dcp-sync", "dcp-async"):
         report = Path(outcome.reports[mode])
-        assert report.is_file() and report.stat().st_size > 0
-        assert report.with_suffix(".png").is_file()
+        assert report.is_file() and "<img" in report.read_text()
+    assert Path(outcome.reports["ckptio"]).with_suffix(".png").is_file()
     assert outcome.prediction.sync.checkpoint_bytes == pytest.approx(TINY.state_bytes())
 
 

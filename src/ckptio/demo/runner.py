@@ -338,7 +338,9 @@ def _write_reports(console: Console, paths: _Layout) -> dict[str, str]:
         records = load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl"))
         out = os.path.join(paths.report, f"{mode}.html")
         try:
-            for path in (out, os.path.join(paths.report, f"{mode}.png")):
+            # The page embeds the picture; a separate PNG only for the headline run (each render costs seconds).
+            extra = [os.path.join(paths.report, f"{mode}.png")] if mode == "ckptio" else []
+            for path in [out, *extra]:
                 write_report(records, path, title=f"ckptio demo: {LABELS[mode]}")
         except (ImportError, CkptError) as exc:
             console.print(f"[yellow]report for {mode} not written: {exc}[/]")
