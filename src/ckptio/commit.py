@@ -149,6 +149,8 @@ class Manifest:
     files: dict[str, FileRecord]
     """Keyed by name within the step directory (data files of every rank)."""
     total_bytes: int
+    metadata_crc32c: str = ""
+    """Checksum of ``.metadata`` as the committer wrote it (empty in manifests that predate it)."""
     created: float = field(default_factory=time.time)
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -280,6 +282,18 @@ def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) 
     return sorted(removed)
 
 
+def remove_unlisted_files(storage: Storage, manifest: Manifest) -> list[str]:
+    """Delete data files of earlier attempts at a committed step (the manifest lists the ones that count)."""
+    base = step_dir(manifest.step)
+    removed = []
+    for info in storage.list(base + "/"):
+        name = info.key[len(base) + 1 :]
+        if name.endswith(".distcp") and "/" not in name and name not in manifest.files:
+            storage.delete(info.key)
+            removed.append(name)
+    return removed
+
+
 # ---- verification -------------------------------------------------------------------------------------------------
 @dataclass(kw_only=True, slots=True)
 class VerifyResult:
@@ -314,7 +328,12 @@ def verify_step(storage: Storage, step: int) -> VerifyResult:
             problems.append(f"{key}: size {len(data)} != manifest {rec.size}")
         elif checksum([data]) != rec.crc32c:
             problems.append(f"{key}: checksum {checksum([data])} != manifest {rec.crc32c}")
-    if not storage.exists(join_key(base, METADATA)):
+    try:
+        meta = storage.get(join_key(base, METADATA))
+        if manifest.metadata_crc32c and checksum([meta]) != manifest.metadata_crc32c:
+            problems.append(f"{join_key(base, METADATA)}: checksum {checksum([meta])} != manifest "
+                            f"{manifest.metadata_crc32c}")
+    except StorageError:
         problems.append(f"{join_key(base, METADATA)}: missing")
     return VerifyResult(step=step, ok=not problems, files=len(manifest.files), bytes=total, problems=problems)
 

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-from ckptio.commit import ItemRecord, Manifest, RankIndex, check_file, step_dir
+from ckptio.commit import FileRecord, ItemRecord, Manifest, RankIndex, check_file, step_dir
 from ckptio.errors import StructureMismatchError, UnsupportedStateError
 from ckptio.storage.base import Storage, join_key
 
@@ -185,7 +185,11 @@ class CkptioStorageReader(StorageReader):
         return False
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        raw = self.storage.get(join_key(step_dir(self.step), ".metadata"))
+        name = ".metadata"
+        raw = self.storage.get(join_key(step_dir(self.step), name))
+        if self.manifest.metadata_crc32c:
+            check_file(self.storage, self.step, name, raw,
+                       FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
         metadata = cast(Metadata, pickle.loads(raw))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()

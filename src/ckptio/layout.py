@@ -1,7 +1,7 @@
 """Which write item goes to which data file, and where each tensor sits in the staging slot.
 
 A rank's final DCP save plan is a list of write items (tensors or chunks of them, and pickled objects). The layout
-packs them into a few large files ``__{rank}_{n}.distcp``: items are taken in plan order and a new file starts when
+packs them into a few large files ``__{rank}_{n}-{save}.distcp``: items are taken in plan order and a new file starts when
 the next item would push the current one past ``file_size_bytes`` (small tensors are thereby coalesced; an item
 larger than the cap gets a file of its own). Pickled objects go to the first file.
 
@@ -26,9 +26,11 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def data_file_name(rank: int, n: int) -> str:
-    """DCP's own naming for data files (``__{rank}_{n}.distcp``)."""
-    return f"__{rank}_{n}.distcp"
+def data_file_name(rank: int, n: int, save_id: int) -> str:
+    """DCP's naming for data files (``__{rank}_{n}``) plus the save attempt, so that two attempts at one step (a
+    crashed run's leftovers, or a second job racing this one) never overwrite each other's bytes: whichever
+    manifest wins, the files it lists are exactly the ones its checksums describe."""
+    return f"__{rank}_{n}-{save_id:013x}.distcp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +77,6 @@ class RankLayout:
     @property
     def tensor_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
-
-    def file_names(self) -> list[str]:
-        return [data_file_name(self.rank, n) for n in range(self.n_files)]
 
 
 def _dtype_name(item: WriteItem) -> str:

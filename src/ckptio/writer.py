@@ -37,6 +37,7 @@ from ckptio.commit import (
     index_key,
     manifest_key,
     read_failures,
+    remove_unlisted_files,
     step_dir,
     update_latest,
     versions,
@@ -218,7 +219,7 @@ class Writer:
     def _write_one_file(self, job: SaveJob, buf: mmap.mmap, n: int, target: Storage,
                         tier: str) -> tuple[FileRecord, list[Any]]:
         rank = self.spec.rank
-        name = data_file_name(rank, n)
+        name = data_file_name(rank, n, job.save_id)
         assert job.layout is not None
         t0 = time.monotonic()
         blobs: list[bytes] = []
@@ -338,10 +339,15 @@ class Writer:
         skeleton = pickle.loads(job.metadata_skeleton)
         metadata = build_metadata(skeleton, indexes, checkpoint_id=join_key(durable.url, step_dir(job.step)))
         t1 = time.monotonic()
-        durable.put(join_key(step_dir(job.step), ".metadata"), pickle.dumps(metadata))
+        if durable.exists(manifest_key(job.step)):
+            # Never touch .metadata of a step someone else committed (a second job racing on this root).
+            raise CommitError("step is already committed by another save", root=durable.url, step=job.step)
+        raw_metadata = pickle.dumps(metadata)
+        durable.put(join_key(step_dir(job.step), ".metadata"), raw_metadata)
         files = {f.name: f for ix in indexes for f in ix.files}
         manifest = Manifest(step=job.step, world_size=self.spec.world_size, save_id=job.save_id, files=files,
-                            total_bytes=sum(f.size for f in files.values()), versions=versions())
+                            total_bytes=sum(f.size for f in files.values()), versions=versions(),
+                            metadata_crc32c=checksum([raw_metadata]))
         t2 = time.monotonic()
         write_manifest(durable, manifest)
         t3 = time.monotonic()
@@ -350,6 +356,7 @@ class Writer:
         self.out.event("phase", job.step, phase="manifest", seconds=t3 - t2, bytes=0, tier="durable")
         update_latest(durable, job.step)
         try:
+            remove_unlisted_files(durable, manifest)
             removed = apply_retention(durable, keep_last=self.spec.keep_last, newest_committed=job.step)
         except StorageError as exc:
             # A failed deletion must not fail the commit; retention is retried at the next one.

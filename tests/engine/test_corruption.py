@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -22,7 +23,8 @@ def _flip_byte(path: str, offset: int = 100) -> None:
 
 
 def _data_file(root: str, step: int) -> str:
-    return os.path.join(root, f"step-{step:08d}", "__0_0.distcp")
+    (path,) = glob.glob(os.path.join(root, f"step-{step:08d}", "__0_0-*.distcp"))
+    return path
 
 
 def test_verify_names_the_corrupt_file_and_restore_raises(tmp_path, capsys):
@@ -37,10 +39,10 @@ def test_verify_names_the_corrupt_file_and_restore_raises(tmp_path, capsys):
     assert cli(["verify", root, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False
-    assert any("__0_0.distcp" in p and "checksum" in p for p in report["steps"][0]["problems"])
+    assert any("__0_0-" in p and "checksum" in p for p in report["steps"][0]["problems"])
     assert cli(["verify", root, "--step", "1"]) == 1
-    assert "__0_0.distcp" in capsys.readouterr().out
-    with ckptio.Checkpointer(root) as ck, pytest.raises(ChecksumError, match=r"__0_0\.distcp"):
+    assert "__0_0-" in capsys.readouterr().out
+    with ckptio.Checkpointer(root) as ck, pytest.raises(ChecksumError, match=r"__0_0-[0-9a-f]+\.distcp"):
         ck.restore({"w": torch.zeros(128, 128)})
 
 

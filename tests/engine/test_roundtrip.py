@@ -157,7 +157,7 @@ def test_saving_over_uncommitted_leftovers_commits(root):
     # A crashed attempt at step 5 left a data file and a stale rank index behind.
     leftover = os.path.join(root, "step-00000005", "ranks")
     os.makedirs(leftover)
-    with open(os.path.join(root, "step-00000005", "__0_0.distcp"), "wb") as f:
+    with open(os.path.join(root, "step-00000005", "__0_0-0000000000001.distcp"), "wb") as f:
         f.write(b"garbage")
     with open(os.path.join(leftover, "0.json"), "w") as f:
         f.write('{"format": "ckptio-rank-index/1", "step": 5, "rank": 0, "world_size": 1, "save_id": 1, '
@@ -169,3 +169,5 @@ def test_saving_over_uncommitted_leftovers_commits(root):
         target = {"w": torch.zeros(10)}
         assert ck.restore(target) == 5
     assert torch.equal(target["w"], state["w"])
+    # The committed step lists only its own files; the crashed attempt's data file is gone.
+    assert not os.path.exists(os.path.join(root, "step-00000005", "__0_0-0000000000001.distcp"))
