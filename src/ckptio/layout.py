@@ -1,9 +1,9 @@
 """Which write item goes to which data file, and where each tensor sits in the staging slot.
 
 A rank's final DCP save plan is a list of write items (tensors or chunks of them, and pickled objects). The layout
-packs them into a few large files ``__{rank}_{n}-{save}.distcp``: items are taken in plan order and a new file starts when
-the next item would push the current one past ``file_size_bytes`` (small tensors are thereby coalesced; an item
-larger than the cap gets a file of its own). Pickled objects go to the first file.
+packs them into a few large files ``__{rank}_{n}-{save}.distcp``: items are taken in plan order and a new file
+starts when the next item would push the current one past ``file_size_bytes`` (small tensors are thereby
+coalesced; an item larger than the cap gets a file of its own). Pickled objects go to the first file.
 
 This module is pure arithmetic: it never touches tensors, storage or processes, so the trainer computes the layout
 once per state structure and the writer receives it as plain data.

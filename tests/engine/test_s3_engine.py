@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from engine_workers import model_state, run_ranks
-from storage.fault_proxy import Fault, FaultProxy
 
 import ckptio
 from ckptio import commit
 from ckptio._cli.main import main as cli
 from ckptio.errors import CommitError, ResidencyError
 from ckptio.storage import open_storage
+from storage.fault_proxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.s3
 
