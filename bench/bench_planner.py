@@ -70,6 +70,9 @@ def main() -> int:
     print(f"{'blocking (s, median)':24}{measured_block:>20.3f}{plan.blocking_s:>12.3f}")
     flushes = ", ".join(f"{s['flush_s']:.2f}" for s in saves)
     print(f"per-save flush (s): {flushes}")
+    print(f"measured writer phases (median, slowest rank): serialize {median(saves, 'serialize'):.2f} s, "
+          f"upload {median(saves, 'upload'):.2f} s; plan: serialize {plan.flush_s - plan_store_s:.2f} s, "
+          f"store {plan_store_s:.2f} s")
     ratio = plan.flush_s / measured_flush
     verdict = "met" if 0.8 <= ratio <= 1.2 else "MISSED"
     print(f"ratio plan/measured flush: {ratio:.2f} (goal 0.80-1.20: {verdict})")

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 _TENSORS_PER_RANK = 4
+_FIGURES = ("blocking_s", "flush_s", "lag_s", "serialize", "upload")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,25 +83,35 @@ def _train(rank: int, spec: RunSpec) -> None:
 
 
 def run_job(spec: RunSpec) -> list[dict[str, float]]:
-    """Run ``spec`` and return, per timed save, the slowest rank's blocking, flush and lag seconds."""
+    """Run ``spec`` and return, per timed save, the slowest rank's blocking, flush and lag seconds, and the
+    writer phases (``serialize``, ``upload``: summed over a rank's files, slowest rank)."""
     os.makedirs(spec.events_dir, exist_ok=True)
     if spec.throttle_bytes_per_s:
         open(os.path.join(spec.events_dir, "throttle.state"), "wb").close()
     mp.spawn(_rank_main, args=(spec, _free_port()), nprocs=spec.ranks, join=True)
     per_save: dict[int, dict[str, float]] = {}
+    phases: dict[tuple[int, int, str], float] = {}
     for rank in range(spec.ranks):
         with open(os.path.join(spec.events_dir, f"events.rank{rank}.jsonl"), encoding="utf-8") as f:
             for line in f:
                 event = json.loads(line)
                 step = event.get("step")
-                if not step or event.get("role") != "trainer":
+                if not step:
                     continue
-                slot = per_save.setdefault(step, {"blocking_s": 0.0, "flush_s": 0.0, "lag_s": 0.0})
+                slot = per_save.setdefault(step, dict.fromkeys(_FIGURES, 0.0))
+                if event.get("role") == "writer":
+                    if event["event"] == "phase" and event.get("phase") in ("serialize", "upload"):
+                        phases[(rank, step, event["phase"])] = (
+                            phases.get((rank, step, event["phase"]), 0.0) + event["seconds"]
+                        )
+                    continue
                 if event["event"] == "save_returned":
                     slot["blocking_s"] = max(slot["blocking_s"], event["blocking_s"])
                 elif event["event"] == "committed":
                     slot["flush_s"] = max(slot["flush_s"], event["flush_s"])
                     slot["lag_s"] = max(slot["lag_s"], event.get("lag_s") or 0.0)
+    for (_, step, phase), seconds in phases.items():
+        per_save[step][phase] = max(per_save[step][phase], seconds)
     return [per_save[s] for s in sorted(per_save)]
 
 
