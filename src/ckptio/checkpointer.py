@@ -145,7 +145,8 @@ class Checkpointer:
         return WriterSpec(rank=self.rank, world_size=self.world_size, durable=self.storage, local=self.local,
                           keep_last=c.keep_last, upload_concurrency=c.upload_concurrency,
                           commit_timeout_s=c.commit_timeout_s, residency=c.residency,
-                          residency_recheck_s=c.residency_recheck_s, owner=self._owner)
+                          residency_recheck_s=c.residency_recheck_s, owner=self._owner,
+                          local_capacity_bytes=c.local_capacity_bytes)
 
     def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)

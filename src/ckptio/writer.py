@@ -32,6 +32,7 @@ from ckptio.commit import (
     FileRecord,
     Manifest,
     RankIndex,
+    all_step_dirs,
     apply_retention,
     checksum,
     index_key,
@@ -45,7 +46,7 @@ from ckptio.commit import (
     write_manifest,
 )
 from ckptio.dcp import build_metadata, item_records
-from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError
+from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError, StorageFullError
 from ckptio.layout import RankLayout, data_file_name
 from ckptio.ownership import OwnerRecord, heartbeat
 from ckptio.storage.base import Storage, join_key
@@ -66,6 +67,8 @@ class WriterSpec:
     residency_recheck_s: float = 300.0
     owner: OwnerRecord | None = None
     """Rank 0 only: the root's owner record, whose heartbeat this writer keeps fresh."""
+    local_capacity_bytes: int | None = None
+    """Byte budget of the local tier (None: whatever the filesystem holds)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -161,6 +164,7 @@ class Writer:
             job.layout, job.metadata_skeleton = plan.layout, plan.metadata_skeleton
             self._check_residency()
             buf = self._map(job.slot_path, job.slot_nbytes)
+            self._make_local_room(job)
             files, items = self._write_files(job, buf)
             slot_freed = self._free_slot_after_local(job)
             if self.spec.local is not None:
@@ -180,6 +184,27 @@ class Writer:
                 self.out.send("slot_free", job.step, job.slot_id)
             write_failure(self.spec.durable, job.step, f"rank{self.spec.rank}", job.save_id, exc)
             self._fail(job, exc)
+
+    def _make_local_room(self, job: SaveJob) -> None:
+        """Keep the local tier within its budget: evict steps that are already durable, else refuse this save."""
+        local, budget = self.spec.local, self.spec.local_capacity_bytes
+        if local is None or budget is None:
+            return
+        assert job.layout is not None
+        # Serialized files are the raw tensor bytes plus a few KiB of framing per tensor.
+        need = job.layout.tensor_bytes + sum(map(len, job.objects)) + 4096 * (len(job.layout.tensors) + 1)
+        for step in all_step_dirs(local):
+            used = sum(i.size for i in local.list(""))
+            if used + need <= budget:
+                return
+            if step < job.step and self.spec.durable.exists(manifest_key(step)):
+                local.delete_prefix(step_dir(step))
+        used = sum(i.size for i in local.list(""))
+        if used + need > budget:
+            raise StorageFullError(
+                f"local tier budget exhausted: {used + need:,} bytes needed of {budget:,}",
+                root=local.url, step=job.step, rank=self.spec.rank,
+            )
 
     def _free_slot_after_local(self, job: SaveJob) -> bool:
         # With a local tier the snapshot is safe on NVMe/RAM once written: give the slot back before uploading.
@@ -387,8 +412,6 @@ class Writer:
         local = self.spec.local
         if local is None:
             return
-        from ckptio.commit import all_step_dirs
-
         for step in all_step_dirs(local):
             if step < committed_step:
                 try:

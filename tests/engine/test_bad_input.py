@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 import torch
 
 import ckptio
+from ckptio import commit
 from ckptio.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -66,6 +68,19 @@ def test_full_local_tier_fails_the_save_and_keeps_the_committed_step(tmp_path):
         target = {"w": torch.zeros(1024, 1024)}
         assert ck.restore(target) == 1
     assert torch.equal(target["w"], first["w"])
+
+
+def test_local_tier_budget_evicts_durable_steps_and_refuses_what_cannot_fit(tmp_path):
+    root, local = str(tmp_path / "ckpt"), str(tmp_path / "local")
+    state = {"w": torch.full((512, 1024), 1.0)}  # 2 MiB
+    with ckptio.Checkpointer(root, local_dir=local, local_capacity_bytes=3 << 20, keep_last=0) as ck:
+        for step in (1, 2, 3):
+            ck.save(step, state).wait(timeout=120)  # each save evicts the older, already durable local step
+        assert sorted(os.listdir(local)) == ["step-00000003"]
+        h = ck.save(4, {"w": torch.ones(1024, 1024)})  # 4 MiB can never fit in 3 MiB
+        with pytest.raises(StorageFullError, match="local tier budget"):
+            h.wait(timeout=120)
+    assert commit.committed_steps(PosixStorage(root)) == [1, 2, 3]  # the durable tier lost nothing
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ Events and their extra fields:
     save_failed      step, error, error_type
     committed        step, flush_s, bytes, lag_s, interval_s
                      flush_s: save() return → commit seen by this rank; lag_s: commit time − save request time;
-                     interval_s: time since the previous save request (null for the first)
+                     interval_s: time since the previous staged (not skipped) save request (null for the first)
     queue            pending                    staged snapshots not yet flushed
     step_begin       step                       a training step started (StepTimer / ck.step_begin)
     step_end         step, seconds              a training step ended
