@@ -17,6 +17,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _common import ratio_line
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
 from ckptio.plan.model import CheckpointModel, Parallelism, shape_checkpoint
 from ckptio.plan.probe import ProbeConfig, probe
@@ -76,6 +77,7 @@ def main() -> int:
     ratio = plan.flush_s / measured_flush
     verdict = "met" if 0.8 <= ratio <= 1.2 else "MISSED"
     print(f"ratio plan/measured flush: {ratio:.2f} (goal 0.80-1.20: {verdict})")
+    ratio_line(plan_over_measured_flush=ratio)
     return 0
 
 
