@@ -127,6 +127,7 @@ class Checkpointer:
         self._object_items: list[Any] = []
         self._layout: Any = None
         self._last_save_mono: float | None = None
+        self._created_mono = time.monotonic()
         self._closed = False
         self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
                                    on_death=self._on_writer_death)
@@ -295,10 +296,6 @@ class Checkpointer:
             elapsed = time.monotonic() - (self._last_save_mono or self._created_mono)
             due = self.group.any_true(due or (self.rank == 0 and elapsed >= self.config.every_seconds))
         return self.save(step, state) if due else None
-
-    @property
-    def _created_mono(self) -> float:
-        return self.__dict__.setdefault("_created", time.monotonic())
 
     # ---- writer messages (reader thread) ------------------------------------------------------------------------
     def _on_writer_message(self, msg: tuple[Any, ...]) -> None:

@@ -171,3 +171,18 @@ def test_saving_over_uncommitted_leftovers_commits(root):
     assert torch.equal(target["w"], state["w"])
     # The committed step lists only its own files; the crashed attempt's data file is gone.
     assert not os.path.exists(os.path.join(root, "step-00000005", "__0_0-0000000000001.distcp"))
+
+
+def test_maybe_save_every_steps_and_every_seconds(root):
+    state = {"w": torch.ones(4)}
+    with ckptio.Checkpointer(root, every_steps=3, keep_last=0) as ck:
+        saved = [s for s in range(1, 10) if ck.maybe_save(s, state) is not None]
+        ck.wait()
+        assert saved == [3, 6, 9]
+        assert commit.committed_steps(PosixStorage(root)) == [3, 6, 9]
+    with ckptio.Checkpointer(root, every_seconds=3600, keep_last=0) as ck:
+        assert ck.maybe_save(10, state) is None  # an hour has not passed since start
+    with ckptio.Checkpointer(root, every_seconds=1e-6, keep_last=0) as ck:
+        h = ck.maybe_save(11, state)
+        assert h is not None
+        h.wait(timeout=120)
