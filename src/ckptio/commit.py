@@ -66,6 +66,8 @@ class FileRecord:
     name: str
     size: int
     crc32c: str
+    key: str = ""
+    """The object's key under the root when it is not ``step-XXXXXXXX/<name>`` (hash-prefixed S3 data)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,6 +108,31 @@ class RankIndex:
             return cls(**d)
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptCheckpointError(f"unreadable rank index: {exc}", path=key) from exc
+
+
+def _hash_prefix_enabled(storage: Storage) -> bool:
+    while True:
+        if getattr(storage, "hash_prefix", False):
+            return True
+        inner = getattr(storage, "inner", None)
+        if inner is None:
+            return False
+        storage = inner
+
+
+def durable_data_key(storage: Storage, step: int, name: str) -> str:
+    """Where a data file goes on the durable tier: under a short hash directory when the storage asks for it
+    (spreads S3 partitions), else in the step directory. The manifest records the real key."""
+    key = join_key(step_dir(step), name)
+    if _hash_prefix_enabled(storage):
+        from ckptio.storage.s3 import hashed_key
+
+        return hashed_key(key)
+    return key
+
+
+def record_key(step: int, rec: FileRecord) -> str:
+    return rec.key or join_key(step_dir(step), rec.name)
 
 
 def index_key(step: int, rank: int) -> str:
@@ -256,8 +283,22 @@ def read_latest(storage: Storage) -> int | None:
 # ---- retention ----------------------------------------------------------------------------------------------------
 def delete_step(storage: Storage, step: int) -> None:
     """Manifest first: a half-deleted step is uncommitted, never a committed step with missing files."""
+    try:
+        hashed = [rec.key for rec in read_manifest(storage, step).files.values() if rec.key]
+    except (CheckpointNotFoundError, CorruptCheckpointError):
+        hashed = []
     storage.delete(manifest_key(step))
+    for key in hashed:
+        storage.delete(key)
     storage.delete_prefix(step_dir(step))
+
+
+def _delete_uncommitted(storage: Storage, step: int) -> None:
+    storage.delete_prefix(step_dir(step))
+    if _hash_prefix_enabled(storage):  # hashed data of a failed attempt lives outside the step directory
+        for top in storage.list_dirs(""):
+            if top.startswith("h-"):
+                storage.delete_prefix(join_key(top, step_dir(step)))
 
 
 def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) -> list[int]:
@@ -277,7 +318,7 @@ def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) 
                 removed.append(step)
     for step in all_step_dirs(storage):
         if step < newest_committed and step not in committed:
-            storage.delete_prefix(step_dir(step))
+            _delete_uncommitted(storage, step)
             removed.append(step)
     return sorted(removed)
 
@@ -316,8 +357,8 @@ def verify_step(storage: Storage, step: int) -> VerifyResult:
         return VerifyResult(step=step, ok=False, files=0, bytes=0, problems=[str(exc)])
     base = step_dir(step)
     total = 0
-    for name, rec in sorted(manifest.files.items()):
-        key = join_key(base, name)
+    for _name, rec in sorted(manifest.files.items()):
+        key = record_key(step, rec)
         try:
             data = storage.get(key)
         except StorageError as exc:

@@ -207,7 +207,7 @@ class CkptioStorageReader(StorageReader):
     def _fetch(self, name: str) -> bytes:
         """One whole data file, from the local tier when its copy matches the manifest, else durable."""
         rec = self.manifest.files[name]
-        key = join_key(step_dir(self.step), name)
+        key = join_key(step_dir(self.step), name)  # the local tier never hashes keys
         if self.local is not None:
             try:
                 data = self.local.get(key)
@@ -216,7 +216,7 @@ class CkptioStorageReader(StorageReader):
                 return data
             except Exception:  # missing or damaged local copy: the durable tier decides
                 pass
-        data = self.storage.get(key)
+        data = self.storage.get(rec.key or key)
         check_file(self.storage, self.step, name, data, rec)
         return data
 

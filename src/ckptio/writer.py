@@ -35,6 +35,7 @@ from ckptio.commit import (
     all_step_dirs,
     apply_retention,
     checksum,
+    durable_data_key,
     index_key,
     manifest_key,
     read_failures,
@@ -265,10 +266,13 @@ class Writer:
         crc = checksum(blobs)
         t1 = time.monotonic()
         self.out.event("phase", job.step, phase="serialize", seconds=t1 - t0, bytes=offset, tier=tier, file=name)
-        target.put(join_key(step_dir(job.step), name), blobs)
+        plain = join_key(step_dir(job.step), name)
+        durable_key = durable_data_key(self.spec.durable, job.step, name)
+        target.put(plain if tier == "local" else durable_key, blobs)
         self.out.event("phase", job.step, phase="local_write" if tier == "local" else "upload",
                        seconds=time.monotonic() - t1, bytes=offset, tier=tier, file=name)
-        return FileRecord(name=name, size=offset, crc32c=crc), items
+        record_key = durable_key if durable_key != plain else ""
+        return FileRecord(name=name, size=offset, crc32c=crc, key=record_key), items
 
     def _upload_from_local(self, job: SaveJob, files: list[FileRecord]) -> None:
         assert self.spec.local is not None
@@ -276,11 +280,12 @@ class Writer:
 
         def upload(rec: FileRecord) -> None:
             key = join_key(step_dir(job.step), rec.name)
+            target = rec.key or key
             t0 = time.monotonic()
             if local.is_posix:
-                self.spec.durable.put_file(key, local.local_path(key))
+                self.spec.durable.put_file(target, local.local_path(key))
             else:
-                self.spec.durable.put(key, local.get(key))
+                self.spec.durable.put(target, local.get(key))
             self.out.event("phase", job.step, phase="upload", seconds=time.monotonic() - t0, bytes=rec.size,
                            tier="durable", file=rec.name)
 

@@ -165,3 +165,20 @@ def test_residency_refuses_before_any_object_is_written(make_bucket, s3_client, 
     with pytest.raises(ResidencyError, match=bucket):
         ckptio.Checkpointer(f"s3://{bucket}/run", residency=residency)
     assert _keys(s3_client, bucket) == []
+
+
+def test_hash_prefix_spreads_data_keys_and_retention_follows_them(s3_bucket, s3_client):
+    root = f"s3://{s3_bucket}/hashed"
+    state = {"w": torch.randn(64, 64)}
+    with ckptio.Checkpointer(root, keep_last=1, storage_options={"hash_prefix": True}) as ck:
+        for step in (1, 2):
+            ck.save(step, state).wait(timeout=120)
+        target = {"w": torch.zeros(64, 64)}
+        assert ck.restore(target) == 2
+    assert torch.equal(target["w"], state["w"])
+    keys = _keys(s3_client, s3_bucket, "hashed/")
+    data = [k for k in keys if k.endswith(".distcp")]
+    assert data and all(k.startswith("hashed/h-") and "/step-00000002/" in k for k in data), data
+    manifest = commit.read_manifest(open_storage(root), 2)
+    assert [rec.key for rec in manifest.files.values()] == [k.removeprefix("hashed/") for k in data]
+    assert commit.verify_step(open_storage(root), 2).ok
