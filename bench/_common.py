@@ -146,6 +146,20 @@ def fio_write(directory: str | os.PathLike[str], nbytes: int, *, numjobs: int = 
     return float(job["bw_bytes"]) / MiB
 
 
+def renice_writers(niceness: int) -> list[int]:
+    """Diagnosis only: lower the CPU priority of this process's children (ckptio's writer processes).
+
+    Lets a benchmark measure what running the writer at a lower priority would change, without touching the engine.
+    """
+    import psutil
+
+    pids = []
+    for child in psutil.Process().children(recursive=True):
+        child.nice(niceness)
+        pids.append(child.pid)
+    return pids
+
+
 # ---- RSS sampling ----------------------------------------------------------------------------------------------
 class RssSampler:
     """Samples this process's RSS every ``interval_s`` in a thread; ``peak`` is the highest seen."""

@@ -14,6 +14,7 @@ Goal (BENCHMARKS.md): ckptio ≥ 0.9 × fio.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -41,6 +42,17 @@ def flush_once(ck: object, step: int, state: dict) -> float:
     return time.monotonic() - t_return
 
 
+def writer_without_zip_crc() -> None:
+    """Diagnosis without touching the engine: the writer inherits this process's sys.path as PYTHONPATH, so a
+    ``sitecustomize`` placed first on it runs in the writer at startup and turns torch.save's zip crc32 off."""
+    import tempfile
+
+    hook = tempfile.mkdtemp(prefix="ckptio-bench-hook-")
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as fh:
+        fh.write("import torch.serialization\ntorch.serialization.set_crc32_options(False)\n")
+    sys.path.insert(0, hook)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="state size in MiB (32 MiB fp32 tensors)")
@@ -48,10 +60,14 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="parent directory on the disk under test (default: /tmp)")
     parser.add_argument("--file-mib", type=int, default=1024, help="ckptio file_size_bytes in MiB")
     parser.add_argument("--no-fsync", action="store_true", help="ckptio fsync=False (diagnosis only)")
+    parser.add_argument("--writer-no-zip-crc", action="store_true",
+                        help="diagnosis: the writer's torch.save skips the zip records' crc32 (ckptio has crc32c)")
     args = parser.parse_args()
 
     import ckptio
 
+    if args.writer_no_zip_crc:
+        writer_without_zip_crc()
     state = make_state(max(1, args.mib // 32), 32, 0)
     nbytes = state_bytes(state)
     with scratch_dir(args.dir, "ckptio-bench-flush-") as base:

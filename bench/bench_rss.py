@@ -7,7 +7,7 @@ they count in its RSS. The bound is applied to what the state and ckptio add on 
 writer-proxy baseline measured before the state exists: peak − RSS(before the state) ≤ state × (max_pending + 1) × 1.1.
 The writer process's RSS is printed for information (it maps the same slots: shared pages, not extra memory).
 
-    .venv/bin/python bench/bench_rss.py [--mib 128] [--saves 50] [--max-pending 1] [--dir /tmp]
+    .venv/bin/python bench/bench_rss.py [--mib 128] [--saves 50] [--max-pending 1] [--dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -54,13 +54,16 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=128, help="state size in MiB (32 MiB tensors + 1,000 tiny)")
     parser.add_argument("--saves", type=int, default=50)
     parser.add_argument("--max-pending", type=int, default=1)
-    parser.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    parser.add_argument("--dir", default="/dev/shm",
+                        help="parent of the root (default /dev/shm, fsync off: the trainer's memory does not depend "
+                        "on the disk, and 50 saves to a loaded disk take minutes)")
     args = parser.parse_args()
 
     import ckptio
 
     with scratch_dir(args.dir, "ckptio-bench-rss-") as root:
-        ck = ckptio.Checkpointer(str(root / "ckptio"), max_pending=args.max_pending, keep_last=2)
+        on_disk = not str(root).startswith("/dev/shm")
+        ck = ckptio.Checkpointer(str(root / "ckptio"), max_pending=args.max_pending, keep_last=2, fsync=on_disk)
         sampler = RssSampler()
         rss_before_state = sampler.now()
         state = make_state(max(1, args.mib // 32), 32, 1000)

@@ -25,7 +25,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import MiB, phase_summary, quiet_dcp, ratio_line, read_events, scratch_dir, state_bytes, verdict
+from _common import (
+    MiB,
+    phase_summary,
+    quiet_dcp,
+    ratio_line,
+    read_events,
+    renice_writers,
+    scratch_dir,
+    state_bytes,
+    verdict,
+)
 
 
 class Trainer:
@@ -91,6 +101,8 @@ def bench_ckptio(trainer: Trainer, root: str, events: str, args: argparse.Namesp
     ck = ckptio.Checkpointer(os.path.join(root, "ckptio"), max_pending=1, keep_last=2, events_path=events)
     try:
         ck.save(0, trainer.state()).wait()  # boot the writer and plan before the timed loop
+        if args.writer_nice:
+            print(f"(diagnosis) writer processes {renice_writers(args.writer_nice)} set to nice {args.writer_nice}")
 
         def save(step: int) -> Callable[[], bool]:
             return ck.save(step, trainer.state()).done
@@ -137,6 +149,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--max-inflight", type=int, default=60, help="stop timing a flush after this many steps")
     parser.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    parser.add_argument("--writer-nice", type=int, default=0,
+                        help="diagnosis: renice ckptio's writer process to this niceness (0 = as the engine runs it)")
+    parser.add_argument("--only", choices=("both", "ckptio", "dcp"), default="both", help="which methods to run")
     args = parser.parse_args()
 
     quiet_dcp()
@@ -156,15 +171,15 @@ def main() -> int:
 
     with scratch_dir(args.dir, "ckptio-bench-steps-") as root:
         events = str(root / "events.jsonl")
-        dcp_ratio, _ = bench_dcp(trainer, str(root), args)
-        ck_ratio, _ = bench_ckptio(trainer, str(root), events, args)
-        recs = read_events(events)
-        print(f"ckptio phases of the last save: {phase_summary(recs, args.saves)}")
+        dcp_ratio = bench_dcp(trainer, str(root), args)[0] if args.only != "ckptio" else float("nan")
+        ck_ratio = bench_ckptio(trainer, str(root), events, args)[0] if args.only != "dcp" else float("nan")
+        if args.only != "dcp":
+            print(f"ckptio phases of the last save: {phase_summary(read_events(events), args.saves)}")
 
     print(f"ckptio inflation {ck_ratio:.3f} ({verdict(ck_ratio, 1.05, at_most=True)}); "
           f"dcp.async_save inflation {dcp_ratio:.3f}")
     ratio_line(ckptio_inflation=ck_ratio, dcp_async_inflation=dcp_ratio, ckptio_vs_dcp=ck_ratio / dcp_ratio,
-               threads=args.threads, state_mib=f"{nbytes / MiB:.0f}")
+               threads=args.threads, state_mib=f"{nbytes / MiB:.0f}", writer_nice=args.writer_nice)
     return 0
 
 
