@@ -193,7 +193,10 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         uninterrupted={s: results["ckptio"][0].losses[s] for s in resumed.losses},
     )
     _show_resume(console, check)
-    console.print("[bold]Measured[/] (step times over every rank's steps; lost = blocked in save() + slower steps)")
+    console.print(
+        "[bold]Measured[/]: step times over every rank's steps; stall and slower steps per save (slowest rank); "
+        "time lost = both, as a share of training time; flush lag = save() call → committed."
+    )
     console.print(results_table(rows))
     reports = _write_reports(console, paths)
     outcome = DemoOutcome(

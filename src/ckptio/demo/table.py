@@ -35,6 +35,12 @@ class RunRow:
     stall_per_save_s: float
     """Training time lost per save: (blocking + contention) of the slowest rank ÷ saves."""
 
+    blocked_per_save_s: float
+    """Time the training loop spent inside save() per save (the slowest rank)."""
+
+    slowdown_per_save_s: float
+    """Extra step time while a flush ran, per save: the writer competing for the CPU (the slowest rank)."""
+
     lost_fraction: float | None
     """Share of training time lost to checkpoints."""
 
@@ -52,11 +58,14 @@ class RunRow:
 
 
 def row_from_summary(mode: str, summary: Summary, committed: list[int], wall_s: float) -> RunRow:
+    saves = max(summary.saves, 1)
     return RunRow(
         mode=mode,
         median_step_s=summary.step_s["all"]["p50"],
         p99_step_s=summary.step_s["all"]["p99"],
-        stall_per_save_s=summary.lost_s / summary.saves if summary.saves else 0.0,
+        stall_per_save_s=summary.lost_s / saves,
+        blocked_per_save_s=summary.blocking_s / saves,
+        slowdown_per_save_s=summary.contention_s / saves,
         lost_fraction=summary.lost_fraction,
         median_lag_s=summary.median_lag_s,
         committed=committed,
@@ -80,14 +89,25 @@ def _pct(value: float | None) -> str:
 
 def results_table(rows: list[RunRow]) -> Table:
     table = Table()
-    for header in ("run", "median step", "p99 step", "stall / save", "time lost", "flush lag", "committed"):
+    headers = (
+        "run",
+        "median step",
+        "p99 step",
+        "stall in save()",
+        "+ slower steps",
+        "time lost",
+        "flush lag",
+        "committed",
+    )
+    for header in headers:
         table.add_column(header, justify="left" if header == "run" else "right")
     for row in rows:
         table.add_row(
             LABELS.get(row.mode, row.mode),
             _s(row.median_step_s),
             _s(row.p99_step_s),
-            _s(row.stall_per_save_s),
+            _s(row.blocked_per_save_s),
+            _s(row.slowdown_per_save_s),
             _pct(row.lost_fraction),
             _s(row.median_lag_s),
             f"{len(row.committed)}/{row.saves}: " + ",".join(map(str, row.committed)),
