@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from prometheus_client import CollectorRegistry, generate_latest
 
 import ckptio
@@ -21,27 +17,6 @@ from ckptio.storage.wrappers import LatencyStorage
 SAVE_STEPS = (2, 3, 7)
 """Step 3 comes milliseconds after step 2, while step 2 is still flushing: with one slot, it is skipped."""
 STEPS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
-    mp.spawn(_entry, args=(world_size, _free_port(), fn, args), nprocs=world_size, join=True)
 
 
 def train_with_checkpoints(rank: int, world_size: int, root: str, events_path: str, out_dir: str) -> None:

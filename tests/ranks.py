@@ -1,0 +1,34 @@
+"""Launch real torch.distributed gloo ranks on 127.0.0.1 for multi-rank tests (shared by every test folder)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; re-raises a rank's failure."""
+    mp.spawn(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
