@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.host import serialize_bytes_per_s
 from ckptio.plan.model import PRESETS, CheckpointModel, Parallelism, shape_checkpoint
-from ckptio.plan.probe import serialize_bytes_per_s
 from ckptio.plan.simulate import SimulationConfig, simulate
 from plan_bench_run import RunSpec, copy_bytes_per_s, median, run_job
 
@@ -66,7 +66,8 @@ def truth(args: argparse.Namespace) -> list[float]:
         parallelism=Parallelism(dp=args.ranks, zero=3),
     )
     shape = shape_checkpoint(model)
-    storage = StorageModel(write_bytes_per_s=throttle, serialize_bytes_per_s=serialize_bytes_per_s(bytes_per_rank))
+    serialize = serialize_bytes_per_s(bytes_per_rank, writers=args.ranks)
+    storage = StorageModel(write_bytes_per_s=throttle, serialize_bytes_per_s=serialize)
     copy = copy_bytes_per_s()
     flush_estimate = plan_burst(shape, storage, Schedule(interval_s=3600, d2h_bytes_per_s=copy)).flush_s
     ratios = []

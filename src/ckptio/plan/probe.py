@@ -14,11 +14,11 @@ backend exists, or a wrapped store in tests) through the storage protocol, one o
 
 from __future__ import annotations
 
-import io
 import os
 import secrets
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +32,7 @@ import numpy as np
 
 from ckptio.errors import ConfigError
 from ckptio.plan.fio import run_fio
+from ckptio.plan.host import serialize_bytes_per_s
 from ckptio.plan.probe_targets import PosixTarget, ProbeTarget, StorageTarget
 from ckptio.plan.profile import ConcurrencyPoint, StorageProfile
 from ckptio.storage.base import Storage
@@ -47,6 +48,9 @@ _FIO_SHARE = 0.30
 _FSYNC_SAMPLES = 20
 _LIST_REPEATS = 20
 _SERIALIZE_BYTES = 64 << 20
+_SERIALIZE_MIN_BOUND_S = 20.0
+_MIN_OPS_PER_WORKER = 4
+_LAST_PHASE_END = 0.95
 
 T = TypeVar("T")
 Progress = Callable[[str, float], None]
@@ -161,26 +165,6 @@ def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) 
     return PosixTarget(text.removeprefix("file://"), name, fsync=config.fsync)
 
 
-def serialize_bytes_per_s(nbytes: int) -> float:
-    """Bytes/s one writer turns a tensor into checksummed file bytes on this host (median of three).
-
-    The host path the ckptio writer takes per tensor: ``torch.save`` into memory, then a crc32c. It is CPU
-    work that precedes every byte the store sees, and on a busy or slow host it costs as much as the write.
-    """
-    import crc32c
-    import torch
-
-    tensor = torch.ones(max(nbytes // 4, 1))
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        out = io.BytesIO()
-        torch.save(tensor, out)
-        crc32c.crc32c(out.getvalue())
-        times.append(time.perf_counter() - start)
-    return tensor.numel() * 4 / max(statistics.median(times), 1e-9)
-
-
 def _pattern(size: int) -> memoryview:
     # Random bytes so compressing or deduplicating filesystems cannot flatter the figure.
     return memoryview(np.random.default_rng().bytes(size))
@@ -225,14 +209,28 @@ class _ProbeRun:
             )
 
     def measure(self) -> None:
-        self.clock.report("serialize")
-        self.serialize_rate = serialize_bytes_per_s(min(self.config.file_size_bytes, _SERIALIZE_BYTES))
+        self.serialize_rate = self.serialize()
         throughput_share = _THROUGHPUT_SHARE - (_FIO_SHARE if self.fio else 0.0)
         self.throughput(self.clock.at(throughput_share))
-        self.fsync_s = self.fsync_cost(self.clock.at(throughput_share + 0.03))
-        self.metadata = self.metadata_rates(self.clock.at(throughput_share + _METADATA_SHARE))
+        self.fsync_s = self.fsync_cost(self._phase_end(throughput_share + 0.03, 0.03))
+        self.metadata = self.metadata_rates(self._phase_end(throughput_share + _METADATA_SHARE, 0.10))
         if self.fio:
             self.fio_figures = self.run_fio()
+
+    def _phase_end(self, planned_share: float, least_share: float) -> float:
+        """A phase ends at its planned share of the bound, or later if earlier phases overran, but gets at
+        least ``least_share`` of the bound and never runs past the headroom kept for the clean-up."""
+        later = time.monotonic() + least_share * self.config.max_seconds
+        return min(max(self.clock.at(planned_share), later), self.clock.at(_LAST_PHASE_END))
+
+    def serialize(self) -> float | None:
+        """The writers' serialize rate, when the bound leaves room to load torch for it (seconds, cold)."""
+        if self.config.max_seconds < _SERIALIZE_MIN_BOUND_S and "torch" not in sys.modules:
+            return None
+        self.clock.report("serialize")
+        # About a MiB per second of bound (4–64 MiB): a few percent of the probe's time even on a slow host.
+        size = min(self.config.file_size_bytes, _SERIALIZE_BYTES, max(4 << 20, int(self.config.max_seconds) << 20))
+        return serialize_bytes_per_s(size, writers=self.config.writers)
 
     def throughput(self, end: float) -> None:
         """Write then read back at each concurrency level, each level given an equal share of the time."""
@@ -246,12 +244,12 @@ class _ProbeRun:
             files = range(self.config.files_per_writer)
             names = [[f"w{writers}/{w}/{f}.bin" for f in files] for w in range(writers)]
             self.clock.report(f"write × {writers}")
-            written = self.parallel(writers, partial(self._write, names, block, start + per_level * 0.6))
+            write_end, read_end = min(start + per_level * 0.6, end), min(start + per_level, end)
+            written = self.parallel(writers, partial(self._write, names, block, write_end))
             write_rate = _rate(sum(n for files in written for _, n in files), start)
             self.clock.report(f"read × {writers}")
             read_start = time.monotonic()
-            read_rate = _rate(sum(self.parallel(writers, partial(self._read, written, start + per_level))),
-                              read_start)
+            read_rate = _rate(sum(self.parallel(writers, partial(self._read, written, read_end))), read_start)
             self.target.remove_tree(f"w{writers}")
             self.points.append(
                 ConcurrencyPoint(writers=writers, write_bytes_per_s=write_rate, read_bytes_per_s=read_rate)
@@ -299,7 +297,7 @@ class _ProbeRun:
         live = [f"meta/{i:06d}" for i in range(self.config.small_files)]
         rates: dict[str, float] = {}
         for op in self.target.metadata_ops:
-            if self.clock.expired(deadline) or not live:
+            if not live:
                 break
             self.clock.report(f"metadata: {op}")
             start = time.monotonic()
@@ -317,7 +315,7 @@ class _ProbeRun:
 
     def _list_repeatedly(self, deadline: float) -> int:
         count = 0
-        while count < _LIST_REPEATS and not self.clock.expired(deadline):
+        while count < _LIST_REPEATS and (count < 1 or not self.clock.expired(deadline)):
             self.target.list_dir("meta")
             count += 1
         return count
@@ -327,9 +325,10 @@ class _ProbeRun:
         workers = self.config.writers
 
         def work(shard: int) -> list[str]:
-            done = []
+            done: list[str] = []
             for name in names[shard::workers]:
-                if self.clock.expired(deadline):
+                # A few operations of each kind even when earlier phases used the time: a rate needs some.
+                if len(done) >= _MIN_OPS_PER_WORKER and self.clock.expired(deadline):
                     break
                 self.target.metadata_op(op, name, payload)
                 done.append(name)
