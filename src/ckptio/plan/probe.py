@@ -228,8 +228,10 @@ class _ProbeRun:
         if self.config.max_seconds < _SERIALIZE_MIN_BOUND_S and "torch" not in sys.modules:
             return None
         self.clock.report("serialize")
-        # About a MiB per second of bound (4–64 MiB): a few percent of the probe's time even on a slow host.
-        size = min(self.config.file_size_bytes, _SERIALIZE_BYTES, max(4 << 20, int(self.config.max_seconds) << 20))
+        # Tensors as large as the job's files (up to 64 MiB: larger ones serialize no faster), or 4 MiB when the
+        # bound is short, so the measurement stays a small part of the probe's time even on a slow host.
+        large = self.config.max_seconds >= _SERIALIZE_MIN_BOUND_S
+        size = min(self.config.file_size_bytes, _SERIALIZE_BYTES if large else 4 << 20)
         return serialize_bytes_per_s(size, writers=self.config.writers)
 
     def throughput(self, end: float) -> None:
