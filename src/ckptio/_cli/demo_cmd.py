@@ -26,12 +26,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument("--ranks", type=int, default=None, help="ranks of the job (default 2)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 50; quick 20)")
-    parser.add_argument("--every", type=int, default=None, help="save every N steps (default 15; quick 8)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 40; quick 20)")
+    parser.add_argument("--every", type=int, default=None, help="save every N steps (default 12; quick 8)")
     parser.add_argument(
         "--store-bandwidth",
         default=None,
-        help="write bandwidth of the emulated shared store, e.g. 200MiB/s (default 160MiB/s; quick 96MiB/s)",
+        help="write bandwidth of the emulated shared store, e.g. 200MiB/s (default 200MiB/s; quick 96MiB/s)",
     )
     parser.add_argument(
         "--store", choices=("posix", "s3"), default="posix", help="posix directory, or an embedded S3 server"

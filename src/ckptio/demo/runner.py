@@ -49,13 +49,13 @@ class DemoConfig:
     ranks: int = 2
     """Ranks of the job (gloo on CPU, 127.0.0.1)."""
 
-    steps: int = 50
+    steps: int = 40
     """Training steps per run."""
 
-    every: int = 15
+    every: int = 12
     """Save every this many steps (never at the last step, so the resume has a step to compare)."""
 
-    store_bandwidth: float = 160 * 2**20
+    store_bandwidth: float = 200 * 2**20
     """Write bandwidth of the emulated shared store, bytes/s, shared by every rank and writer."""
 
     store: Literal["posix", "s3"] = "posix"
