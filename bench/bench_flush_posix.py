@@ -53,6 +53,58 @@ def writer_without_zip_crc() -> None:
     sys.path.insert(0, hook)
 
 
+def writer_costs(reps: int = 9) -> None:
+    """Diagnosis: per-32 MiB CPU cost of what the writer does per tensor, variants interleaved so load hits all."""
+    import io
+    import mmap
+
+    import crc32c
+    import torch
+
+    torch.set_num_threads(1)  # as the writer runs
+    n = 32 * MiB
+    slot = mmap.mmap(-1, n)
+    raw = torch.frombuffer(slot, dtype=torch.uint8)
+    raw.copy_(torch.randint(0, 255, (n,), dtype=torch.uint8))
+    tensor = raw.view(torch.float32)
+
+    def serialize(crc: bool) -> bytes:
+        torch.serialization.set_crc32_options(crc)
+        try:
+            out = io.BytesIO()
+            torch.save(tensor, out)
+            return out.getvalue()
+        finally:
+            torch.serialization.set_crc32_options(True)
+
+    blob = serialize(True)
+    import tempfile
+
+    with tempfile.TemporaryFile() as sink:
+
+        def write_page_cache() -> None:
+            sink.seek(0)
+            sink.write(memoryview(slot))
+
+        variants = {
+            "torch.save -> BytesIO -> getvalue (as the writer does)": lambda: serialize(True),
+            "the same with torch's zip crc32 off": lambda: serialize(False),
+            "crc32c of the serialized blob (ckptio's checksum)": lambda: crc32c.crc32c(blob),
+            "crc32c straight over the slot (a zero-copy path)": lambda: crc32c.crc32c(memoryview(slot)),
+            "memcpy into fresh memory (what BytesIO growth costs)": lambda: torch.empty_like(tensor).copy_(tensor),
+            "write of the slot into the page cache (no fsync)": write_page_cache,
+        }
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(reps):
+            for name, fn in variants.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"  {name:<56} {med * 1e3:7.1f} ms  {32 / med:7.0f} MiB/s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="state size in MiB (32 MiB fp32 tensors)")
@@ -62,7 +114,12 @@ def main() -> int:
     parser.add_argument("--no-fsync", action="store_true", help="ckptio fsync=False (diagnosis only)")
     parser.add_argument("--writer-no-zip-crc", action="store_true",
                         help="diagnosis: the writer's torch.save skips the zip records' crc32 (ckptio has crc32c)")
+    parser.add_argument("--writer-costs", action="store_true",
+                        help="diagnosis: print the writer's per-byte CPU costs for one 32 MiB tensor and exit")
     args = parser.parse_args()
+    if args.writer_costs:
+        writer_costs()
+        return 0
 
     import ckptio
 
