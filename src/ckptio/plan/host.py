@@ -1,9 +1,11 @@
 """Host-side costs of a save: how fast the ckptio writers of one node serialize, all of them at once.
 
-Owns the measurement behind the profile's ``serialize_bytes_per_s``. A writer turns each staged tensor into file
-bytes with ``torch.save`` into memory and a crc32c before the store sees a byte; that is CPU work, and the
-writers of one node do it at the same time, each in its own process. So the rate is measured the same way:
-``writers`` forked processes start together and each reports its own rate. Must never leave a child behind:
+Owns the measurement behind the profile's ``serialize_bytes_per_s``. Before the store sees a byte, a writer
+frames each staged tensor as ``torch.save`` bytes (:class:`ckptio.serialize.TensorFramer`) and checksums them
+(:func:`ckptio.commit.checksum`): CPU work, done by the writers of one node at the same time, each in its own
+process. So it is measured with the writer's own code, the same way: ``writers`` forked processes start
+together, warm the framing cache as a first save would, and each reports its steady-state rate. The framer
+changes a process-wide torch setting, so it only ever runs in the children. Must never leave a child behind:
 children that do not answer within the time bound are killed, and an interrupt kills them too.
 """
 
@@ -18,36 +20,44 @@ import struct
 import time
 import warnings
 
+from ckptio.errors import StorageError
+
 _REPEATS = 3
 _RATE = struct.Struct("d")
 
 
 def serialize_once(tensor: object) -> float:
-    """Bytes/s of one ``torch.save`` into memory plus a crc32c of the result (median of three)."""
-    import crc32c
+    """Bytes/s of the writer's framing plus checksum of ``tensor``, steady state (median of three).
+
+    Runs in a child process only: the framer turns torch.save's zip CRC off for the whole process.
+    """
     import torch
 
+    from ckptio.commit import checksum
+    from ckptio.serialize import TensorFramer
+
     assert isinstance(tensor, torch.Tensor)
-    nbytes = tensor.numel() * tensor.element_size()
+    raw = tensor.numpy().data.cast("B")
+    framer = TensorFramer()
+    framer.frame(tensor, raw)  # the first save of a shape serializes for real and caches the framing
     times = []
     for _ in range(_REPEATS):
         start = time.perf_counter()
-        out = io.BytesIO()
-        torch.save(tensor, out)
-        crc32c.crc32c(out.getvalue())
+        checksum(framer.frame(tensor, raw))
         times.append(time.perf_counter() - start)
-    return nbytes / max(statistics.median(times), 1e-9)
+    return raw.nbytes / max(statistics.median(times), 1e-9)
 
 
 def serialize_bytes_per_s(nbytes: int, *, writers: int = 1, timeout_s: float = 30.0) -> float:
     """Per-writer serialize rate with ``writers`` writers serializing ``nbytes`` each at the same time."""
     import torch
 
+    import ckptio.commit
+    import ckptio.serialize  # noqa: F401 - imported once here, not in every child
+
     tensor = torch.ones(max(nbytes // 4, 1))
-    if writers <= 1:
-        return serialize_once(tensor)
-    # Once in the parent first: lazy imports and first-call set-up then happen once, not in every child.
-    serialize_once(torch.ones(1))
+    # A first torch.save in this process pays its one-time set-up here rather than in every child.
+    torch.save(torch.ones(1), io.BytesIO())
     children: dict[int, int] = {}  # pid → read end of its pipe
     go_read, go_write = os.pipe()
     try:
@@ -61,7 +71,7 @@ def serialize_bytes_per_s(nbytes: int, *, writers: int = 1, timeout_s: float = 3
             os.close(fd)
         _reap(list(children))
     if not rates:
-        return serialize_once(tensor)  # no child answered in time: fall back to one writer alone
+        raise StorageError(f"no writer of the serialize measurement answered within {timeout_s:g} s")
     return statistics.median(rates)
 
 
