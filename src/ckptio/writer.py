@@ -12,7 +12,7 @@ What it sends back (tuples over the pipe): ``("event", record)``, ``("slot_free"
 
 from __future__ import annotations
 
-import io
+import contextlib
 import mmap
 import os
 import pickle
@@ -50,6 +50,7 @@ from ckptio.dcp import build_metadata, item_records
 from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError, StorageFullError
 from ckptio.layout import RankLayout, data_file_name
 from ckptio.ownership import OwnerRecord, heartbeat
+from ckptio.serialize import TensorFramer
 from ckptio.storage.base import Storage, join_key
 
 
@@ -121,15 +122,13 @@ class _Outbox:
         self.send("event", record)
 
 
-def _serialize_tensor(buf: mmap.mmap, entry: Any) -> bytes:
+def _serialize_tensor(framer: TensorFramer, buf: mmap.mmap, entry: Any) -> list[bytes | memoryview]:
     # frombuffer with offset/count gives a storage covering just this tensor, so torch.save writes only its bytes.
     count = entry.nbytes
     raw = torch.frombuffer(buf, dtype=torch.uint8, count=count, offset=entry.slot_offset) if count else \
         torch.empty(0, dtype=torch.uint8)
     tensor = raw.view(getattr(torch, entry.dtype)).view(entry.shape)
-    out = io.BytesIO()
-    torch.save(tensor, out)
-    return out.getvalue()
+    return framer.frame(tensor, memoryview(buf)[entry.slot_offset : entry.slot_offset + count])
 
 
 class Writer:
@@ -145,6 +144,7 @@ class Writer:
         self._commit_thread.start()
         self._last_residency_check = 0.0
         self._plans: dict[int, PlanInfo] = {}
+        self._framer = TensorFramer()
         self._stop = threading.Event()
         if spec.owner is not None:
             threading.Thread(target=self._heartbeat_loop, name="ckptio-heartbeat", daemon=True).start()
@@ -218,7 +218,8 @@ class Writer:
         buf = self._maps.get(path)
         if buf is None:
             for old in [p for p in self._maps if not os.path.exists(p)]:
-                self._maps.pop(old).close()
+                with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it later
+                    self._maps.pop(old).close()
             # Mapped writable only because torch.frombuffer warns on read-only buffers; the writer never writes it.
             fd = os.open(path, os.O_RDWR)
             try:
@@ -248,7 +249,7 @@ class Writer:
         name = data_file_name(rank, n, job.save_id)
         assert job.layout is not None
         t0 = time.monotonic()
-        blobs: list[bytes] = []
+        blobs: list[bytes | memoryview] = []
         items: list[tuple[MetadataIndex, str, int, int]] = []
         offset = 0
         if n == 0:
@@ -259,10 +260,11 @@ class Writer:
         for entry in job.layout.tensors:
             if entry.file_no != n:
                 continue
-            blob = _serialize_tensor(buf, entry)
-            blobs.append(blob)
-            items.append((entry.index, name, offset, len(blob)))
-            offset += len(blob)
+            parts = _serialize_tensor(self._framer, buf, entry)
+            length = sum(memoryview(p).nbytes for p in parts)
+            blobs.extend(parts)
+            items.append((entry.index, name, offset, length))
+            offset += length
         crc = checksum(blobs)
         t1 = time.monotonic()
         self.out.event("phase", job.step, phase="serialize", seconds=t1 - t0, bytes=offset, tier=tier, file=name)
@@ -430,7 +432,8 @@ class Writer:
         self._commit_thread.join()
         self._pool.shutdown(wait=True)
         for buf in self._maps.values():
-            buf.close()
+            with contextlib.suppress(BufferError):
+                buf.close()
 
 
 def writer_main(conn: Connection, spec: WriterSpec) -> None:
