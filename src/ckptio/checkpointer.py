@@ -131,8 +131,10 @@ class Checkpointer:
         self._closed = False
         self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
                                    on_death=self._on_writer_death)
-        # Booting an interpreter that imports torch takes seconds: start now so it overlaps training, not a save.
-        self._writer.ensure_started()
+        self._writer_ready = threading.Event()
+        if config.start_writer == "on_init":
+            # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
+            self._writer.ensure_started()
 
     # ---- construction helpers -----------------------------------------------------------------------------------
     def _storage_options(self) -> dict[str, Any]:
@@ -301,6 +303,8 @@ class Checkpointer:
     def _on_writer_message(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "event":
+            if msg[1].get("event") == "writer_started":
+                self._writer_ready.set()
             self.events.record(msg[1])
         elif kind == "slot_free":
             handle = self._pending.get(msg[1])
@@ -332,6 +336,7 @@ class Checkpointer:
         handle._finish(error)
 
     def _on_writer_death(self, exitcode: int | None) -> None:
+        self._writer_ready.clear()
         error = WriterDiedError(f"writer process exited with code {exitcode}", root=self.storage.url,
                                 rank=self.rank)
         self.events.emit("writer_died", None, pid=self._writer.pid, exitcode=exitcode)
@@ -365,6 +370,11 @@ class Checkpointer:
                 failures = [self._writer_error]
         if failures:
             raise failures[0]
+
+    def writer_ready(self, timeout: float | None = None) -> bool:
+        """Wait until this rank's writer process has booted (True), or ``timeout`` passed (False)."""
+        self._writer.ensure_started()
+        return self._writer_ready.wait(timeout)
 
     def pending_steps(self) -> list[int]:
         with self._lock:

@@ -84,6 +84,10 @@ class CheckpointerConfig:
     metrics_host: str = "127.0.0.1"
     """Bind address of the metrics exporter."""
 
+    start_writer: Literal["on_init", "on_first_save"] = "on_init"
+    """When the writer process boots (an interpreter importing torch: seconds). ``on_init`` overlaps the boot with
+    the first training steps; ``on_first_save`` spares restore-only users the boot."""
+
     lease_s: float = 60.0
     """Ownership lease of the root: another job may not use it while this job's heartbeat is younger than this
     (on the same host a dead owner process frees it at once). 0 disables the ownership check."""
@@ -95,28 +99,27 @@ class CheckpointerConfig:
     """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
 
     def __post_init__(self) -> None:
-        if self.max_pending < 1:
-            raise ConfigError(f"max_pending must be >= 1, got {self.max_pending}")
-        if self.overflow not in ("block", "skip"):
-            raise ConfigError(f"overflow must be 'block' or 'skip', got {self.overflow!r}")
-        if self.keep_last < 0:
-            raise ConfigError(f"keep_last must be >= 0, got {self.keep_last}")
-        if self.every_steps is not None and self.every_steps < 1:
-            raise ConfigError(f"every_steps must be >= 1, got {self.every_steps}")
-        if self.every_seconds is not None and self.every_seconds <= 0:
-            raise ConfigError(f"every_seconds must be > 0, got {self.every_seconds}")
-        if self.file_size_bytes < 1 << 20:
-            raise ConfigError(f"file_size_bytes must be at least 1 MiB, got {self.file_size_bytes}")
-        if self.upload_concurrency < 1:
-            raise ConfigError(f"upload_concurrency must be >= 1, got {self.upload_concurrency}")
-        if self.commit_timeout_s <= 0:
-            raise ConfigError(f"commit_timeout_s must be > 0, got {self.commit_timeout_s}")
-        if self.lease_s < 0:
-            raise ConfigError(f"lease_s must be >= 0, got {self.lease_s}")
-        if self.volume_check not in ("off", "warn", "error"):
-            raise ConfigError(f"volume_check must be off, warn or error, got {self.volume_check!r}")
-        if self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0:
-            raise ConfigError("local_capacity_bytes must be positive")
-        if isinstance(self.root, str) and not self.root:
-            raise ConfigError("root must not be empty")
+        problems = [
+            (self.max_pending < 1, f"max_pending must be >= 1, got {self.max_pending}"),
+            (self.overflow not in ("block", "skip"), f"overflow must be 'block' or 'skip', got {self.overflow!r}"),
+            (self.keep_last < 0, f"keep_last must be >= 0, got {self.keep_last}"),
+            (self.every_steps is not None and self.every_steps < 1,
+             f"every_steps must be >= 1, got {self.every_steps}"),
+            (self.every_seconds is not None and self.every_seconds <= 0,
+             f"every_seconds must be > 0, got {self.every_seconds}"),
+            (self.file_size_bytes < 1 << 20, f"file_size_bytes must be at least 1 MiB, got {self.file_size_bytes}"),
+            (self.upload_concurrency < 1, f"upload_concurrency must be >= 1, got {self.upload_concurrency}"),
+            (self.commit_timeout_s <= 0, f"commit_timeout_s must be > 0, got {self.commit_timeout_s}"),
+            (self.start_writer not in ("on_init", "on_first_save"),
+             f"start_writer must be on_init or on_first_save, got {self.start_writer!r}"),
+            (self.lease_s < 0, f"lease_s must be >= 0, got {self.lease_s}"),
+            (self.volume_check not in ("off", "warn", "error"),
+             f"volume_check must be off, warn or error, got {self.volume_check!r}"),
+            (self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0,
+             "local_capacity_bytes must be positive"),
+            (isinstance(self.root, str) and not self.root, "root must not be empty"),
+        ]
+        for bad, message in problems:
+            if bad:
+                raise ConfigError(message)
         self.data_dirs = tuple(os.fspath(d) for d in self.data_dirs)

@@ -140,7 +140,8 @@ def run_resume(job: RankJob, rank: int) -> RankResult:
     """Restore the newest ckptio step into a freshly built model, then train on."""
     began = time.monotonic()
     result = RankResult(mode="resume", rank=rank)
-    with Checkpointer(root=open_demo_storage(job.stores["resume"])) as checkpointer:
+    # Restore only: no writer process to boot.
+    with Checkpointer(root=open_demo_storage(job.stores["resume"]), start_writer="on_first_save") as checkpointer:
         trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
         log("resume: model built")
         resume(job, rank, checkpointer, trainer, result)

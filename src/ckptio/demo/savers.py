@@ -194,10 +194,8 @@ class CkptioSaver:
         # The writer boots a fresh interpreter that imports torch: seconds on a small machine. A real job
         # hides that behind its own start-up; the demo waits for it so step 1 is not measured against it.
         began = time.monotonic()
-        while time.monotonic() - began < timeout_s:
-            if any(record.get("event") == "writer_started" for record in self._records()):
-                return time.monotonic() - began
-            time.sleep(0.05)
+        if self.checkpointer.writer_ready(timeout_s):
+            return time.monotonic() - began
         raise WriterDiedError(f"ckptio's writer did not start within {timeout_s:.0f} s", rank=self.rank)
 
     def save(self, step: int, state: dict[str, Any]) -> None:

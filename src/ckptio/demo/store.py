@@ -76,9 +76,9 @@ class ThrottledFileSystemWriter(FileSystemWriter):
         self._clock = throttle.wrap(PosixStorage(path, fsync=False))
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        end = self._clock._reserve(_planned_bytes(plan, planner), self._clock.write_bytes_per_s)
+        end = self._clock.book(_planned_bytes(plan, planner), self._clock.write_bytes_per_s)
         results = super().write_data(plan, planner).wait()
-        self._clock._wait_until(end)
+        self._clock.wait_until(end)
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done

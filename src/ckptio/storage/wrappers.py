@@ -110,8 +110,10 @@ class ThrottledStorage(StorageWrapper):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    def _reserve(self, nbytes: int, bandwidth: float) -> float:
-        """Book ``nbytes`` on the shared clock; returns the monotonic time the transfer may end."""
+    def book(self, nbytes: int, bandwidth: float | None = None) -> float:
+        """Book ``nbytes`` on the shared clock (at ``bandwidth``, default the write bandwidth); returns the monotonic
+        time the transfer may end. Public so other writers (the demo's DCP baseline) can share the same budget."""
+        bandwidth = bandwidth or self.write_bytes_per_s
         # O_CREAT: a state path named by the caller (shared by every rank) need not exist yet.
         fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT, 0o644)
         with open(fd, "r+b") as f:
@@ -123,7 +125,7 @@ class ThrottledStorage(StorageWrapper):
             f.write(struct.pack("d", end))
         return end
 
-    def _wait_until(self, end: float) -> None:
+    def wait_until(self, end: float) -> None:
         delay = end - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -131,21 +133,21 @@ class ThrottledStorage(StorageWrapper):
     def put(
         self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
     ) -> ObjectInfo:
-        end = self._reserve(data_size(data), self.write_bytes_per_s)
+        end = self.book(data_size(data), self.write_bytes_per_s)
         info = self.inner.put(key, data, mode=mode, if_match=if_match)
-        self._wait_until(end)
+        self.wait_until(end)
         return info
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
-        end = self._reserve(os.path.getsize(path), self.write_bytes_per_s)
+        end = self.book(os.path.getsize(path), self.write_bytes_per_s)
         info = self.inner.put_file(key, path, mode=mode)
-        self._wait_until(end)
+        self.wait_until(end)
         return info
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         out = self.inner.get(key, offset=offset, length=length)
         if self.read_bytes_per_s:
-            self._wait_until(self._reserve(len(out), self.read_bytes_per_s))
+            self.wait_until(self.book(len(out), self.read_bytes_per_s))
         return out
 
 
