@@ -59,25 +59,26 @@ def main() -> int:
         saves = run_job(spec)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    measured_flush, measured_block = median(saves, "flush_s"), median(saves, "blocking_s")
+    measured_commit, measured_flush = median(saves, "commit_s"), median(saves, "flush_s")
+    measured_block = median(saves, "blocking_s")
     print(f"probe profile: write {profile.write_bytes_per_s / MIB:.0f} MiB/s aggregate "
           f"({profile.per_writer_bytes_per_s / MIB:.0f} MiB/s one writer), serialize "
           f"{(profile.serialize_bytes_per_s or 0) / MIB:.0f} MiB/s per writer, {profile.seconds:.1f} s")
     print(f"plan: flush {plan.flush_s:.2f} s = serialize {plan.flush_s - plan_store_s:.2f} s + store "
           f"{plan_store_s:.2f} s ({plan.bottleneck})")
     print(f"job: {args.ranks} ranks × {args.mib_per_rank} MiB, {args.saves} saves every {interval:.1f} s")
-    print(f"{'':24}{'measured (anchor)':>20}{'plan':>12}")
-    print(f"{'flush (s, median)':24}{measured_flush:>20.2f}{plan.flush_s:>12.2f}")
-    print(f"{'blocking (s, median)':24}{measured_block:>20.3f}{plan.blocking_s:>12.3f}")
-    flushes = ", ".join(f"{s['flush_s']:.2f}" for s in saves)
-    print(f"per-save flush (s): {flushes}")
+    print(f"{'':34}{'measured (anchor)':>20}{'plan':>10}")
+    print(f"{'flush to commit (s, median)':34}{measured_commit:>20.2f}{plan.flush_s:>10.2f}")
+    print(f"{'flush as rank 0 reports it':34}{measured_flush:>20.2f}")
+    print(f"{'blocking (s, median)':34}{measured_block:>20.3f}{plan.blocking_s:>10.3f}")
+    commits = ", ".join(f"{s['commit_s']:.2f}" for s in saves)
+    print(f"per-save flush to commit (s): {commits}")
     print(f"measured writer phases (median, slowest rank): serialize {median(saves, 'serialize'):.2f} s, "
-          f"upload {median(saves, 'upload'):.2f} s; plan: serialize {plan.flush_s - plan_store_s:.2f} s, "
-          f"store {plan_store_s:.2f} s")
-    ratio = plan.flush_s / measured_flush
+          f"upload {median(saves, 'upload'):.2f} s, retention after the commit {median(saves, 'retention'):.2f} s")
+    ratio = plan.flush_s / measured_commit
     verdict = "met" if 0.8 <= ratio <= 1.2 else "MISSED"
-    print(f"ratio plan/measured flush: {ratio:.2f} (goal 0.80-1.20: {verdict})")
-    ratio_line(plan_over_measured_flush=ratio)
+    print(f"ratio plan/measured flush to commit: {ratio:.2f} (goal 0.80-1.20: {verdict})")
+    ratio_line(plan_over_measured_flush=ratio, plan_over_reported_flush=plan.flush_s / measured_flush)
     return 0
 
 

@@ -20,7 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 _TENSORS_PER_RANK = 4
-_FIGURES = ("blocking_s", "flush_s", "lag_s", "serialize", "upload")
+_PHASES = ("serialize", "upload", "manifest", "retention")
+_FIGURES = ("blocking_s", "flush_s", "commit_s", "lag_s", *_PHASES)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,36 +84,48 @@ def _train(rank: int, spec: RunSpec) -> None:
 
 
 def run_job(spec: RunSpec) -> list[dict[str, float]]:
-    """Run ``spec`` and return, per timed save, the slowest rank's blocking, flush and lag seconds, and the
-    writer phases (``serialize``, ``upload``: summed over a rank's files, slowest rank)."""
+    """Run ``spec`` and return one dict of figures per timed save (see :func:`per_save_figures`)."""
     os.makedirs(spec.events_dir, exist_ok=True)
     if spec.throttle_bytes_per_s:
         open(os.path.join(spec.events_dir, "throttle.state"), "wb").close()
     mp.spawn(_rank_main, args=(spec, _free_port()), nprocs=spec.ranks, join=True)
-    per_save: dict[int, dict[str, float]] = {}
+    return per_save_figures(spec.events_dir, spec.ranks)
+
+
+def per_save_figures(events_dir: str, ranks: int) -> list[dict[str, float]]:
+    """Per save, from the ranks' events (one host: monotonic clocks agree across processes):
+
+    ``blocking_s`` (slowest rank), ``flush_s`` (slowest rank's ``committed.flush_s``, as ckptio reports it),
+    ``commit_s`` (last ``save()`` return → the manifest written: the commit itself), ``lag_s``, and the
+    writer phases ``serialize``, ``upload``, ``retention`` (summed over a rank's files, slowest rank).
+    """
+    saves: dict[int, dict[str, float]] = {}
+    returned: dict[int, float] = {}
+    committed_at: dict[int, float] = {}
     phases: dict[tuple[int, int, str], float] = {}
-    for rank in range(spec.ranks):
-        with open(os.path.join(spec.events_dir, f"events.rank{rank}.jsonl"), encoding="utf-8") as f:
-            for line in f:
-                event = json.loads(line)
-                step = event.get("step")
+    for rank in range(ranks):
+        with open(os.path.join(events_dir, f"events.rank{rank}.jsonl"), encoding="utf-8") as f:
+            for event in map(json.loads, f):
+                step, name = event.get("step"), event["event"]
                 if not step:
                     continue
-                slot = per_save.setdefault(step, dict.fromkeys(_FIGURES, 0.0))
-                if event.get("role") == "writer":
-                    if event["event"] == "phase" and event.get("phase") in ("serialize", "upload"):
-                        phases[(rank, step, event["phase"])] = (
-                            phases.get((rank, step, event["phase"]), 0.0) + event["seconds"]
-                        )
-                    continue
-                if event["event"] == "save_returned":
+                slot = saves.setdefault(step, dict.fromkeys(_FIGURES, 0.0))
+                if name == "phase" and event.get("phase") in _PHASES:
+                    key = (rank, step, event["phase"])
+                    phases[key] = phases.get(key, 0.0) + event["seconds"]
+                    if event["phase"] == "manifest":
+                        committed_at[step] = event["mono"]
+                elif name == "save_returned":
                     slot["blocking_s"] = max(slot["blocking_s"], event["blocking_s"])
-                elif event["event"] == "committed":
+                    returned[step] = max(returned.get(step, 0.0), event["mono"])
+                elif name == "committed" and event.get("role") == "trainer":
                     slot["flush_s"] = max(slot["flush_s"], event["flush_s"])
                     slot["lag_s"] = max(slot["lag_s"], event.get("lag_s") or 0.0)
     for (_, step, phase), seconds in phases.items():
-        per_save[step][phase] = max(per_save[step][phase], seconds)
-    return [per_save[s] for s in sorted(per_save)]
+        saves[step][phase] = max(saves[step][phase], seconds)
+    for step, at in committed_at.items():
+        saves[step]["commit_s"] = at - returned[step]
+    return [saves[s] for s in sorted(saves)]
 
 
 def median(saves: list[dict[str, float]], key: str) -> float:
