@@ -127,6 +127,25 @@ def bench_dcp(trainer: Trainer, root: str, args: argparse.Namespace) -> tuple[fl
     return report("dcp.async_save", inflight, quiet, counts)
 
 
+def bench_fio(trainer: Trainer, root: str, nbytes: int, args: argparse.Namespace) -> tuple[float, list[int]]:
+    """Diagnosis floor: the same bytes written by fio (write + end fsync, its own process) while the loop runs.
+    What this inflates is the cost of the write itself on this host (page cache, writeback, the VM's disk path)."""
+    import subprocess
+
+    fio_dir = os.path.join(root, "fio")
+    os.makedirs(fio_dir, exist_ok=True)
+    cmd = ["fio", "--name=w", "--rw=write", "--bs=16M", "--end_fsync=1", f"--size={nbytes}", "--numjobs=1",
+           f"--directory={fio_dir}", "--output=/dev/null"]
+
+    def save(_step: int) -> Callable[[], bool]:
+        proc = subprocess.Popen(cmd)
+        return lambda: proc.poll() is not None
+
+    inflight, quiet, counts = run_loop(trainer, save, warmup=args.warmup, saves=args.saves, clean=args.clean,
+                                       max_inflight=args.max_inflight)
+    return report("fio (floor)", inflight, quiet, counts)
+
+
 def report(label: str, inflight: list[float], quiet: list[float], counts: list[int]) -> tuple[float, list[int]]:
     if not inflight:
         print(f"{label:<15} no step overlapped a flush entirely (flush shorter than a step): inflation 1.0")
@@ -152,6 +171,8 @@ def main() -> int:
     parser.add_argument("--writer-nice", type=int, default=0,
                         help="diagnosis: renice ckptio's writer process to this niceness (0 = as the engine runs it)")
     parser.add_argument("--only", choices=("both", "ckptio", "dcp"), default="both", help="which methods to run")
+    parser.add_argument("--fio-floor", action="store_true",
+                        help="diagnosis: also run fio writing the same bytes alongside the loop (inflation floor)")
     args = parser.parse_args()
 
     quiet_dcp()
@@ -173,6 +194,9 @@ def main() -> int:
         events = str(root / "events.jsonl")
         dcp_ratio = bench_dcp(trainer, str(root), args)[0] if args.only != "ckptio" else float("nan")
         ck_ratio = bench_ckptio(trainer, str(root), events, args)[0] if args.only != "dcp" else float("nan")
+        if args.fio_floor:
+            fio_ratio = bench_fio(trainer, str(root), nbytes, args)[0]
+            print(f"(diagnosis) fio writing {nbytes / MiB:.0f} MiB alongside the loop inflates steps {fio_ratio:.3f}")
         if args.only != "dcp":
             print(f"ckptio phases of the last save: {phase_summary(read_events(events), args.saves)}")
 
