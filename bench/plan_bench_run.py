@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 _TENSORS_PER_RANK = 4
 _PHASES = ("serialize", "upload", "manifest", "retention")
-_FIGURES = ("blocking_s", "flush_s", "commit_s", "lag_s", *_PHASES)
+_FIGURES = ("blocking_s", "flush_s", "commit_s", "data_s", "lag_s", *_PHASES)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,12 +96,14 @@ def per_save_figures(events_dir: str, ranks: int) -> list[dict[str, float]]:
     """Per save, from the ranks' events (one host: monotonic clocks agree across processes):
 
     ``blocking_s`` (slowest rank), ``flush_s`` (slowest rank's ``committed.flush_s``, as ckptio reports it),
-    ``commit_s`` (last ``save()`` return → the manifest written: the commit itself), ``lag_s``, and the
-    writer phases ``serialize``, ``upload``, ``retention`` (summed over a rank's files, slowest rank).
+    ``commit_s`` (last ``save()`` return → the manifest written: the commit itself), ``data_s`` (last
+    ``save()`` return → the last data file durable), ``lag_s``, and the writer phases ``serialize``,
+    ``upload``, ``retention`` (summed over a rank's files, slowest rank).
     """
     saves: dict[int, dict[str, float]] = {}
     returned: dict[int, float] = {}
     committed_at: dict[int, float] = {}
+    data_at: dict[int, float] = {}
     phases: dict[tuple[int, int, str], float] = {}
     for rank in range(ranks):
         with open(os.path.join(events_dir, f"events.rank{rank}.jsonl"), encoding="utf-8") as f:
@@ -115,6 +117,8 @@ def per_save_figures(events_dir: str, ranks: int) -> list[dict[str, float]]:
                     phases[key] = phases.get(key, 0.0) + event["seconds"]
                     if event["phase"] == "manifest":
                         committed_at[step] = event["mono"]
+                    elif event["phase"] == "upload":
+                        data_at[step] = max(data_at.get(step, 0.0), event["mono"])
                 elif name == "save_returned":
                     slot["blocking_s"] = max(slot["blocking_s"], event["blocking_s"])
                     returned[step] = max(returned.get(step, 0.0), event["mono"])
@@ -125,6 +129,8 @@ def per_save_figures(events_dir: str, ranks: int) -> list[dict[str, float]]:
         saves[step][phase] = max(saves[step][phase], seconds)
     for step, at in committed_at.items():
         saves[step]["commit_s"] = at - returned[step]
+    for step, at in data_at.items():
+        saves[step]["data_s"] = at - returned[step]
     return [saves[s] for s in sorted(saves)]
 
 
