@@ -14,7 +14,6 @@ its own.
 
 from __future__ import annotations
 
-import bisect
 import builtins
 import contextlib
 import functools
@@ -39,13 +38,18 @@ from ckptio.errors import (
     StorageError,
 )
 from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, as_buffers, join_key
+from ckptio.storage.s3_parts import (
+    MAX_PART,
+    MIN_PART,
+    FileSlice,
+    MiB,
+    SegmentReader,
+    choose_part_size,
+    split_parts,
+)
 
 __all__ = ["HASHED_DIR_PREFIX", "S3Options", "S3Storage", "hashed_key"]
 
-MiB = 1 << 20
-_MIN_PART = 5 * MiB
-_MAX_PART = 5 << 30
-_MAX_PARTS = 10_000
 _SINGLE_PUT_MAX = 5 << 30
 # User metadata naming the write (a random token per put call): how a retried conditional write recognises
 # its own earlier success. S3 returns it on HEAD as x-amz-meta-ckptio-write.
@@ -128,7 +132,7 @@ class S3Options:
     """Tell the engine to place per-rank data under :func:`hashed_key` (spreads S3 partitions)."""
 
     def __post_init__(self) -> None:
-        if self.part_size is not None and not _MIN_PART <= self.part_size <= _MAX_PART:
+        if self.part_size is not None and not MIN_PART <= self.part_size <= MAX_PART:
             raise ConfigError(f"part_size must be within 5 MiB..5 GiB, got {self.part_size}")
         if not 1 <= self.multipart_threshold <= _SINGLE_PUT_MAX:
             raise ConfigError(
@@ -147,112 +151,6 @@ class S3Options:
             raise ConfigError(
                 f"addressing_style must be auto, path or virtual, got {self.addressing_style!r}"
             )
-
-
-def choose_part_size(total: int, configured: int | None = None) -> int:
-    """Part size for an object of ``total`` bytes: ≤ 10,000 parts, ≥ 5 MiB, ≥ 64 MiB for multi-GB objects."""
-    wanted = configured or (16 * MiB if total < (2 << 30) else 64 * MiB)
-    floor = -(-total // _MAX_PARTS)
-    floor = -(-floor // MiB) * MiB  # whole MiB keeps part boundaries page-aligned
-    return min(max(wanted, floor, _MIN_PART), _MAX_PART)
-
-
-class _SegmentReader(io.RawIOBase):
-    """A seekable file over byte views, so a part goes out without joining its buffers into one ``bytes``."""
-
-    def __init__(self, segments: Sequence[memoryview]) -> None:
-        super().__init__()
-        self._segments = [s for s in segments if s.nbytes]
-        self._starts: list[int] = []
-        total = 0
-        for seg in self._segments:
-            self._starts.append(total)
-            total += seg.nbytes
-        self._size = total
-        self._pos = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        done = 0
-        while done < out.nbytes and self._pos < self._size:
-            index = bisect.bisect_right(self._starts, self._pos) - 1
-            seg, inner = self._segments[index], self._pos - self._starts[index]
-            n = min(seg.nbytes - inner, out.nbytes - done)
-            out[done : done + n] = seg[inner : inner + n]
-            done += n
-            self._pos += n
-        return done
-
-    def read(self, size: int | None = -1) -> bytes:
-        # One contiguous slice is returned without an intermediate buffer; the http layer asks for blocks.
-        remaining = self._size - self._pos
-        size = remaining if size is None or size < 0 else min(size, remaining)
-        if size <= 0:
-            return b""
-        index = bisect.bisect_right(self._starts, self._pos) - 1
-        seg, inner = self._segments[index], self._pos - self._starts[index]
-        if inner + size <= seg.nbytes:
-            self._pos += size
-            return seg[inner : inner + size].tobytes()
-        out = bytearray(size)
-        self.readinto(out)
-        return bytes(out)
-
-
-class _FileSlice(io.RawIOBase):
-    """``length`` bytes of an open file from ``offset``, read with ``pread`` so parts share one descriptor."""
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self._fd, self._offset, self._size, self._pos = fd, offset, length, 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        remaining = self._size - self._pos
-        size = remaining if size is None or size < 0 else min(size, remaining)
-        if size <= 0:
-            return b""
-        out = os.pread(self._fd, size, self._offset + self._pos)
-        self._pos += len(out)
-        return out
-
-    def readinto(self, buffer: Any) -> int:
-        out = self.read(memoryview(buffer).nbytes)
-        memoryview(buffer).cast("B")[: len(out)] = out
-        return len(out)
 
 
 class S3Storage(Storage):
@@ -382,10 +280,10 @@ class S3Storage(Storage):
         buffers = as_buffers(data)
         total = sum(b.nbytes for b in buffers)
         if total <= self.options.multipart_threshold:
-            return self._put_single(key, lambda: _SegmentReader(buffers), total, mode, if_match)
+            return self._put_single(key, lambda: SegmentReader(buffers), total, mode, if_match)
         part = choose_part_size(total, self.options.part_size)
-        slices = _split(buffers, part)
-        bodies = [functools.partial(_SegmentReader, s) for s in slices]
+        slices = split_parts(buffers, part)
+        bodies = [functools.partial(SegmentReader, s) for s in slices]
         return self._put_multipart(key, bodies, total, mode, if_match)
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
@@ -396,7 +294,7 @@ class S3Storage(Storage):
         part = choose_part_size(size, self.options.part_size)
         fd = os.open(path, os.O_RDONLY)
         try:
-            bodies = [functools.partial(_FileSlice, fd, o, min(part, size - o)) for o in range(0, size, part)]
+            bodies = [functools.partial(FileSlice, fd, o, min(part, size - o)) for o in range(0, size, part)]
             return self._put_multipart(key, bodies, size, mode, None)
         finally:
             os.close(fd)
@@ -643,26 +541,6 @@ class S3Storage(Storage):
         client, self._client = self._client, None
         if client is not None:
             client.close()
-
-
-def _split(buffers: Sequence[memoryview], part_size: int) -> list[list[memoryview]]:
-    """Cut a list of views into parts of ``part_size`` bytes (the last may be shorter), without copying."""
-    parts: list[list[memoryview]] = []
-    current: list[memoryview] = []
-    room = part_size
-    for buf in buffers:
-        pos = 0
-        while pos < buf.nbytes:
-            take = min(room, buf.nbytes - pos)
-            current.append(buf[pos : pos + take])
-            pos += take
-            room -= take
-            if room == 0:
-                parts.append(current)
-                current, room = [], part_size
-    if current:
-        parts.append(current)
-    return parts
 
 
 def _etag(raw: str) -> str:

@@ -1,0 +1,141 @@
+"""How S3 uploads cut bytes into parts: part sizing within S3's limits, and zero-copy file-like views that feed
+boto3 a part made of several buffers (or a slice of a file) without joining them into one ``bytes``."""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+MiB = 1 << 20
+MIN_PART = 5 * MiB
+MAX_PART = 5 << 30
+MAX_PARTS = 10_000
+
+
+def choose_part_size(total: int, configured: int | None = None) -> int:
+    """Part size for an object of ``total`` bytes: ≤ 10,000 parts, ≥ 5 MiB, ≥ 64 MiB for multi-GB objects."""
+    wanted = configured or (16 * MiB if total < (2 << 30) else 64 * MiB)
+    floor = -(-total // MAX_PARTS)
+    floor = -(-floor // MiB) * MiB  # whole MiB keeps part boundaries page-aligned
+    return min(max(wanted, floor, MIN_PART), MAX_PART)
+
+
+class SegmentReader(io.RawIOBase):
+    """A seekable file over byte views, so a part goes out without joining its buffers into one ``bytes``."""
+
+    def __init__(self, segments: Sequence[memoryview]) -> None:
+        super().__init__()
+        self._segments = [s for s in segments if s.nbytes]
+        self._starts: list[int] = []
+        total = 0
+        for seg in self._segments:
+            self._starts.append(total)
+            total += seg.nbytes
+        self._size = total
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        done = 0
+        while done < out.nbytes and self._pos < self._size:
+            index = bisect.bisect_right(self._starts, self._pos) - 1
+            seg, inner = self._segments[index], self._pos - self._starts[index]
+            n = min(seg.nbytes - inner, out.nbytes - done)
+            out[done : done + n] = seg[inner : inner + n]
+            done += n
+            self._pos += n
+        return done
+
+    def read(self, size: int | None = -1) -> bytes:
+        # One contiguous slice is returned without an intermediate buffer; the http layer asks for blocks.
+        remaining = self._size - self._pos
+        size = remaining if size is None or size < 0 else min(size, remaining)
+        if size <= 0:
+            return b""
+        index = bisect.bisect_right(self._starts, self._pos) - 1
+        seg, inner = self._segments[index], self._pos - self._starts[index]
+        if inner + size <= seg.nbytes:
+            self._pos += size
+            return seg[inner : inner + size].tobytes()
+        out = bytearray(size)
+        self.readinto(out)
+        return bytes(out)
+
+
+class FileSlice(io.RawIOBase):
+    """``length`` bytes of an open file from ``offset``, read with ``pread`` so parts share one descriptor."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        super().__init__()
+        self._fd, self._offset, self._size, self._pos = fd, offset, length, 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        remaining = self._size - self._pos
+        size = remaining if size is None or size < 0 else min(size, remaining)
+        if size <= 0:
+            return b""
+        out = os.pread(self._fd, size, self._offset + self._pos)
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        out = self.read(memoryview(buffer).nbytes)
+        memoryview(buffer).cast("B")[: len(out)] = out
+        return len(out)
+
+
+def split_parts(buffers: Sequence[memoryview], part_size: int) -> list[list[memoryview]]:
+    """Cut a list of views into parts of ``part_size`` bytes (the last may be shorter), without copying."""
+    parts: list[list[memoryview]] = []
+    current: list[memoryview] = []
+    room = part_size
+    for buf in buffers:
+        pos = 0
+        while pos < buf.nbytes:
+            take = min(room, buf.nbytes - pos)
+            current.append(buf[pos : pos + take])
+            pos += take
+            room -= take
+            if room == 0:
+                parts.append(current)
+                current, room = [], part_size
+    if current:
+        parts.append(current)
+    return parts
