@@ -18,10 +18,11 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
+from ckptio.demo.predict import measure_copy_bandwidth
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.model import CheckpointModel, Parallelism, shape_checkpoint
+from ckptio.plan.model import uniform_shape
 from ckptio.plan.probe import ProbeConfig, probe
-from plan_bench_run import RunSpec, copy_bytes_per_s, median, run_job
+from plan_bench_run import RunSpec, median, run_job
 
 MIB = 1 << 20
 
@@ -42,14 +43,12 @@ def main() -> int:
                              max_seconds=args.probe_seconds)
         profile = probe(os.path.join(workdir, "probe"), config)
         # 2. the plan for the job: each rank writes its state as one file
-        model = CheckpointModel(params=bytes_per_rank * args.ranks / 4, weights_dtype="fp32",
-                                optimizer="none", parallelism=Parallelism(dp=args.ranks, zero=3))
-        shape = shape_checkpoint(model)
+        shape = uniform_shape(ranks=args.ranks, bytes_per_rank=bytes_per_rank)
         storage = StorageModel(write_bytes_per_s=profile.write_bytes_per_s,
                                per_writer_bytes_per_s=profile.per_writer_bytes_per_s,
                                metadata_ops_per_s=profile.metadata_ops_per_s,
                                serialize_bytes_per_s=profile.serialize_bytes_per_s or float("inf"))
-        copy = copy_bytes_per_s()
+        copy = measure_copy_bandwidth()
         plan = plan_burst(shape, storage, Schedule(interval_s=3600, d2h_bytes_per_s=copy))
         plan_store_s = plan.flush_s - shape.bytes_per_rank_max / storage.serialize_bytes_per_s
         # 3. the same burst, measured: saves far enough apart that each flush runs alone

@@ -24,11 +24,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
+from ckptio.demo.predict import measure_copy_bandwidth
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
 from ckptio.plan.host import serialize_bytes_per_s
-from ckptio.plan.model import PRESETS, CheckpointModel, Parallelism, shape_checkpoint
+from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.simulate import SimulationConfig, simulate
-from plan_bench_run import RunSpec, copy_bytes_per_s, median, run_job
+from plan_bench_run import RunSpec, median, run_job
 
 MIB = 1 << 20
 
@@ -60,16 +61,10 @@ def speed() -> float:
 def truth(args: argparse.Namespace) -> list[float]:
     bytes_per_rank = args.mib_per_rank * MIB
     throttle = args.throttle_mib * MIB
-    model = CheckpointModel(
-        params=bytes_per_rank * args.ranks / 4,
-        weights_dtype="fp32",
-        optimizer="none",
-        parallelism=Parallelism(dp=args.ranks, zero=3),
-    )
-    shape = shape_checkpoint(model)
+    shape = uniform_shape(ranks=args.ranks, bytes_per_rank=bytes_per_rank)
     serialize = serialize_bytes_per_s(bytes_per_rank, writers=args.ranks)
     storage = StorageModel(write_bytes_per_s=throttle, serialize_bytes_per_s=serialize)
-    copy = copy_bytes_per_s()
+    copy = measure_copy_bandwidth()
     flush_estimate = plan_burst(shape, storage, Schedule(interval_s=3600, d2h_bytes_per_s=copy)).flush_s
     ratios = []
     for label, interval in (("apart", 2.0 * flush_estimate), ("behind", 0.6 * flush_estimate)):

@@ -17,7 +17,7 @@ from ckptio.plan.budget import (
     young_interval_s,
 )
 from ckptio.plan.fairshare import fair_share_flush_s, max_min_rates
-from ckptio.plan.model import PRESETS, CheckpointModel, Parallelism, shape_checkpoint
+from ckptio.plan.model import PRESETS, CheckpointModel, Parallelism, shape_checkpoint, uniform_shape
 
 GB = 1e9
 
@@ -55,17 +55,8 @@ def test_fair_share_flush_phases() -> None:
     assert fair_share_flush_s([(1, 10.0), (1, 30.0)], 2.0, 1.5) == pytest.approx(10.0 + 20.0 / 1.5)
 
 
-def _ranks_of(gb_each: float, ranks: int) -> CheckpointModel:
-    return CheckpointModel(
-        params=gb_each * GB * ranks / 4,
-        weights_dtype="fp32",
-        optimizer="none",
-        parallelism=Parallelism(dp=ranks, zero=3),
-    )
-
-
 def test_per_writer_cap_sets_the_flush_when_writers_are_few() -> None:
-    shape = shape_checkpoint(_ranks_of(1.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
     budget = plan_burst(
         shape,
         StorageModel(write_bytes_per_s=10 * GB, per_writer_bytes_per_s=0.5 * GB),
@@ -77,7 +68,7 @@ def test_per_writer_cap_sets_the_flush_when_writers_are_few() -> None:
 
 
 def test_aggregate_cap_and_blocking_and_sync_stall() -> None:
-    shape = shape_checkpoint(_ranks_of(2.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=2.0 * GB)
     storage = StorageModel(write_bytes_per_s=4 * GB)
     sched = Schedule(interval_s=600, d2h_bytes_per_s=20 * GB)
     b = plan_burst(shape, storage, sched)
@@ -94,7 +85,7 @@ def test_aggregate_cap_and_blocking_and_sync_stall() -> None:
 
 
 def test_writer_serialization_runs_before_the_store() -> None:
-    shape = shape_checkpoint(_ranks_of(1.0, 4))
+    shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)
     storage = StorageModel(write_bytes_per_s=4 * GB, serialize_bytes_per_s=0.5 * GB)
     b = plan_burst(shape, storage, Schedule(interval_s=600))
     assert b.flush_s == pytest.approx(1.0 / 0.5 + 4.0 / 4.0)  # serialize the rank's 1 GB, then the burst
@@ -104,7 +95,7 @@ def test_writer_serialization_runs_before_the_store() -> None:
 
 
 def test_save_cost_overrides_the_copy_estimate() -> None:
-    shape = shape_checkpoint(_ranks_of(2.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=2.0 * GB)
     b = plan_burst(shape, StorageModel(write_bytes_per_s=4 * GB), Schedule(interval_s=600, save_cost_s=3.0))
     assert b.blocking_s == 3.0
     assert b.young_interval_s == pytest.approx(math.sqrt(2 * 3.0 * b.mtbf_s))

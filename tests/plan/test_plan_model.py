@@ -13,6 +13,7 @@ from ckptio.plan.model import (
     Parallelism,
     preset,
     shape_checkpoint,
+    uniform_shape,
 )
 
 GIB = 2**30
@@ -152,3 +153,9 @@ def test_bad_parallelism_and_architecture() -> None:
         Architecture(layers=2, hidden=8, ffn=8, heads=2, kv_heads=4, vocab=4)
     with pytest.raises(ConfigError, match="known"):
         preset("llama-9000")
+
+
+def test_uniform_shape_gives_every_rank_the_same_bytes() -> None:
+    shape = uniform_shape(ranks=4, bytes_per_rank=3 * GIB)
+    assert [(c.count, c.bytes, c.files) for c in shape.classes] == [(4, 3.0 * GIB, 3)]
+    assert shape.total_bytes == 12 * GIB

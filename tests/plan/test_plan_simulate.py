@@ -11,20 +11,11 @@ from ckptio._cli.main import main
 from ckptio.errors import ConfigError
 from ckptio.obs.events import EVENTS
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.model import PRESETS, CheckpointModel, Parallelism, shape_checkpoint
+from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.sim_events import simulation_events, write_events
 from ckptio.plan.simulate import SimulationConfig, simulate
 
 GB = 1e9
-
-
-def _uniform(gb_per_rank: float, ranks: int) -> CheckpointModel:
-    return CheckpointModel(
-        params=gb_per_rank * GB * ranks / 4,
-        weights_dtype="fp32",
-        optimizer="none",
-        parallelism=Parallelism(dp=ranks, zero=3),
-    )
 
 
 @pytest.mark.parametrize(
@@ -72,7 +63,7 @@ def test_16384_ranks_fold_into_a_few_classes() -> None:
 
 
 def test_a_flush_longer_than_the_interval_blocks_each_save_by_the_difference() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 4))  # 4 GB a save
+    shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)  # 4 GB a save
     storage = StorageModel(write_bytes_per_s=0.1 * GB)  # 40 s flush
     schedule = Schedule(interval_s=30, save_cost_s=1.0)
     result = simulate(shape, storage, schedule, SimulationConfig(checkpoints=6))
@@ -87,7 +78,7 @@ def test_a_flush_longer_than_the_interval_blocks_each_save_by_the_difference() -
 
 
 def test_skip_drops_every_other_save_when_the_flush_takes_one_and_a_half_intervals() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 4))
+    shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)
     result = simulate(
         shape,
         StorageModel(write_bytes_per_s=0.1 * GB),
@@ -100,7 +91,7 @@ def test_skip_drops_every_other_save_when_the_flush_takes_one_and_a_half_interva
 
 
 def test_more_slots_let_the_queue_and_the_lag_grow_one_save_at_a_time() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 4))
+    shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)
     result = simulate(
         shape,
         StorageModel(write_bytes_per_s=0.1 * GB),
@@ -117,7 +108,7 @@ def test_more_slots_let_the_queue_and_the_lag_grow_one_save_at_a_time() -> None:
 
 
 def test_the_loader_and_the_flush_slow_each_other() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
     storage = StorageModel(write_bytes_per_s=4 * GB)
     schedule = Schedule(interval_s=60, save_cost_s=0.1)
     quiet = simulate(shape, storage, schedule, SimulationConfig(checkpoints=4))
@@ -130,7 +121,7 @@ def test_the_loader_and_the_flush_slow_each_other() -> None:
 
 
 def test_tiered_frees_the_slot_after_the_local_write_and_drains_behind() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
     config = SimulationConfig(
         checkpoints=4, mode="tiered", local_bytes_per_s=8 * GB, local_capacity_bytes=64 * GB, ranks_per_node=8
     )
@@ -146,7 +137,7 @@ def test_tiered_frees_the_slot_after_the_local_write_and_drains_behind() -> None
 
 
 def test_a_full_local_tier_backs_up_into_the_staging_slots() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
     config = SimulationConfig(
         checkpoints=6, mode="tiered", local_bytes_per_s=80 * GB, local_capacity_bytes=8 * GB, ranks_per_node=8
     )
@@ -159,7 +150,7 @@ def test_a_full_local_tier_backs_up_into_the_staging_slots() -> None:
 
 
 def test_a_local_tier_smaller_than_one_save_is_a_config_error() -> None:
-    shape = shape_checkpoint(_uniform(1.0, 8))
+    shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
     config = SimulationConfig(mode="tiered", local_bytes_per_s=GB, local_capacity_bytes=GB, ranks_per_node=8)
     with pytest.raises(ConfigError, match="cannot hold"):
         simulate(shape, StorageModel(write_bytes_per_s=GB), Schedule(interval_s=10), config)
@@ -186,7 +177,7 @@ def test_events_follow_the_schema_and_the_report_draws_them(tmp_path: Path) -> N
     pytest.importorskip("matplotlib")
     from ckptio.obs.report import load_events, write_report
 
-    shape = shape_checkpoint(_uniform(0.5, 4))
+    shape = uniform_shape(ranks=4, bytes_per_rank=0.5 * GB)
     result = simulate(
         shape,
         StorageModel(write_bytes_per_s=0.1 * GB),

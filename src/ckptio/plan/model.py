@@ -290,6 +290,25 @@ def shape_checkpoint(model: CheckpointModel) -> CheckpointShape:
     return CheckpointShape(params=model.param_count, ranks=par.ranks, classes=tuple(classes))
 
 
+def uniform_shape(
+    *,
+    ranks: int,
+    bytes_per_rank: float,
+    file_size_bytes: float = float(1 << 30),
+    part_size_bytes: float = float(64 << 20),
+) -> CheckpointShape:
+    """A checkpoint in which every one of ``ranks`` ranks writes ``bytes_per_rank`` (benchmarks, demos, tests)."""
+    model = CheckpointModel(
+        params=bytes_per_rank * ranks / WEIGHT_DTYPE_BYTES["fp32"],
+        weights_dtype="fp32",
+        optimizer="none",
+        parallelism=Parallelism(dp=ranks, zero=3),
+        file_size_bytes=file_size_bytes,
+        part_size_bytes=part_size_bytes,
+    )
+    return shape_checkpoint(model)
+
+
 def _rank_class(count: int, data_bytes: float, model: CheckpointModel) -> RankClass:
     written = data_bytes + model.extra_bytes_per_rank
     full, rest = divmod(written, model.file_size_bytes)
