@@ -149,7 +149,7 @@ class Checkpointer:
                           keep_last=c.keep_last, upload_concurrency=c.upload_concurrency,
                           commit_timeout_s=c.commit_timeout_s, residency=c.residency,
                           residency_recheck_s=c.residency_recheck_s, owner=self._owner,
-                          local_capacity_bytes=c.local_capacity_bytes)
+                          local_capacity_bytes=c.local_capacity_bytes, nice=c.writer_nice)
 
     def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)

@@ -88,6 +88,11 @@ class CheckpointerConfig:
     """When the writer process boots (an interpreter importing torch: seconds). ``on_init`` overlaps the boot with
     the first training steps; ``on_first_save`` spares restore-only users the boot."""
 
+    writer_nice: int = 10
+    """CPU niceness added to the writer processes (0 keeps the trainer's), and their I/O runs at the lowest
+    best-effort priority: on hosts with few spare cores the flush yields to training instead of inflating steps.
+    A flush that falls behind is then bounded by ``max_pending``/``overflow``, never by memory."""
+
     lease_s: float = 60.0
     """Ownership lease of the root: another job may not use it while this job's heartbeat is younger than this
     (on the same host a dead owner process frees it at once). 0 disables the ownership check."""
@@ -113,6 +118,7 @@ class CheckpointerConfig:
             (self.start_writer not in ("on_init", "on_first_save"),
              f"start_writer must be on_init or on_first_save, got {self.start_writer!r}"),
             (self.lease_s < 0, f"lease_s must be >= 0, got {self.lease_s}"),
+            (not 0 <= self.writer_nice <= 19, f"writer_nice must be within 0..19, got {self.writer_nice}"),
             (self.volume_check not in ("off", "warn", "error"),
              f"volume_check must be off, warn or error, got {self.volume_check!r}"),
             (self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0,

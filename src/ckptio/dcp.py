@@ -39,13 +39,18 @@ from ckptio.commit import FileRecord, ItemRecord, Manifest, RankIndex, check_fil
 from ckptio.errors import StructureMismatchError, UnsupportedStateError
 from ckptio.storage.base import Storage, join_key
 
-
 # ---- save planning ------------------------------------------------------------------------------------------------
+_PLAIN = (torch.Tensor, int, float, str, bytes, bool)
+
+
 def statefuls_to_state_dict(state: dict[str, Any]) -> dict[str, Any]:
     """Like DCP: top-level ``Stateful`` values are replaced by their ``state_dict()``."""
     if not isinstance(state, dict):
         raise UnsupportedStateError(f"state must be a dict, got {type(state).__name__}")
-    return {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+    # Stateful is a runtime-checkable Protocol (an isinstance costs an inspect.getattr_static walk): tensors and
+    # plain values, the bulk of a flat state, skip it.
+    return {k: v if isinstance(v, _PLAIN) or v is None or not isinstance(v, Stateful) else v.state_dict()
+            for k, v in state.items()}
 
 
 def make_planner(state: dict[str, Any], *, is_coordinator: bool) -> DefaultSavePlanner:

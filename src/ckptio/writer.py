@@ -39,6 +39,7 @@ from ckptio.commit import (
     index_key,
     manifest_key,
     read_failures,
+    read_manifest,
     remove_unlisted_files,
     step_dir,
     update_latest,
@@ -71,6 +72,8 @@ class WriterSpec:
     """Rank 0 only: the root's owner record, whose heartbeat this writer keeps fresh."""
     local_capacity_bytes: int | None = None
     """Byte budget of the local tier (None: whatever the filesystem holds)."""
+    nice: int = 10
+    """CPU niceness added to this process; its I/O goes to the lowest best-effort class when nice > 0."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -194,6 +197,9 @@ class Writer:
         assert job.layout is not None
         # Serialized files are the raw tensor bytes plus a few KiB of framing per tensor.
         need = job.layout.tensor_bytes + sum(map(len, job.objects)) + 4096 * (len(job.layout.tensors) + 1)
+        if need > budget:  # hopeless: keep what the tier holds (a restore may still want it)
+            raise StorageFullError(f"local tier budget exhausted: this save needs {need:,} bytes of {budget:,}",
+                                   root=local.url, step=job.step, rank=self.spec.rank)
         for step in all_step_dirs(local):
             used = sum(i.size for i in local.list(""))
             if used + need <= budget:
@@ -325,12 +331,16 @@ class Writer:
                     info = self._commit(job, index)
                 else:
                     info = self._watch(job)
-                self._evict_local(job.step)
                 self.out.send("done", job.step, info)
             except BaseException as exc:
                 if self.spec.rank == 0:
                     write_failure(self.spec.durable, job.step, "commit", job.save_id, exc)
                 self._fail(job, exc)
+                continue
+            # Cleanup is off the commit's critical path: the save is done once the manifest exists.
+            self._evict_local(job.step)
+            if self.spec.rank == 0:
+                self._retain(job.step)
 
     def _wait_for(self, job: SaveJob, ready: Any) -> Any:
         """Poll ``ready()`` with backoff until it returns non-None, a failure marker appears, or time runs out."""
@@ -387,16 +397,20 @@ class Writer:
                        waited_s=t1 - t0)
         self.out.event("phase", job.step, phase="manifest", seconds=t3 - t2, bytes=0, tier="durable")
         update_latest(durable, job.step)
+        return {"total_bytes": manifest.total_bytes, "files": len(files)}
+
+    def _retain(self, step: int) -> None:
+        """Garbage of earlier attempts and steps beyond keep_last; runs after the trainer heard "done"."""
+        durable, t0 = self.spec.durable, time.monotonic()
         try:
-            remove_unlisted_files(durable, manifest)
-            removed = apply_retention(durable, keep_last=self.spec.keep_last, newest_committed=job.step)
-        except StorageError as exc:
+            remove_unlisted_files(durable, read_manifest(durable, step))
+            removed = apply_retention(durable, keep_last=self.spec.keep_last, newest_committed=step)
+        except (StorageError, CorruptCheckpointError) as exc:
             # A failed deletion must not fail the commit; retention is retried at the next one.
             removed = []
-            self.out.event("retry", job.step, op="retention", attempt=1, error=str(exc))
-        self.out.event("phase", job.step, phase="retention", seconds=time.monotonic() - t3, bytes=0,
+            self.out.event("retry", step, op="retention", attempt=1, error=str(exc))
+        self.out.event("phase", step, phase="retention", seconds=time.monotonic() - t0, bytes=0,
                        tier="durable", removed=removed)
-        return {"total_bytes": manifest.total_bytes, "files": len(files)}
 
     def _watch(self, job: SaveJob) -> dict[str, Any]:
         from ckptio.commit import Manifest as _M
@@ -436,9 +450,21 @@ class Writer:
                 buf.close()
 
 
+def _lower_priority(nice: int) -> None:
+    """Let training win the CPU and the disk queue; best-effort (not idle) I/O so a flush is never starved."""
+    if nice <= 0:
+        return
+    os.nice(nice)
+    with contextlib.suppress(Exception):  # ionice is Linux-only and may be refused in containers
+        import psutil
+
+        psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, value=7)
+
+
 def writer_main(conn: Connection, spec: WriterSpec) -> None:
     """Process entry point: serve jobs until ``("stop",)`` or the trainer goes away."""
     torch.set_num_threads(1)  # serialization is memcpy-bound; leave the cores to training
+    _lower_priority(spec.nice)
     out = _Outbox(conn, spec.rank)
     out.event("writer_started", None, pid=os.getpid())
     writer = Writer(spec, out)
