@@ -7,6 +7,7 @@ ckptio's side group.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
@@ -57,7 +58,10 @@ def restore_step(
         return None
     reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency)
     try:
-        dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
+        with warnings.catch_warnings():
+            # One process without a process group is a supported mode here, not a mistake worth a warning.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
     except CheckpointException as exc:
         raise _unwrap(exc, chosen) from exc
     except CkptError:
