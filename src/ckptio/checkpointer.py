@@ -278,8 +278,10 @@ class Checkpointer:
             handle.bytes = copy_into_slot(slot, resolve_tensors(planner, self._tensor_items))
             objects = resolve_objects(planner, self._object_items)
             self.events.emit("stage_end", step, bytes=handle.bytes, seconds=time.monotonic() - ts)
-        except BaseException:
+        except BaseException as exc:
             self._staging.release(slot_id)
+            # The other ranks already agreed to save this step: tell their writers it cannot commit.
+            commit.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
             raise
         with self._lock:
             self._pending[step] = handle
