@@ -32,7 +32,7 @@ lint: venv
 	$(BIN)/mypy
 
 unit: venv sysdeps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 test: lint unit
 
