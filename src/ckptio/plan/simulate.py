@@ -22,6 +22,9 @@ The model (documented assumptions, each a choice that can be argued with):
   full local tier holds the slot too. ``sync``: training waits for the copy and the whole flush.
 * A checkpoint commits when the last class's flush of it is durable (manifest and index writes are small and
   ignored).
+* Stages of successive saves may overlap (save k+1 serializes or lands on the local tier while save k
+  uploads), as the design intends; today's writer takes one save at a time through all its stages, which
+  differs only with ``max_pending`` > 1 or a local tier.
 """
 
 from __future__ import annotations
