@@ -8,8 +8,9 @@ the probe had to create. The probe must never touch anything outside that direct
 time bound by more than one chunk's write per writer.
 
 A POSIX directory is probed with plain system calls (so writes can stop mid-file when time is up, and the page
-cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://`` once that
-backend exists, or a wrapped store in tests) through the storage protocol, one object per file.
+cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://``, or a wrapped
+store in tests) through the storage protocol, one object per file. The writers' serialize rate is measured on
+this host too (:mod:`ckptio.plan.host`): it is the stage before the store.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) 
     if isinstance(target, Storage):
         return StorageTarget(target, name)
     text = os.fspath(target)
-    if text.startswith("s3://"):
-        from ckptio.storage import open_storage
+    if "://" in text and not text.startswith("file://"):
+        from ckptio.storage import open_storage  # s3://, and a clear error for schemes it does not know
 
         return StorageTarget(open_storage(text), name)
     return PosixTarget(text.removeprefix("file://"), name, fsync=config.fsync)
