@@ -134,9 +134,10 @@ def copy_into_slot(slot: StagingSlot, tensors: list[torch.Tensor]) -> int:
         if src.shape != dst.shape:
             raise UnsupportedStateError(f"tensor shape changed to {tuple(src.shape)} from {tuple(dst.shape)}")
         total += dst.nbytes
-    with torch.no_grad():
-        # One foreach call instead of thousands of copy_ calls: the Python overhead of small tensors dominates.
-        torch._foreach_copy_(slot.views, tensors, non_blocking=any_cuda and slot.pinned)
+    if tensors:  # a rank whose replicated tensors were all assigned to other ranks stages nothing
+        with torch.no_grad():
+            # One foreach call instead of thousands of copy_ calls: per-call overhead dominates small tensors.
+            torch._foreach_copy_(slot.views, tensors, non_blocking=any_cuda and slot.pinned)
     if any_cuda:
         torch.cuda.synchronize()
     return total
