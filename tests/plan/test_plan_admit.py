@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -248,9 +249,7 @@ def test_argparse_errors_exit_2() -> None:
 def test_library_gate_raises_admission_error(tmp_path: Path) -> None:
     shape = shape_checkpoint(PRESETS["mlperf-llama3-405b"].model())
     budget = plan_burst(shape, StorageModel(write_bytes_per_s=300 * 2**20), Schedule(interval_s=300))
-    decision = admit(
-        budget, root=str(tmp_path), policy=AdmissionPolicy(keep_last=1), home=str(tmp_path / "h")
-    )
+    decision = admit(budget, root=str(tmp_path), policy=AdmissionPolicy(keep_last=1), home=str(tmp_path / "h"))
     assert not decision.admitted
     assert decision.needed_bytes == pytest.approx(2 * shape.total_bytes)
     with pytest.raises(AdmissionError) as info:
@@ -324,3 +323,58 @@ def test_plan_with_preset_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0
     assert budget["ranks"] == 128  # TP 8 kept from the preset, DP 16 from --ranks
     assert budget["interval_source"] == "daly"
+
+
+def test_posix_root_needs_a_region_label_for_an_allowed_region_rule(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [
+        "admit",
+        "--params",
+        "100M",
+        "--write-bandwidth",
+        "1GB/s",
+        "--interval",
+        "10m",
+        "--root",
+        str(tmp_path / "ckpt"),
+        "--allowed-region",
+        "eu-west-1",
+    ]
+    rc, lines = _run(common, capsys)
+    assert rc == 1
+    assert any(line.startswith("refuse: residency:") and "no region label" in line for line in lines)
+    rc, lines = _run([*common, "--root-region", "eu-west-1"], capsys)
+    assert rc == 0, lines
+    rc, lines = _run([*common, "--root-region", "us-east-1"], capsys)
+    assert rc == 1
+
+
+@pytest.mark.s3
+def test_s3_roots_are_checked_for_residency(
+    make_bucket: Callable[..., str], home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [
+        "admit",
+        "--params",
+        "100M",
+        "--storage-kind",
+        "object",
+        "--write-bandwidth",
+        "1GB/s",
+        "--interval",
+        "10m",
+    ]
+    private = make_bucket()
+    rc, lines = _run([*common, "--root", f"s3://{private}/run1"], capsys)
+    assert rc == 0, lines
+    public = make_bucket(public="policy")
+    rc, lines = _run([*common, "--root", f"s3://{public}/run1"], capsys)
+    assert rc == 1
+    assert any(line.startswith("refuse: residency:") and "public" in line for line in lines)
+    rc, lines = _run([*common, "--root", f"s3://{public}/run1", "--allow-public"], capsys)
+    assert rc == 0, lines
+    far = make_bucket("eu-west-1")
+    rc, lines = _run([*common, "--root", f"s3://{far}/run1", "--allowed-region", "us-east-1"], capsys)
+    assert rc == 1
+    assert any("outside allowed_regions" in line for line in lines)

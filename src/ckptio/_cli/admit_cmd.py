@@ -17,6 +17,7 @@ from ckptio.plan.admit import AdmissionPolicy, admit
 from ckptio.plan.budget import plan_burst
 from ckptio.plan.probe import ProbeConfig, probe
 from ckptio.plan.units import format_duration, parse_duration
+from ckptio.policy.residency import Residency
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="admission gate: may this job start on this store? (exit 0 admit, 1 refuse, 2 usage)",
         description="Refuse a job whose store cannot finish a save within the interval, whose stall is over "
         "budget, whose root lacks space for keep_last + 1 checkpoints, whose burst exceeds the PUT rate, "
-        "that checkpoints onto the dataset volume above --split-volumes-above ranks, or under $HOME.",
+        "that checkpoints onto the dataset volume above --split-volumes-above ranks, under $HOME, or into a "
+        "public bucket or a region outside --allowed-region.",
     )
     add_job_arguments(parser)
     add_storage_arguments(parser)
@@ -39,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--split-volumes-above", type=int, default=64, help="refuse a shared data volume above N ranks"
     )
     parser.add_argument("--mode", choices=("async", "sync"), default="async", help="how the job saves")
+    parser.add_argument("--allowed-region", action="append", default=None,
+                        help="a region checkpoints may live in (repeat); a POSIX root needs --root-region")
+    parser.add_argument("--allow-public", action="store_true", help="accept a public bucket (refused by default)")
+    parser.add_argument("--root-region", help="the region label of a POSIX root, for --allowed-region")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.set_defaults(func=run)
 
@@ -58,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
             profile = probe(args.root, ProbeConfig(max_seconds=seconds, file_size_bytes=64 << 20))
     job = job_from_args(args, mode=args.mode, profile=profile)
     budget = plan_burst(job.shape, job.storage, job.schedule)
-    result = admit(budget, root=args.root, data_dirs=args.data_dir, policy=policy)
+    residency = None
+    if args.allowed_region or args.allow_public:
+        residency = Residency(allowed_regions=args.allowed_region, allow_public=args.allow_public)
+    result = admit(budget, root=args.root, data_dirs=args.data_dir, policy=policy, residency=residency,
+                   root_region=args.root_region)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

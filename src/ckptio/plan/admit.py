@@ -7,7 +7,8 @@ Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one lin
 * the root's free space is below ``keep_last + 1`` checkpoints (retention deletes only after a commit);
 * the burst needs more PUT requests per second than the prefixes sustain (object stores);
 * checkpoints share the dataset's volume and the gang is larger than ``split_volumes_above`` ranks;
-* the root is under $HOME.
+* the root is under $HOME;
+* the root breaks residency (:mod:`ckptio.policy.residency`: a public bucket, a region outside the list).
 
 It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.probe`, which cleans up).
 """
@@ -18,9 +19,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptio.errors import AdmissionError, ConfigError
+from ckptio.errors import AdmissionError, ConfigError, ResidencyError
 from ckptio.plan.budget import BurstBudget
 from ckptio.plan.units import format_bytes, format_duration, format_rate
+from ckptio.policy.residency import Residency, check_residency
 from ckptio.policy.volumes import check_volumes, volume_of
 
 DEFAULT_STALL_SHARE = 0.10
@@ -92,11 +94,19 @@ def admit(
     data_dirs: tuple[str, ...] | list[str] = (),
     policy: AdmissionPolicy | None = None,
     home: str | None = None,
+    residency: Residency | None = None,
+    root_region: str | None = None,
 ) -> Admission:
-    """Decide whether the job ``budget`` describes may start with its checkpoints at ``root``."""
+    """Decide whether the job ``budget`` describes may start with its checkpoints at ``root``.
+
+    ``residency`` is checked against the root (an ``s3://`` root always: by default a public bucket is
+    refused); ``root_region`` labels a POSIX root for an ``allowed_regions`` rule.
+    """
     policy = policy or AdmissionPolicy()
     result = Admission(admitted=True, root=root, plan=budget)
     result.reasons.extend(_burst_reasons(budget, policy))
+    if root is not None and (residency is not None or root.startswith("s3://")):
+        _check_residency(result, root, residency or Residency(), root_region)
     if root is not None and "://" not in root.removeprefix("file://"):
         _check_root(result, budget, root, data_dirs=list(data_dirs), policy=policy, home=home)
     elif root is None and data_dirs:
@@ -132,6 +142,19 @@ def _burst_reasons(b: BurstBudget, policy: AdmissionPolicy) -> list[str]:
             f"the prefixes take {b.put_rate_limit:,.0f}/s; spread over more prefixes or use larger files"
         )
     return out
+
+
+def _check_residency(result: Admission, root: str, residency: Residency, region: str | None) -> None:
+    from ckptio.storage import open_storage
+
+    options: dict[str, Any] = {} if root.startswith("s3://") else {"region": region}
+    storage = open_storage(root, **options)
+    try:
+        check_residency(storage, residency)
+    except ResidencyError as exc:
+        result.reasons.append(f"residency: {exc.message}")
+    finally:
+        storage.close()
 
 
 def _check_root(
