@@ -15,6 +15,7 @@ import os
 import pickle
 import threading
 import time
+import urllib.parse
 from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
@@ -188,8 +189,9 @@ class Checkpointer:
 
     def _check_volumes(self) -> None:
         if self.storage.is_posix:
-            enforce_volume_policy(self.storage.url.removeprefix("file://"), self.config.data_dirs,
-                                  mode=self.config.volume_check)
+            # The URL is percent-encoded (spaces, non-ASCII): decode it back into the path.
+            path = urllib.parse.unquote(urllib.parse.urlparse(self.storage.url).path)
+            enforce_volume_policy(path, self.config.data_dirs, mode=self.config.volume_check)
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
