@@ -11,6 +11,7 @@ import torch
 import ckptio
 from ckptio import commit
 from ckptio.errors import (
+    AdmissionError,
     CheckpointNotFoundError,
     ConfigError,
     StorageError,
@@ -90,3 +91,13 @@ def test_local_tier_budget_evicts_durable_steps_and_refuses_what_cannot_fit(tmp_
 def test_bad_options_raise_config_error(root, options):
     with pytest.raises(ConfigError):
         ckptio.Checkpointer(root, **options)
+
+
+def test_root_on_the_dataset_volume_is_refused_when_volume_check_is_error(tmp_path):
+    data = tmp_path / "dataset"
+    data.mkdir()
+    root = tmp_path / "runs with space é" / "ckpt"
+    with pytest.raises(AdmissionError, match="share one volume"):
+        ckptio.Checkpointer(str(root), data_dirs=[str(data)], volume_check="error")
+    with ckptio.Checkpointer(str(root), data_dirs=[str(data)], volume_check="warn", start_writer="on_first_save"):
+        pass  # a warning only
