@@ -24,12 +24,14 @@ from ckptio import commit
 from ckptio.config import CheckpointerConfig
 from ckptio.dcp import (
     check_supported,
+    flatten_like_dcp,
     global_plan,
     make_planner,
+    quick_fingerprint,
     resolve_objects,
     resolve_tensors,
     split_items,
-    structure_fingerprint,
+    statefuls_to_state_dict,
 )
 from ckptio.errors import CkptError, ConfigError, UnsupportedStateError, WriterDiedError
 from ckptio.group import SideGroup
@@ -122,7 +124,8 @@ class Checkpointer:
         self._pending: dict[int, SaveHandle] = {}
         self._unreported: list[BaseException] = []
         self._writer_error: WriterDiedError | None = None
-        self._plan_key: str | None = None
+        self._plan_key: int | None = None
+        self._fast_flatten = True
         self._plan_id = 0
         self._tensor_items: list[Any] = []
         self._object_items: list[Any] = []
@@ -200,7 +203,7 @@ class Checkpointer:
         t0 = time.monotonic()
         self.events.emit("save_requested", step)
         self._report_failures()
-        planner, key, local_error = self._prepare(state)
+        state_dict, flat, key, local_error = self._prepare(state)
         agreed, blocked_s = self._agree(changed=key != self._plan_key, error=local_error is not None)
         if agreed.any_error:
             return self._skip_for_error(step, local_error, blocked_s)
@@ -209,22 +212,28 @@ class Checkpointer:
             return SaveHandle(step, skipped=True, skip_reason="no free staging slot")
         self.events.emit("save_agreed", step, blocked_s=blocked_s, pending=self._staging.pending())
         if agreed.any_changed or self._plan_key is None:
-            self._replan(planner, key)
-        handle = self._stage_and_submit(step, planner, agreed.save_id, t0)
+            flat = self._replan(state_dict, flat, key)
+        handle = self._stage_and_submit(step, flat, agreed.save_id, t0)
         handle.blocking_s = time.monotonic() - t0
         self.events.emit("save_returned", step, blocking_s=handle.blocking_s, bytes=handle.bytes)
         return handle
 
-    def _prepare(self, state: dict[str, Any]) -> tuple[Any, str | None, CkptError | None]:
+    def _prepare(self, state: dict[str, Any]) -> tuple[Any, dict[str, Any], int | None, CkptError | None]:
         """Flatten and fingerprint the state; a bad state is an error to agree on, not to raise yet."""
         try:
-            planner = make_planner(state, is_coordinator=self.rank == 0)
-            check_supported(planner.state_dict)
-            return planner, structure_fingerprint(planner), None
+            state_dict = statefuls_to_state_dict(state)
+            if self._fast_flatten:
+                flat = flatten_like_dcp(state_dict)
+            else:
+                flat = make_planner(state_dict, is_coordinator=self.rank == 0).state_dict
+            key = quick_fingerprint(flat)
+            if key != self._plan_key:
+                check_supported(flat)  # before the agreement: a rank must not fail alone after it
+            return state_dict, flat, key, None
         except CkptError as exc:
-            return None, None, exc
+            return None, {}, None, exc
         except Exception as exc:
-            return None, None, UnsupportedStateError(f"state cannot be planned: {type(exc).__name__}: {exc}")
+            return None, {}, None, UnsupportedStateError(f"state cannot be planned: {type(exc).__name__}: {exc}")
 
     def _agree(self, *, changed: bool, error: bool) -> tuple[Any, float]:
         """Agree on save/skip/block with every rank; with overflow="block" wait for this rank's slot and retry."""
@@ -249,8 +258,14 @@ class Checkpointer:
             raise local_error
         return SaveHandle(step, skipped=True, skip_reason="another rank reported an error")
 
-    def _replan(self, planner: Any, key: str | None) -> None:
-        """DCP global planning (dedup across ranks) once per structure: one all-gather of local plans."""
+    def _replan(self, state_dict: dict[str, Any], flat: dict[str, Any], key: int | None) -> dict[str, Any]:
+        """DCP global planning (dedup across ranks) once per structure: one all-gather of local plans.
+        Returns the flat state to stage from (DCP's own, should the quick flattening ever disagree with it)."""
+        planner = make_planner(state_dict, is_coordinator=self.rank == 0)
+        if planner.state_dict.keys() != flat.keys():
+            log.warning("ckptio: state flattening differs from DCP's; using DCP's (slower) from now on")
+            self._fast_flatten = False
+            flat = planner.state_dict
         local_plan = planner.create_local_plan()
         all_plans = self.group.all_gather_object(local_plan)
         final, metadata = global_plan(planner, all_plans, self.rank)
@@ -265,8 +280,9 @@ class Checkpointer:
         self._plan_id += 1
         self._writer.ensure_started()
         self._writer.send_plan(self._plan_id, PlanInfo(layout=self._layout, metadata_skeleton=skeleton))
+        return flat
 
-    def _stage_and_submit(self, step: int, planner: Any, save_id: int, t0: float) -> SaveHandle:
+    def _stage_and_submit(self, step: int, flat: dict[str, Any], save_id: int, t0: float) -> SaveHandle:
         slot_id = self._staging.free_slot_id()
         assert slot_id is not None  # agreed free above; only this thread acquires slots
         handle = SaveHandle(step)
@@ -277,8 +293,8 @@ class Checkpointer:
         try:
             self.events.emit("stage_begin", step)
             ts = time.monotonic()
-            handle.bytes = copy_into_slot(slot, resolve_tensors(planner, self._tensor_items))
-            objects = resolve_objects(planner, self._object_items)
+            handle.bytes = copy_into_slot(slot, resolve_tensors(flat, self._tensor_items))
+            objects = resolve_objects(flat, self._object_items)
             self.events.emit("stage_end", step, bytes=handle.bytes, seconds=time.monotonic() - ts)
         except BaseException as exc:
             self._staging.release(slot_id)
