@@ -127,6 +127,9 @@ def main() -> int:
     }
     if os.path.exists(s5cmd):
         rates["s5cmd cp"] = median_rate("s5cmd cp", nbytes, s5cmd_cp, args.reps)
+    obstore_put = _obstore_uploader(url, paths, args.concurrency)
+    if obstore_put is not None:  # the alternative client considered for S3Storage (not a dependency)
+        rates["obstore put"] = median_rate("obstore put (file)", nbytes, obstore_put, args.reps)
 
     objects, requests = tiny_tensor_layout(store)
     print(f"2,000 tiny tensors coalesced: {objects} object(s), {requests} request(s) per rank for the data")
@@ -139,11 +142,33 @@ def main() -> int:
             f"put/s5cmd={rates['ckptio put (buffers)'] / rates['s5cmd cp']:.2f}",
             f"put_file/s5cmd={rates['ckptio put_file'] / rates['s5cmd cp']:.2f}",
         ]
+    if "obstore put" in rates:
+        ratios.append(f"put_file/obstore={rates['ckptio put_file'] / rates['obstore put']:.2f}")
     print("RATIOS " + " ".join(ratios))
     shutil.rmtree(workdir)
     server.terminate()
     server.wait()
     return 0
+
+
+def _obstore_uploader(url: str, paths: list[Path], concurrency: int) -> Callable[[int], None] | None:
+    """obstore (Rust object_store) uploading the same files, when it is installed (pip install obstore)."""
+    try:
+        import obstore
+        from obstore.store import S3Store
+    except ImportError:
+        print("obstore not installed: skipping its comparison")
+        return None
+    store = S3Store("bench", endpoint=url, region="us-east-1", access_key_id="bench",
+                    secret_access_key="bench", client_options={"allow_http": True})
+
+    def put(rep: int) -> None:
+        for i, path in enumerate(paths):
+            with open(path, "rb") as f:
+                obstore.put(store, f"obstore/{rep}/__{i}_0.distcp", f, chunk_size=16 * MiB,
+                            max_concurrency=concurrency)
+
+    return put
 
 
 def tiny_tensor_layout(store: object) -> tuple[int, int]:
