@@ -23,19 +23,12 @@ def choose_part_size(total: int, configured: int | None = None) -> int:
     return min(max(wanted, floor, MIN_PART), MAX_PART)
 
 
-class SegmentReader(io.RawIOBase):
-    """A seekable file over byte views, so a part goes out without joining its buffers into one ``bytes``."""
+class _SizedReader(io.RawIOBase):
+    """A readable, seekable stream of a known size; subclasses say where the bytes come from."""
 
-    def __init__(self, segments: Sequence[memoryview]) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._segments = [s for s in segments if s.nbytes]
-        self._starts: list[int] = []
-        total = 0
-        for seg in self._segments:
-            self._starts.append(total)
-            total += seg.nbytes
-        self._size = total
-        self._pos = 0
+        self._size, self._pos = size, 0
 
     def __len__(self) -> int:
         return self._size
@@ -53,6 +46,19 @@ class SegmentReader(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + offset)
         return self._pos
+
+
+class SegmentReader(_SizedReader):
+    """A seekable file over byte views, so a part goes out without joining its buffers into one ``bytes``."""
+
+    def __init__(self, segments: Sequence[memoryview]) -> None:
+        self._segments = [s for s in segments if s.nbytes]
+        self._starts: list[int] = []
+        total = 0
+        for seg in self._segments:
+            self._starts.append(total)
+            total += seg.nbytes
+        super().__init__(total)
 
     def readinto(self, buffer: Any) -> int:
         out = memoryview(buffer).cast("B")
@@ -82,29 +88,12 @@ class SegmentReader(io.RawIOBase):
         return bytes(out)
 
 
-class FileSlice(io.RawIOBase):
+class FileSlice(_SizedReader):
     """``length`` bytes of an open file from ``offset``, read with ``pread`` so parts share one descriptor."""
 
     def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self._fd, self._offset, self._size, self._pos = fd, offset, length, 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        self._fd, self._offset = fd, offset
+        super().__init__(length)
 
     def read(self, size: int | None = -1) -> bytes:
         remaining = self._size - self._pos
