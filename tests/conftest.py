@@ -9,45 +9,25 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-_S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    # Keep ~/.aws of whoever runs the tests out of the session.
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
-
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """URL of the session's moto S3 server; AWS_ENDPOINT_URL and fake credentials are set while it runs."""
+    """URL of the session's moto S3 server; AWS_ENDPOINT_URL and fake credentials are set while it runs.
+
+    The same embedded server ``ckptio demo --store s3`` runs (its own bucket is simply one more bucket here).
+    """
     pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in [*_S3_ENV, "AWS_ENDPOINT_URL"]}
-    os.environ.update(_S3_ENV, AWS_ENDPOINT_URL=url)
-    try:
+    pytest.importorskip("moto.server")
+    from ckptio.demo.s3 import embedded_s3
+
+    with embedded_s3() as url:
         yield url
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        server.stop()
 
 
 @pytest.fixture(scope="session")
