@@ -306,8 +306,7 @@ class Checkpointer:
         self.events.emit("queue", step, pending=self._staging.pending())
         self._writer.ensure_started()
         self._writer.submit(SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
-                                    slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=objects,
-                                    requested_mono=t0))
+                                    slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=objects))
         handle.returned_mono = time.monotonic()
         return handle
 

@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -88,8 +88,6 @@ class SaveJob:
     plan_id: int
     """Which plan (sent once with ``("plan", plan_id, PlanInfo)``) this job's slot follows."""
     objects: list[bytes]
-    requested_mono: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
     layout: RankLayout | None = None
     """Filled in by the writer from its plan cache."""
     metadata_skeleton: bytes | None = None
@@ -413,14 +411,12 @@ class Writer:
                        tier="durable", removed=removed)
 
     def _watch(self, job: SaveJob) -> dict[str, Any]:
-        from ckptio.commit import Manifest as _M
-
-        def manifest_ready() -> _M | None:
+        def manifest_ready() -> Manifest | None:
             try:
                 raw = self.spec.durable.get(manifest_key(job.step))
             except StorageError:
                 return None
-            return _M.from_json(raw)
+            return Manifest.from_json(raw)
 
         manifest = self._wait_for(job, manifest_ready)
         if manifest.save_id != job.save_id:
