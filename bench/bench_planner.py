@@ -18,8 +18,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
-from ckptio.demo.predict import measure_copy_bandwidth
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.host import measure_copy_bandwidth
 from ckptio.plan.model import uniform_shape
 from ckptio.plan.probe import ProbeConfig, probe
 from plan_bench_run import RunSpec, median, run_job

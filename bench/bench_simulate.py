@@ -24,9 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
-from ckptio.demo.predict import measure_copy_bandwidth
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.host import serialize_bytes_per_s
+from ckptio.plan.host import measure_copy_bandwidth, serialize_bytes_per_s
 from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.simulate import SimulationConfig, simulate
 from plan_bench_run import RunSpec, median, run_job

@@ -2,7 +2,7 @@
 
 Each rank sleeps ``interval_s`` (its "compute"), saves a state of ``bytes_per_rank`` through a Checkpointer
 (block on a full slot), and logs events; the figures come back per save as the slowest rank saw them. The
-store is a directory, optionally behind a shared :class:`~ckptio.storage.ThrottledStorage` budget.
+store is a directory, optionally behind a shared :class:`~ckptio.testing.wrappers.ThrottledStorage` budget.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def _rank_main(rank: int, spec: RunSpec, port: int) -> None:
 
 def _train(rank: int, spec: RunSpec) -> None:
     from ckptio import Checkpointer
-    from ckptio.storage import PosixStorage, ThrottledStorage
+    from ckptio.storage import PosixStorage
+    from ckptio.testing.wrappers import ThrottledStorage
 
     root: Any = spec.root
     if spec.throttle_bytes_per_s:

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+# The shipped storage conformance kit is a pytest plugin (its spawn_pool fixture serves tests/storage).
+pytest_plugins = ["ckptio.testing.conformance"]
+
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
@@ -24,7 +27,7 @@ def s3_endpoint() -> Iterator[str]:
     """
     pytest.importorskip("boto3")
     pytest.importorskip("moto.server")
-    from ckptio.demo.s3 import embedded_s3
+    from ckptio.testing.s3server import embedded_s3
 
     with embedded_s3() as url:
         yield url

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 from ckptio import errors
 
 if TYPE_CHECKING:
-    from ckptio.checkpointer import Checkpointer, SaveHandle
     from ckptio.config import CheckpointerConfig
-    from ckptio.dcp import CkptioStorageReader
+    from ckptio.engine.checkpointer import Checkpointer, SaveHandle
+    from ckptio.engine.dcp import CkptioStorageReader
     from ckptio.policy.residency import Residency
     from ckptio.storage import open_storage
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Checkpointer": "ckptio.checkpointer",
-    "SaveHandle": "ckptio.checkpointer",
+    "Checkpointer": "ckptio.engine.checkpointer",
+    "SaveHandle": "ckptio.engine.checkpointer",
     "CheckpointerConfig": "ckptio.config",
-    "CkptioStorageReader": "ckptio.dcp",
+    "CkptioStorageReader": "ckptio.engine.dcp",
     "Residency": "ckptio.policy.residency",
     "open_storage": "ckptio.storage",
 }

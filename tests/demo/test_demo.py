@@ -166,8 +166,8 @@ def test_cli_parses_bandwidth_and_quick() -> None:
 @pytest.mark.s3
 def test_embedded_s3_store_takes_a_throttled_write(tmp_path: Path) -> None:
     pytest.importorskip("moto.server")
-    from ckptio.demo.s3 import BUCKET, embedded_s3
     from ckptio.demo.savers import committed_steps, open_demo_storage
+    from ckptio.testing.s3server import BUCKET, embedded_s3
 
     before = os.environ.get("AWS_ENDPOINT_URL")
     with embedded_s3() as endpoint:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ranks import run_ranks
+from ckptio.testing.ranks import run_ranks
 
 __all__ = ["assert_same", "model_state", "run_ranks"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckptio
-from ckptio import commit
+from ckptio import format as fmt
 from ckptio.errors import (
     AdmissionError,
     CheckpointNotFoundError,
@@ -19,7 +19,8 @@ from ckptio.errors import (
     StructureMismatchError,
     UnsupportedStateError,
 )
-from ckptio.storage import FaultStorage, PosixStorage
+from ckptio.storage import PosixStorage
+from ckptio.testing.wrappers import FaultStorage
 
 
 def test_unsupported_object_is_named_and_the_checkpointer_goes_on(root):
@@ -81,7 +82,7 @@ def test_local_tier_budget_evicts_durable_steps_and_refuses_what_cannot_fit(tmp_
         with pytest.raises(StorageFullError, match="local tier budget"):
             h.wait(timeout=120)
     assert sorted(os.listdir(local)) == ["step-00000003"]
-    assert commit.committed_steps(PosixStorage(root)) == [1, 2, 3]  # the durable tier lost nothing
+    assert fmt.committed_steps(PosixStorage(root)) == [1, 2, 3]  # the durable tier lost nothing
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ckptio
+import ckptio.testing.wrappers
 from ckptio._cli.main import main as cli
 from ckptio.errors import WriterDiedError
 
@@ -88,7 +89,7 @@ def test_killing_only_the_writer_gives_a_clear_error_then_recovers(tmp_path):
 
 def test_killing_the_writer_mid_save_fails_that_save_only(tmp_path):
     root = str(tmp_path / "ckpt")
-    slow = ckptio.storage.ThrottledStorage(ckptio.storage.PosixStorage(root), write_bytes_per_s=2 << 20)
+    slow = ckptio.testing.wrappers.ThrottledStorage(ckptio.storage.PosixStorage(root), write_bytes_per_s=2 << 20)
     state = {"w": torch.randn(1024, 1024)}  # 4 MiB at 2 MiB/s: the writer is busy for ~2 s
     with ckptio.Checkpointer(slow) as ck:
         h = ck.save(1, state)

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from engine_workers import model_state, run_ranks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import ckptio
+from tests.engine.engine_workers import model_state, run_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

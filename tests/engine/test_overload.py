@@ -7,11 +7,12 @@ import os
 
 import pytest
 import torch
-from engine_workers import run_ranks
 
 import ckptio
-from ckptio.staging import SHM_DIR, SLOT_PREFIX
-from ckptio.storage import PosixStorage, ThrottledStorage
+from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
+from ckptio.storage import PosixStorage
+from ckptio.testing.wrappers import ThrottledStorage
+from tests.engine.engine_workers import run_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ckptio
-from ckptio import commit
+from ckptio import format as fmt
 from ckptio.errors import RootInUseError
 from ckptio.storage import PosixStorage
 
@@ -29,7 +29,7 @@ def test_keep_last_keeps_the_newest_and_removes_uncommitted_leftovers(root):
         for step in (1, 3, 5, 7):
             ck.save(step, state).wait(timeout=120)
     # Retention runs after each commit is reported; close() waits for it.
-    assert commit.committed_steps(PosixStorage(root)) == [5, 7]
+    assert fmt.committed_steps(PosixStorage(root)) == [5, 7]
     assert _steps(root) == ["step-00000005", "step-00000007", "step-00000099"]
 
 
@@ -38,7 +38,7 @@ def test_keep_last_zero_keeps_everything(root):
         for step in (1, 2, 3, 4):
             ck.save(step, {"w": torch.ones(8)})
         ck.wait()
-    assert commit.committed_steps(PosixStorage(root)) == [1, 2, 3, 4]
+    assert fmt.committed_steps(PosixStorage(root)) == [1, 2, 3, 4]
 
 
 def test_retention_never_deletes_before_the_newer_step_is_committed(root):
@@ -47,8 +47,8 @@ def test_retention_never_deletes_before_the_newer_step_is_committed(root):
         ck.save(1, {"w": torch.ones(8)}).wait(timeout=120)
     # Step 2 exists but is not committed: retention as of step 2 must not touch step 1.
     os.makedirs(os.path.join(root, "step-00000002", "ranks"))
-    assert commit.apply_retention(storage, keep_last=1, newest_committed=2) == []
-    assert commit.committed_steps(storage) == [1]
+    assert fmt.apply_retention(storage, keep_last=1, newest_committed=2) == []
+    assert fmt.committed_steps(storage) == [1]
 
 
 def test_a_second_job_on_the_same_root_is_refused_until_the_first_closes(root):

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from engine_workers import assert_same
 
 import ckptio
-from ckptio import commit
+from ckptio import format as fmt
 from ckptio.storage import PosixStorage
+from tests.engine.engine_workers import assert_same
 
 
 @dataclasses.dataclass
@@ -144,13 +144,13 @@ def test_layout_manifest_index_and_coalescing(root):
     assert {".metadata", "manifest.json", "ranks"} <= set(names)
     data_files = [n for n in names if n.endswith(".distcp")]
     assert 2 <= len(data_files) <= 3, data_files
-    manifest = commit.read_manifest(storage, 7)
+    manifest = fmt.read_manifest(storage, 7)
     assert set(manifest.files) == set(data_files)
     assert manifest.world_size == 1
-    index = commit.RankIndex.from_json(storage.get("step-00000007/ranks/0.json"))
+    index = fmt.RankIndex.from_json(storage.get("step-00000007/ranks/0.json"))
     assert index.save_id == manifest.save_id
-    assert commit.read_latest(storage) == 7
-    assert commit.verify_step(storage, 7).ok
+    assert fmt.read_latest(storage) == 7
+    assert fmt.verify_step(storage, 7).ok
 
 
 def test_saving_over_uncommitted_leftovers_commits(root):
@@ -179,7 +179,7 @@ def test_maybe_save_every_steps_and_every_seconds(root):
         saved = [s for s in range(1, 10) if ck.maybe_save(s, state) is not None]
         ck.wait()
         assert saved == [3, 6, 9]
-        assert commit.committed_steps(PosixStorage(root)) == [3, 6, 9]
+        assert fmt.committed_steps(PosixStorage(root)) == [3, 6, 9]
     with ckptio.Checkpointer(root, every_seconds=3600, keep_last=0) as ck:
         assert ck.maybe_save(10, state) is None  # an hour has not passed since start
     with ckptio.Checkpointer(root, every_seconds=1e-6, keep_last=0) as ck:

@@ -10,14 +10,14 @@ import os
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from engine_workers import model_state, run_ranks
 
 import ckptio
-from ckptio import commit
+from ckptio import format as fmt
 from ckptio._cli.main import main as cli
 from ckptio.errors import CommitError, ResidencyError
 from ckptio.storage import open_storage
 from storage.fault_proxy import Fault, FaultProxy
+from tests.engine.engine_workers import model_state, run_ranks
 
 pytestmark = pytest.mark.s3
 
@@ -106,9 +106,9 @@ def test_concurrent_committers_of_one_step_one_wins(s3_bucket):
                 assert "already committed" in str(exc) or "another save" in str(exc)
                 outcomes.append("lost")
         assert sorted(outcomes) == ["committed", "lost"]
-        manifest = commit.read_manifest(open_storage(root), 1)
+        manifest = fmt.read_manifest(open_storage(root), 1)
         assert manifest.save_id in (ha.save_id, hb.save_id)
-        assert commit.verify_step(open_storage(root), 1).ok
+        assert fmt.verify_step(open_storage(root), 1).ok
     finally:
         a.close(wait=False)
         b.close(wait=False)
@@ -179,6 +179,6 @@ def test_hash_prefix_spreads_data_keys_and_retention_follows_them(s3_bucket, s3_
     keys = _keys(s3_client, s3_bucket, "hashed/")
     data = [k for k in keys if k.endswith(".distcp")]
     assert data and all(k.startswith("hashed/h-") and "/step-00000002/" in k for k in data), data
-    manifest = commit.read_manifest(open_storage(root), 2)
+    manifest = fmt.read_manifest(open_storage(root), 2)
     assert [rec.key for rec in manifest.files.values()] == [k.removeprefix("hashed/") for k in data]
-    assert commit.verify_step(open_storage(root), 2).ok
+    assert fmt.verify_step(open_storage(root), 2).ok

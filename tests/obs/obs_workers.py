@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import ckptio
 from ckptio.obs.steps import StepTimer
 from ckptio.storage.posix import PosixStorage
-from ckptio.storage.wrappers import LatencyStorage
+from ckptio.testing.wrappers import LatencyStorage
 
 SAVE_STEPS = (2, 3, 7)
 """Step 3 comes milliseconds after step 2, while step 2 is still flushing: with one slot, it is skipped."""

@@ -4,12 +4,12 @@ metrics and the report agree with the events."""
 from __future__ import annotations
 
 import pytest
-from obs_workers import SAVE_STEPS, STEPS, train_with_checkpoints
 from prometheus_client.parser import text_string_to_metric_families
 
 from ckptio.obs.events import rank_path
 from ckptio.obs.report import load_events, summarize, write_report
-from ranks import run_ranks
+from ckptio.testing.ranks import run_ranks
+from tests.obs.obs_workers import SAVE_STEPS, STEPS, train_with_checkpoints
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from obs_fakerun import FakeRun, simulate
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ckptio.errors import ConfigError
 from ckptio.obs.events import EventLog
 from ckptio.obs.metrics import SaveMetrics, start_exporter
+from tests.obs.obs_fakerun import FakeRun, simulate
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,11 +7,11 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from obs_fakerun import FakeRun, write_run
 
 from ckptio._cli.main import main
 from ckptio.errors import ConfigError, CorruptCheckpointError
 from ckptio.obs.report import load_events, summarize, summary_to_json, write_report
+from tests.obs.obs_fakerun import FakeRun, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,8 +10,9 @@ import pytest
 
 from ckptio.errors import ConfigError, ResidencyError
 from ckptio.policy.residency import Residency, check_residency
-from ckptio.storage import FaultStorage, LatencyStorage, PosixStorage
+from ckptio.storage import PosixStorage
 from ckptio.storage.s3 import S3Storage
+from ckptio.testing.wrappers import FaultStorage, LatencyStorage
 
 
 def _object_count(s3_client: Any, bucket: str) -> int:

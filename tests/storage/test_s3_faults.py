@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fault_proxy import Fault, FaultProxy
 
 from ckptio.errors import AlreadyExistsError, StorageError
 from ckptio.storage.s3 import MiB, S3Storage
+from tests.storage.fault_proxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.s3
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ckptio import commit
+from ckptio import format as fmt
 from ckptio.errors import CkptError
 from ckptio.storage import open_storage
 
@@ -25,12 +25,12 @@ def register(sub: Any) -> None:
 
 def _step_rows(root: str) -> list[dict[str, Any]]:
     storage = open_storage(root)
-    latest = commit.read_latest(storage)
+    latest = fmt.read_latest(storage)
     rows = []
-    for step in commit.all_step_dirs(storage):
+    for step in fmt.all_step_dirs(storage):
         row: dict[str, Any] = {"step": step, "committed": False, "latest": step == latest}
         try:
-            manifest = commit.read_manifest(storage, step)
+            manifest = fmt.read_manifest(storage, step)
         except CkptError:
             rows.append(row)
             continue
@@ -61,8 +61,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     storage = open_storage(args.root)
-    steps = [args.step] if args.step is not None else commit.committed_steps(storage)
-    results = [commit.verify_step(storage, s) for s in steps]
+    steps = [args.step] if args.step is not None else fmt.committed_steps(storage)
+    results = [fmt.verify_step(storage, s) for s in steps]
     ok = bool(results) and all(r.ok for r in results)
     if args.json:
         print(json.dumps({"root": args.root, "ok": ok, "steps": [r.as_dict() for r in results]}, indent=1))

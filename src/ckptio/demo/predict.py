@@ -18,7 +18,6 @@ from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 3
-_COPY_PROBE_BYTES = 64 << 20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,18 +53,6 @@ def measure_step_time(shape: ModelShape, world: int, seed: int) -> float:
     finally:
         torch.set_num_threads(threads)
     return sorted(times)[len(times) // 2]
-
-
-def measure_copy_bandwidth() -> float:
-    """Bytes per second of a copy into a preallocated buffer (best of three)."""
-    source = torch.ones(_COPY_PROBE_BYTES // 4)
-    target = torch.empty_like(source)
-    best = float("inf")
-    for _ in range(3):
-        began = time.perf_counter()
-        target.copy_(source)
-        best = min(best, time.perf_counter() - began)
-    return _COPY_PROBE_BYTES / max(best, 1e-9)
 
 
 def checkpoint_shape(shape: ModelShape, world: int) -> CheckpointShape:

@@ -24,8 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
 from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
-from ckptio.demo.predict import Prediction, measure_copy_bandwidth, measure_step_time, predict
-from ckptio.demo.s3 import BUCKET, embedded_s3
+from ckptio.demo.predict import Prediction, measure_step_time, predict
 from ckptio.demo.table import (
     LABELS,
     RunRow,
@@ -37,7 +36,9 @@ from ckptio.demo.table import (
     row_from_summary,
 )
 from ckptio.errors import CkptError, ConfigError
+from ckptio.plan.host import measure_copy_bandwidth
 from ckptio.plan.units import format_bytes
+from ckptio.testing.s3server import BUCKET, embedded_s3
 
 RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio")
 

@@ -1,6 +1,6 @@
 """The demo's emulated shared store: one bandwidth budget that ckptio and both DCP baselines must share.
 
-ckptio writes through :class:`~ckptio.storage.ThrottledStorage`; the DCP baselines write through
+ckptio writes through :class:`~ckptio.testing.wrappers.ThrottledStorage`; the DCP baselines write through
 :class:`ThrottledFileSystemWriter`, which books its bytes on the same state file with the same semantics
 (reserve a slot on the shared virtual clock, write for real, sleep out the remainder). So all three modes
 face exactly the same emulated filesystem, and concurrent ranks split its bandwidth like clients of a
@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptio.errors import ConfigError
-from ckptio.storage import PosixStorage, Storage, ThrottledStorage
+from ckptio.storage import PosixStorage, Storage
+from ckptio.testing.wrappers import ThrottledStorage
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,8 +1,8 @@
 """Host-side costs of a save: how fast the ckptio writers of one node serialize, all of them at once.
 
 Owns the measurement behind the profile's ``serialize_bytes_per_s``. Before the store sees a byte, a writer
-frames each staged tensor as ``torch.save`` bytes (:class:`ckptio.serialize.TensorFramer`) and checksums them
-(:func:`ckptio.commit.checksum`): CPU work, done by the writers of one node at the same time, each in its own
+frames each staged tensor as ``torch.save`` bytes (:class:`ckptio.format.serialize.TensorFramer`) and checksums them
+(:func:`ckptio.format.checksum`): CPU work, done by the writers of one node at the same time, each in its own
 process. So it is measured with the writer's own code, the same way: ``writers`` forked processes start
 together, warm the framing cache as a first save would, and each reports its steady-state rate. The framer
 changes a process-wide torch setting, so it only ever runs in the children. Must never leave a child behind:
@@ -33,8 +33,8 @@ def serialize_once(tensor: object) -> float:
     """
     import torch
 
-    from ckptio.commit import checksum
-    from ckptio.serialize import TensorFramer
+    from ckptio.format import checksum
+    from ckptio.format.serialize import TensorFramer
 
     assert isinstance(tensor, torch.Tensor)
     raw = tensor.numpy().data.cast("B")
@@ -52,8 +52,8 @@ def serialize_bytes_per_s(nbytes: int, *, writers: int = 1, timeout_s: float = 3
     """Per-writer serialize rate with ``writers`` writers serializing ``nbytes`` each at the same time."""
     import torch
 
-    import ckptio.commit
-    import ckptio.serialize  # noqa: F401 - imported once here, not in every child
+    import ckptio.format
+    import ckptio.format.serialize  # noqa: F401 - imported once here, not in every child
 
     tensor = torch.ones(max(nbytes // 4, 1))
     # A first torch.save in this process pays its one-time set-up here rather than in every child.
@@ -118,3 +118,20 @@ def _reap(pids: list[int]) -> None:
                 os.waitpid(pid, 0)
         except ChildProcessError:
             continue
+
+
+_COPY_PROBE_BYTES = 64 << 20
+
+
+def measure_copy_bandwidth() -> float:
+    """Bytes per second of a copy into a preallocated buffer (best of three)."""
+    import torch
+
+    source = torch.ones(_COPY_PROBE_BYTES // 4)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(3):
+        began = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - began)
+    return _COPY_PROBE_BYTES / max(best, 1e-9)

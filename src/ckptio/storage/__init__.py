@@ -8,16 +8,13 @@ from typing import Any
 from ckptio.errors import ConfigError
 from ckptio.storage.base import ObjectInfo, Storage
 from ckptio.storage.posix import PosixStorage
-from ckptio.storage.wrappers import FaultStorage, LatencyStorage, StorageWrapper, ThrottledStorage
+from ckptio.storage.wrappers import StorageWrapper
 
 __all__ = [
-    "FaultStorage",
-    "LatencyStorage",
     "ObjectInfo",
     "PosixStorage",
     "Storage",
     "StorageWrapper",
-    "ThrottledStorage",
     "open_storage",
 ]
 

@@ -24,7 +24,7 @@ def test_spliced_framing_loads_bit_exact(name):
     # The framer changes a process-wide torch setting: run it in a fresh interpreter.
     code = """
 import io, torch, pickle, sys
-from ckptio.serialize import TensorFramer
+from ckptio.format.serialize import TensorFramer
 t = pickle.loads(sys.stdin.buffer.read())
 raw = memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
 framer = TensorFramer()

@@ -1,4 +1,4 @@
-"""``python -m ckptio._writer_process FD``: the writer process's entry point.
+"""``python -m ckptio.engine.writer_main FD``: the writer process's entry point.
 
 The writer is started as a fresh interpreter (not multiprocessing's spawn) so it never re-imports the user's
 ``__main__`` — training scripts without an ``if __name__ == "__main__"`` guard, notebooks and torchrun entry points
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from multiprocessing.connection import Connection
 
-from ckptio.writer import writer_main
+from ckptio.engine.writer import writer_main
 
 
 def main() -> None:

@@ -1,18 +1,22 @@
 """The storage conformance suite: every guarantee of ``ckptio.storage.base`` as tests, for every backend.
 
 A backend's test module subclasses :class:`StoreTests` and provides a ``storage`` fixture yielding an empty
-key space (zarr-python's ``StoreTests`` habit). The suite never looks behind the protocol: what it checks is
+key space (zarr-python's ``StoreTests`` habit). The module is also a pytest plugin: load it with
+``pytest_plugins = ["ckptio.testing.conformance"]`` in a ``conftest.py`` to get the ``spawn_pool`` fixture the
+cross-process tests use. The suite never looks behind the protocol: what it checks is
 what commit, retention, restore and probe rely on.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import threading
 import time
 from array import array
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -81,7 +85,8 @@ class StoreTests:
 
     def test_round_trip_list_of_mixed_buffers(self, storage: Storage) -> None:
         floats = array("f", [1.5, -2.0, 3.25])  # itemsize 4: must be cast to bytes, not truncated
-        parts = [b"ab", bytearray(b"cd"), memoryview(b"xxefxx")[2:4], memoryview(floats), b""]
+        parts: list[bytes | bytearray | memoryview] = [b"ab", bytearray(b"cd"), memoryview(b"xxefxx")[2:4],
+                                                       memoryview(floats), b""]
         storage.put("mixed", parts)
         assert storage.get("mixed") == b"abcdef" + floats.tobytes()
         assert storage.head("mixed").size == 6 + floats.itemsize * 3
@@ -338,3 +343,21 @@ class StoreTests:
         storage.put("x", b"1")
         storage.close()
         storage.close()
+
+
+# ---- plugin fixtures ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def spawn_pool() -> Iterator[Executor]:
+    """Fresh processes that receive storages only by pickling, as the writer processes do.
+
+    A forkserver, not plain spawn: the server imports ckptio (and through it torch) once and every worker
+    forks from that clean server, so no worker inherits the test process's threads, sockets or boto3 clients,
+    and the pool does not pay a torch import per worker (tens of seconds on a 2-core machine).
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["ckptio.storage.s3", "ckptio.testing.conformance"])
+    with ProcessPoolExecutor(CONCURRENT_PROCESSES, mp_context=context) as pool:
+        futures = [pool.submit(warm_up, 0.3) for _ in range(CONCURRENT_PROCESSES)]
+        for future in futures:
+            future.result(timeout=300)
+        yield pool

@@ -20,9 +20,9 @@ from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
 
-from ckptio import commit
+from ckptio import format as fmt
 from ckptio.config import CheckpointerConfig
-from ckptio.dcp import (
+from ckptio.engine.dcp import (
     check_supported,
     flatten_like_dcp,
     global_plan,
@@ -33,19 +33,19 @@ from ckptio.dcp import (
     split_items,
     statefuls_to_state_dict,
 )
+from ckptio.engine.group import SideGroup
+from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
+from ckptio.engine.restore import restore_step
+from ckptio.engine.staging import StagingArea, copy_into_slot, remove_stale_slots
+from ckptio.engine.writer import PlanInfo, SaveJob, WriterSpec
+from ckptio.engine.writer_proxy import WriterProxy
 from ckptio.errors import CkptError, ConfigError, UnsupportedStateError, WriterDiedError
-from ckptio.group import SideGroup
-from ckptio.layout import plan_layout
+from ckptio.format.layout import plan_layout
 from ckptio.obs.events import EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_exporter
 from ckptio.obs.steps import StepTimer
-from ckptio.ownership import OwnerRecord, claim_root, release_root
 from ckptio.policy.volumes import enforce_volume_policy
-from ckptio.restore import restore_step
-from ckptio.staging import StagingArea, copy_into_slot, remove_stale_slots
 from ckptio.storage import Storage, open_storage
-from ckptio.writer import PlanInfo, SaveJob, WriterSpec
-from ckptio.writer_proxy import WriterProxy
 
 log = logging.getLogger("ckptio")
 
@@ -299,7 +299,7 @@ class Checkpointer:
         except BaseException as exc:
             self._staging.release(slot_id)
             # The other ranks already agreed to save this step: tell their writers it cannot commit.
-            commit.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
+            fmt.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
             raise
         with self._lock:
             self._pending[step] = handle
@@ -364,7 +364,7 @@ class Checkpointer:
             self._writer_error = error
         for handle in pending:
             # Tell the committer (and the other ranks) at once instead of letting them time out.
-            commit.write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
+            fmt.write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
             self._complete(handle.step, error, None)
 
     def _report_failures(self) -> None:
@@ -400,7 +400,7 @@ class Checkpointer:
             return sorted(self._pending)
 
     def latest_step(self) -> int | None:
-        steps = commit.committed_steps(self.storage)
+        steps = fmt.committed_steps(self.storage)
         return steps[-1] if steps else None
 
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:

@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conformance import StoreTests
 
 from ckptio.errors import ConfigError, NotFoundError, StorageError
 from ckptio.storage import Storage, open_storage
 from ckptio.storage.s3 import MiB, S3Storage, choose_part_size, hashed_key
+from ckptio.testing.conformance import StoreTests
 
 pytestmark = pytest.mark.s3
 

@@ -9,10 +9,11 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 import pytest
-from conformance import StoreTests, put_through
 
 from ckptio.errors import StorageError, StorageFullError
-from ckptio.storage import FaultStorage, LatencyStorage, PosixStorage, Storage, ThrottledStorage
+from ckptio.storage import PosixStorage, Storage
+from ckptio.testing.conformance import StoreTests, put_through
+from ckptio.testing.wrappers import FaultStorage, LatencyStorage, ThrottledStorage
 
 
 class TestThrottled(StoreTests):

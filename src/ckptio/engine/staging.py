@@ -21,7 +21,7 @@ import threading
 import torch
 
 from ckptio.errors import StorageFullError, UnsupportedStateError
-from ckptio.layout import RankLayout
+from ckptio.format.layout import RankLayout
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SLOT_PREFIX = "ckptio-slot-"

@@ -13,10 +13,10 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ckptio import commit
-from ckptio.dcp import CkptioStorageReader
+from ckptio import format as fmt
+from ckptio.engine.dcp import CkptioStorageReader
+from ckptio.engine.group import SideGroup
 from ckptio.errors import CheckpointNotFoundError, CkptError, StructureMismatchError
-from ckptio.group import SideGroup
 from ckptio.storage.base import Storage
 
 
@@ -24,9 +24,9 @@ def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | 
     if group.rank != 0:
         return None
     if step is None:
-        steps = commit.committed_steps(storage)
+        steps = fmt.committed_steps(storage)
         return steps[-1] if steps else None
-    if not storage.exists(commit.manifest_key(step)):
+    if not storage.exists(fmt.manifest_key(step)):
         return CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step)
     return step
 

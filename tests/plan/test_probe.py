@@ -16,7 +16,8 @@ from ckptio._cli.main import main
 from ckptio.errors import ConfigError
 from ckptio.plan.probe import ProbeConfig, probe
 from ckptio.plan.profile import StorageProfile
-from ckptio.storage import PosixStorage, ThrottledStorage
+from ckptio.storage import PosixStorage
+from ckptio.testing.wrappers import ThrottledStorage
 
 MIB = 1 << 20
 

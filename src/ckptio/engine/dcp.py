@@ -34,8 +34,8 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-from ckptio.commit import FileRecord, ItemRecord, Manifest, RankIndex, check_file, step_dir
 from ckptio.errors import StructureMismatchError, UnsupportedStateError
+from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, step_dir
 from ckptio.storage.base import Storage, join_key
 
 # ---- save planning ------------------------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class CkptioStorageReader(StorageReader):
         local: Storage | None = None,
         concurrency: int = 4,
     ) -> None:
-        from ckptio.commit import read_manifest
+        from ckptio.format import read_manifest
 
         self.storage = storage
         self.step = step

@@ -28,7 +28,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from ckptio.commit import (
+from ckptio.engine.dcp import build_metadata, item_records
+from ckptio.engine.ownership import OwnerRecord, heartbeat
+from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError, StorageFullError
+from ckptio.format import (
     FileRecord,
     Manifest,
     RankIndex,
@@ -47,11 +50,8 @@ from ckptio.commit import (
     write_failure,
     write_manifest,
 )
-from ckptio.dcp import build_metadata, item_records
-from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError, StorageFullError
-from ckptio.layout import RankLayout, data_file_name
-from ckptio.ownership import OwnerRecord, heartbeat
-from ckptio.serialize import TensorFramer
+from ckptio.format.layout import RankLayout, data_file_name
+from ckptio.format.serialize import TensorFramer
 from ckptio.storage.base import Storage, join_key
 
 

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-from conformance import StoreTests
 
 from ckptio.errors import StorageError
 from ckptio.storage import PosixStorage, Storage, open_storage
 from ckptio.storage.posix import TMP_PREFIX
+from ckptio.testing.conformance import StoreTests
 
 
 class TestPosixFsync(StoreTests):

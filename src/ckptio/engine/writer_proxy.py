@@ -16,7 +16,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ckptio.writer import PlanInfo, SaveJob, WriterSpec
+from ckptio.engine.writer import PlanInfo, SaveJob, WriterSpec
 
 
 def _launch(spec: WriterSpec) -> tuple[subprocess.Popen[bytes], Connection]:
@@ -27,7 +27,7 @@ def _launch(spec: WriterSpec) -> tuple[subprocess.Popen[bytes], Connection]:
     # The writer must import the same ckptio as the trainer, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptio._writer_process", str(theirs.fileno())],
+        [sys.executable, "-m", "ckptio.engine.writer_main", str(theirs.fileno())],
         pass_fds=[theirs.fileno()],
         env=env,
         close_fds=True,

@@ -1,0 +1,117 @@
+"""The commit protocol on storage: failure markers, the create-only manifest, ``latest`` and committed steps.
+
+A step is committed iff ``step-XXXXXXXX/manifest.json`` exists. It is written last and create-only, after every
+rank's index (which is written after that rank's data is durable) and after ``.metadata``. Everything here is
+written against the :class:`~ckptio.storage.Storage` protocol, so POSIX and S3 share one implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ckptio.errors import (
+    AlreadyExistsError,
+    CheckpointNotFoundError,
+    CommitError,
+    CorruptCheckpointError,
+    NotFoundError,
+    PreconditionError,
+    StorageError,
+)
+from ckptio.format.keys import FAILED_DIR, LATEST, MANIFEST, failed_key, manifest_key, parse_step_dir, step_dir
+from ckptio.format.records import Manifest
+from ckptio.storage.base import Storage, join_key
+
+
+def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException) -> None:
+    """Tell the committer and the other ranks' watchers that this save attempt cannot commit."""
+    body = {"save_id": save_id, "error": f"{type(error).__name__}: {error}", "time": time.time()}
+    try:
+        storage.put(failed_key(step, who), json.dumps(body).encode())
+    except StorageError:
+        pass  # the committer's timeout is the fallback
+
+
+def read_failures(storage: Storage, step: int, save_id: int) -> list[str]:
+    prefix = join_key(step_dir(step), FAILED_DIR) + "/"
+    out = []
+    for info in storage.list(prefix):
+        try:
+            body = json.loads(storage.get(info.key))
+        except (StorageError, ValueError):
+            continue
+        if body.get("save_id") == save_id:
+            out.append(f"{info.key.rsplit('/', 1)[-1].removesuffix('.json')}: {body.get('error')}")
+    return out
+
+
+def write_manifest(storage: Storage, manifest: Manifest) -> None:
+    """Create-only write of the manifest: the commit point."""
+    key = manifest_key(manifest.step)
+    body = manifest.to_json()
+    try:
+        storage.put(key, body, mode="create")
+    except AlreadyExistsError as exc:
+        # A retried create may find its own earlier write: same save_id means it is ours.
+        try:
+            existing = Manifest.from_json(storage.get(key), key=key)
+        except (StorageError, CorruptCheckpointError):
+            existing = None
+        if existing is not None and existing.save_id == manifest.save_id:
+            return
+        raise CommitError(
+            "step is already committed by another save", root=storage.url, step=manifest.step, path=key
+        ) from exc
+
+
+def read_manifest(storage: Storage, step: int) -> Manifest:
+    key = manifest_key(step)
+    try:
+        raw = storage.get(key)
+    except NotFoundError:
+        raise CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step) from None
+    return Manifest.from_json(raw, key=key)
+
+
+def committed_steps(storage: Storage) -> list[int]:
+    """Steps whose manifest exists, ascending."""
+    steps = []
+    for name in storage.list_dirs(""):
+        step = parse_step_dir(name)
+        if step is not None and storage.exists(join_key(name, MANIFEST)):
+            steps.append(step)
+    return sorted(steps)
+
+
+def all_step_dirs(storage: Storage) -> list[int]:
+    return sorted(s for s in (parse_step_dir(n) for n in storage.list_dirs("")) if s is not None)
+
+
+def update_latest(storage: Storage, step: int) -> None:
+    """Move the advisory ``latest`` pointer forward with compare-and-swap; never backwards."""
+    for _ in range(5):
+        try:
+            info = storage.head(LATEST)
+            current = int(storage.get(LATEST).strip() or b"-1")
+        except NotFoundError:
+            info, current = None, -1
+        except ValueError:
+            info, current = storage.head(LATEST), -1
+        if current >= step:
+            return
+        try:
+            if info is None:
+                storage.put(LATEST, str(step).encode(), mode="create")
+            else:
+                storage.put(LATEST, str(step).encode(), if_match=info.etag)
+            return
+        except (AlreadyExistsError, PreconditionError):
+            continue
+
+
+def read_latest(storage: Storage) -> int | None:
+    try:
+        return int(storage.get(LATEST).strip())
+    except (NotFoundError, ValueError):
+        return None

@@ -1,0 +1,162 @@
+"""Storage wrappers for tests, the probe and the demo: throttle, latency and fault injection on top of any backend.
+
+Used by tests (ENOSPC/EIO without filling a disk), by the probe and by the demo (a local directory behind a
+bandwidth cap that emulates a shared filesystem under contention). Wrappers pickle with their inner storage,
+so the writer processes of every rank get the same behaviour; the throttle's budget is shared between those
+processes through a small state file guarded by ``flock``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import tempfile
+import time
+from typing import Any
+
+from ckptio.errors import StorageError, StorageFullError
+from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, data_size
+from ckptio.storage.wrappers import StorageWrapper
+
+
+class ThrottledStorage(StorageWrapper):
+    """Caps the aggregate write (and optionally read) bandwidth of every process sharing ``state_path``.
+
+    Each transfer reserves its slot on a shared virtual clock (``next_free``): it starts when the previous one
+    would have finished and lasts ``bytes / bandwidth``. Concurrent writers therefore share the bandwidth,
+    like clients of a saturated filesystem do. The real write happens first; the wrapper sleeps for the
+    remainder.
+    """
+
+    def __init__(
+        self,
+        inner: Storage,
+        *,
+        write_bytes_per_s: float,
+        read_bytes_per_s: float | None = None,
+        state_path: str | None = None,
+    ) -> None:
+        super().__init__(inner)
+        if write_bytes_per_s <= 0:
+            raise StorageError("throttle bandwidth must be positive")
+        self.write_bytes_per_s = float(write_bytes_per_s)
+        self.read_bytes_per_s = float(read_bytes_per_s) if read_bytes_per_s else None
+        if state_path is None:
+            fd, state_path = tempfile.mkstemp(prefix="ckptio-throttle-")
+            os.close(fd)
+        self.state_path = state_path
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def book(self, nbytes: int, bandwidth: float | None = None) -> float:
+        """Book ``nbytes`` on the shared clock (at ``bandwidth``, default the write bandwidth); returns the monotonic
+        time the transfer may end. Public so other writers (the demo's DCP baseline) can share the same budget."""
+        bandwidth = bandwidth or self.write_bytes_per_s
+        # O_CREAT: a state path named by the caller (shared by every rank) need not exist yet.
+        fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT, 0o644)
+        with open(fd, "r+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            raw = f.read(8)
+            next_free = struct.unpack("d", raw)[0] if len(raw) == 8 else 0.0
+            end = max(time.monotonic(), next_free) + nbytes / bandwidth
+            f.seek(0)
+            f.write(struct.pack("d", end))
+        return end
+
+    def wait_until(self, end: float) -> None:
+        delay = end - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
+        end = self.book(data_size(data), self.write_bytes_per_s)
+        info = self.inner.put(key, data, mode=mode, if_match=if_match)
+        self.wait_until(end)
+        return info
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        end = self.book(os.path.getsize(path), self.write_bytes_per_s)
+        info = self.inner.put_file(key, path, mode=mode)
+        self.wait_until(end)
+        return info
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        out = self.inner.get(key, offset=offset, length=length)
+        if self.read_bytes_per_s:
+            self.wait_until(self.book(len(out), self.read_bytes_per_s))
+        return out
+
+
+class LatencyStorage(StorageWrapper):
+    """Adds a fixed delay to every operation (a remote metadata server, a far bucket)."""
+
+    def __init__(self, inner: Storage, *, seconds: float) -> None:
+        super().__init__(inner)
+        self.seconds = seconds
+
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
+        time.sleep(self.seconds)
+        return self.inner.put(key, data, mode=mode, if_match=if_match)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        time.sleep(self.seconds)
+        return self.inner.put_file(key, path, mode=mode)
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        time.sleep(self.seconds)
+        return self.inner.get(key, offset=offset, length=length)
+
+    def head(self, key: str) -> ObjectInfo:
+        time.sleep(self.seconds)
+        return self.inner.head(key)
+
+
+class FaultStorage(StorageWrapper):
+    """Fails writes with an errno once a byte budget is spent, or for keys containing ``fail_keys_with``.
+
+    ``errno_code=ENOSPC`` emulates a full local tier, ``EIO`` a failing disk. Reads are never affected, so the
+    test can check that what was committed before the fault is intact.
+    """
+
+    def __init__(
+        self,
+        inner: Storage,
+        *,
+        errno_code: int = errno.ENOSPC,
+        capacity_bytes: int | None = None,
+        fail_keys_with: str | None = None,
+    ) -> None:
+        super().__init__(inner)
+        self.errno_code = errno_code
+        self.capacity_bytes = capacity_bytes
+        self.fail_keys_with = fail_keys_with
+
+    def _check(self, key: str, nbytes: int) -> None:
+        hit = self.fail_keys_with is not None and self.fail_keys_with in key
+        if self.capacity_bytes is not None:
+            used = sum(i.size for i in self.inner.list(""))
+            hit = hit or used + nbytes > self.capacity_bytes
+        if hit:
+            message = f"injected {errno.errorcode.get(self.errno_code, self.errno_code)} writing {key!r}"
+            cls = StorageFullError if self.errno_code in (errno.ENOSPC, errno.EDQUOT) else StorageError
+            raise cls(message, root=self.url, path=key)
+
+    def put(
+        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
+    ) -> ObjectInfo:
+        self._check(key, data_size(data))
+        return self.inner.put(key, data, mode=mode, if_match=if_match)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        self._check(key, os.path.getsize(path))
+        return self.inner.put_file(key, path, mode=mode)
