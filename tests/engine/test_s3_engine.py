@@ -16,7 +16,7 @@ from ckptio import format as fmt
 from ckptio._cli.main import main as cli
 from ckptio.errors import CommitError, ResidencyError
 from ckptio.storage import open_storage
-from storage.fault_proxy import Fault, FaultProxy
+from tests.storage.fault_proxy import Fault, FaultProxy
 from tests.engine.engine_workers import model_state, run_ranks
 
 pytestmark = pytest.mark.s3
