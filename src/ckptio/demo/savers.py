@@ -9,7 +9,6 @@ DCP gets its own gloo group)."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -23,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from ckptio.demo.job import StoreSpec
 from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
 from ckptio.errors import WriterDiedError
+from ckptio.obs.eventfiles import read_event_file
 from ckptio.obs.events import EventLog, rank_path
 from ckptio.storage import PosixStorage, Storage, open_storage
 
@@ -205,11 +205,8 @@ class CkptioSaver:
         self.checkpointer.wait()
 
     def _records(self) -> list[dict[str, Any]]:
-        if not os.path.exists(self.events_path):
-            return []
-        with open(self.events_path) as f:
-            # A line being appended right now may be cut short: only whole lines count.
-            return [json.loads(line) for line in f if line.endswith("\n")]
+        # The writer may be appending right now: read_event_file(live=True) counts only whole lines.
+        return read_event_file(self.events_path, live=True)
 
     def lags(self) -> dict[int, float]:
         return {

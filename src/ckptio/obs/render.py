@@ -1,7 +1,7 @@
 """Drawing the report: the per-rank timeline picture (PNG, matplotlib Agg) and the HTML page around it.
 
-Owns layout, colours and the HTML table; every number it shows comes from ``obs.report`` (Timeline,
-Summary), so the picture and ``--json`` never disagree. Must never compute a statistic of its own beyond
+Owns layout, colours and the HTML table; every number it shows comes from ``obs.timeline`` and ``obs.summary``
+(Timeline, Summary), so the picture and ``--json`` never disagree. Must never compute a statistic of its own beyond
 what it needs to place things on the page, and never import pyplot's interactive backends (reports are drawn
 on headless nodes).
 """
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ckptio.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ckptio.obs.report import RankSummary, SaveTrace, Summary, Timeline
+    from ckptio.obs.summary import RankSummary, Summary
+    from ckptio.obs.timeline import SaveTrace, Timeline
 
 __all__ = ["png_bytes", "write_html", "write_png"]
 
