@@ -1,6 +1,7 @@
-"""Entry point of the ``ckptio`` command: each subcommand lives in its own module with ``register(subparsers)``.
+"""Entry point of the ``ckptio`` command; each subcommand lives in its own module with ``register(subparsers)``.
 
-Exit codes: 0 success, 1 a finding (verify failed, admit refused), 2 usage error.
+Owns the top-level parser, the help a user sees, and the mapping of errors to exit codes. Must never hold a
+subcommand's logic: each ``*_cmd`` module parses its own flags and calls the library.
 """
 
 from __future__ import annotations
@@ -12,21 +13,25 @@ from collections.abc import Sequence
 
 from ckptio.errors import CkptError, ConfigError
 
-# Module names under ckptio._cli; each defines register(subparsers) and sets a ``func`` default returning an int.
-SUBCOMMAND_MODULES = ("inspect", "plan_cmd", "probe_cmd", "admit_cmd", "simulate_cmd", "report_cmd", "demo_cmd")
+# Module names under ckptio._cli, in the order ``ckptio --help`` lists their commands; each defines
+# register(subparsers) and sets a ``func`` default returning an int.
+SUBCOMMAND_MODULES = ("steps_cmd", "plan_cmd", "probe_cmd", "admit_cmd", "simulate_cmd", "report_cmd", "demo_cmd")
+
+DESCRIPTION = (
+    "ckptio keeps checkpoint I/O bursts off the training critical path, and tells you before a job starts "
+    "whether its storage can take them."
+)
+EPILOG = (
+    "Run 'ckptio COMMAND --help' for a command's options. "
+    "Exit codes: 0 success, 1 a finding (verify failed, admit refused), 2 usage error."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckptio", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = argparse.ArgumentParser(prog="ckptio", description=DESCRIPTION, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"ckptio._cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"ckptio._cli.{name}":
-                continue  # subcommand not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"ckptio._cli.{name}").register(sub)
     return parser
 
 
