@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ckptio._cli.job_args import add_job_arguments, add_storage_arguments, job_from_args
-from ckptio._cli.probe_cmd import sigterm_as_interrupt
+from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError
 from ckptio.plan.admit import AdmissionPolicy, admit
 from ckptio.plan.budget import plan_burst

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ckptio._proc import sigterm_as_interrupt
 from ckptio.plan.probe import ProbeConfig, probe
 from ckptio.plan.probe import Progress as ProgressFn
 from ckptio.plan.profile import StorageProfile
@@ -71,18 +70,6 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"profile written to {args.out}")
     return 0
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -11,16 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ckptio._proc import sigterm_as_interrupt
 from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
 from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
@@ -155,24 +154,6 @@ class _Layout:
             os.makedirs(folder)
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM to the demo cleans up like Ctrl-C does (main thread only; elsewhere it is left alone)."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     """Run the whole demo; raises :class:`~ckptio.errors.CkptError` when a run fails."""
     if console is None:
@@ -182,7 +163,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     began = time.monotonic()
     paths = _Layout(config.out)
     paths.reset()
-    with _sigterm_as_interrupt(), _store_context(config) as s3_endpoint:
+    with sigterm_as_interrupt(), _store_context(config) as s3_endpoint:
         _intro(console, config, s3_endpoint)
         prediction = _predict(console, config)
         results = _launch(console, config, paths, list(RUN_MODES), s3_endpoint)

@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from ckptio._proc import pid_alive
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, RootInUseError, StorageError
 from ckptio.storage.base import Storage
 
@@ -39,13 +40,7 @@ class OwnerRecord:
 def _alive_here(record: OwnerRecord) -> bool:
     if record.host != socket.gethostname():
         return True  # cannot tell for another host: trust the lease
-    try:
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(record.pid)
 
 
 def _holds(record: OwnerRecord, now: float) -> bool:

@@ -20,21 +20,12 @@ import threading
 
 import torch
 
+from ckptio._proc import pid_alive
 from ckptio.errors import StorageFullError, UnsupportedStateError
 from ckptio.format.layout import RankLayout
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SLOT_PREFIX = "ckptio-slot-"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale_slots() -> int:
@@ -47,7 +38,7 @@ def remove_stale_slots() -> int:
             pid = int(name[len(SLOT_PREFIX) :].split("-", 1)[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed += 1
