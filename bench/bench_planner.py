@@ -17,12 +17,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import ratio_line
+from _common import RunSpec, median_figure, ratio_line, run_job
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
 from ckptio.plan.host import measure_copy_bandwidth
 from ckptio.plan.model import uniform_shape
 from ckptio.plan.probe import ProbeConfig, probe
-from plan_bench_run import RunSpec, median, run_job
 
 MIB = 1 << 20
 
@@ -58,8 +57,8 @@ def main() -> int:
         saves = run_job(spec)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    measured_commit, measured_flush = median(saves, "commit_s"), median(saves, "flush_s")
-    measured_block = median(saves, "blocking_s")
+    measured_commit, measured_flush = median_figure(saves, "commit_s"), median_figure(saves, "flush_s")
+    measured_block = median_figure(saves, "blocking_s")
     print(f"probe profile: write {profile.write_bytes_per_s / MIB:.0f} MiB/s aggregate "
           f"({profile.per_writer_bytes_per_s / MIB:.0f} MiB/s one writer), serialize "
           f"{(profile.serialize_bytes_per_s or 0) / MIB:.0f} MiB/s per writer, {profile.seconds:.1f} s")
@@ -72,8 +71,9 @@ def main() -> int:
     print(f"{'blocking (s, median)':34}{measured_block:>20.3f}{plan.blocking_s:>10.3f}")
     commits = ", ".join(f"{s['commit_s']:.2f}" for s in saves)
     print(f"per-save flush to commit (s): {commits}")
-    print(f"measured writer phases (median, slowest rank): serialize {median(saves, 'serialize'):.2f} s, "
-          f"upload {median(saves, 'upload'):.2f} s, retention after the commit {median(saves, 'retention'):.2f} s")
+    print(f"measured writer phases (median, slowest rank): serialize {median_figure(saves, 'serialize'):.2f} s, "
+          f"upload {median_figure(saves, 'upload'):.2f} s, "
+          f"retention after the commit {median_figure(saves, 'retention'):.2f} s")
     ratio = plan.flush_s / measured_commit
     verdict = "met" if 0.8 <= ratio <= 1.2 else "MISSED"
     print(f"ratio plan/measured flush to commit: {ratio:.2f} (goal 0.80-1.20: {verdict})")

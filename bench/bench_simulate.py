@@ -23,12 +23,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import ratio_line
+from _common import RunSpec, median_figure, ratio_line, run_job
 from ckptio.plan.budget import Schedule, StorageModel, plan_burst
 from ckptio.plan.host import measure_copy_bandwidth, serialize_bytes_per_s
 from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.simulate import SimulationConfig, simulate
-from plan_bench_run import RunSpec, median, run_job
 
 MIB = 1 << 20
 
@@ -92,15 +91,15 @@ def truth(args: argparse.Namespace) -> list[float]:
         # The simulator's flush ends when the last rank's data is durable; ckptio then writes its small commit
         # files. On the FIFO throttle those queue behind whatever bytes are already booked (the next save's,
         # when saves are behind), which a fair-share store would not do: shown beside, not compared.
-        got_flush, got_stall = median(saves, "data_s"), median(saves, "blocking_s")
+        got_flush, got_stall = median_figure(saves, "data_s"), median_figure(saves, "blocking_s")
         print(
             f"\n{label}: {args.ranks} ranks × {args.mib_per_rank} MiB, store {args.throttle_mib} MiB/s, "
             f"a save every {interval:.2f} s of compute, {args.saves} saves"
         )
         print(f"{'':22}{'measured (anchor)':>20}{'simulate':>12}{'plan':>10}")
         print(f"{'flush (s, median)':22}{got_flush:>20.2f}{sim_flush:>12.2f}{sim.plan_flush_s:>10.2f}")
-        print(f"{'  then committed at':22}{median(saves, 'commit_s'):>20.2f}   "
-              f"(rank 0 reports {median(saves, 'flush_s'):.2f}, after retention)")
+        print(f"{'  then committed at':22}{median_figure(saves, 'commit_s'):>20.2f}   "
+              f"(rank 0 reports {median_figure(saves, 'flush_s'):.2f}, after retention)")
         print(f"{'stall/save (s, med.)':22}{got_stall:>20.2f}{sim_stall:>12.2f}")
         ratios.append(sim_flush / got_flush)
         if label == "behind":
