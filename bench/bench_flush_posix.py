@@ -8,7 +8,7 @@ from an empty directory. Median of ``--reps`` after one warm-up of each.
 
     .venv/bin/python bench/bench_flush_posix.py [--mib 1024] [--reps 3] [--dir /tmp]
 
-Goal (BENCHMARKS.md): ckptio ≥ 0.9 × fio.
+Goal (bench/README.md): ckptio ≥ 0.9 × fio.
 """
 
 from __future__ import annotations

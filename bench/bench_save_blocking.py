@@ -8,7 +8,7 @@ so each rep measures staging, not queueing behind the previous save. Median of `
 
     .venv/bin/python bench/bench_save_blocking.py [--reps 3] [--dir /tmp]
 
-Goals (BENCHMARKS.md): ckptio ≤ 1.5 × (a) and ≤ 0.3 × (b).
+Goals (bench/README.md): ckptio ≤ 1.5 × (a) and ≤ 0.3 × (b).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ process (no GIL), DCP's is a thread in the training process. ``--threads`` sets 
 
     .venv/bin/python bench/bench_step_inflation.py [--threads 1] [--saves 3] [--dir /tmp]
 
-Goal (BENCHMARKS.md): ckptio ≤ 1.05.
+Goal (bench/README.md): ckptio ≤ 1.05.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Which imports count where:
   ``if TYPE_CHECKING:``. An import inside a function runs on first call, after both modules finished loading,
   and a TYPE_CHECKING import never runs, so neither can produce a half-initialised module.
 
-The rules (DESIGN.md, "Layers and where they live"; issue 07):
+The rules (issue 07; the layers are drawn in the README's "How a save flows"):
 
 * ``ckptio.format`` never imports ``ckptio.engine``: the on-storage contract has no processes.
 * ``ckptio.storage`` never imports ``ckptio.engine``, ``ckptio.format`` or ``ckptio.policy``: it is the narrow

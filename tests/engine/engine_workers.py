@@ -1,4 +1,7 @@
-"""Helpers for the engine tests: deterministic states and their comparison (ranks are launched by tests/ranks.py)."""
+"""Helpers for the engine tests: deterministic states and their comparison.
+
+Ranks are launched by ``ckptio.testing.ranks``.
+"""
 
 from __future__ import annotations
 

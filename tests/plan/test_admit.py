@@ -43,7 +43,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def disk_profile(tmp_path: Path) -> Path:
-    """A profile of a 300 MiB/s disk (the figure BENCHMARKS.md gives for this machine), as probe writes it."""
+    """A profile of a 300 MiB/s disk (the work disk of the 2-core development machine), as probe writes it."""
     path = tmp_path / "profile.json"
     StorageProfile(
         target=str(tmp_path),

@@ -23,8 +23,9 @@ from ckptio.plan.fairshare import fair_share_flush_s
 from ckptio.plan.model import CheckpointShape
 from ckptio.plan.units import format_duration, format_rate
 
-# Llama 3 405B pre-training: 419 unexpected interruptions in 54 days on 16,384 GPUs (REFERENCE.md). Scaled per
-# GPU, it gives a default MTBF for a job of any size: failures grow with the number of GPUs a job holds.
+# Llama 3 405B pre-training: 419 unexpected interruptions in 54 days on 16,384 GPUs ("The Llama 3 Herd of
+# Models", Meta, 2024). Scaled per GPU, it gives a default MTBF for a job of any size: failures grow with the
+# number of GPUs a job holds.
 LLAMA3_GPU_SECONDS_PER_FAILURE = 16384 * 54 * 86400 / 419
 S3_PUT_RATE_PER_PREFIX = 3500.0
 """PUT/COPY/POST/DELETE requests per second per partitioned prefix (AWS S3 documentation)."""

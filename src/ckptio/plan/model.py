@@ -36,7 +36,7 @@ CHECKPOINT_LEVEL_OBJECTS = 3
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Architecture:
-    """A decoder-only transformer, counted as MLPerf Storage's DLIO counts it (see REFERENCE.md)."""
+    """A decoder-only transformer, counted as MLPerf Storage's DLIO counts it (its llama3 workload configs)."""
 
     layers: int
     """Transformer blocks."""
@@ -330,7 +330,7 @@ def _requests_for(size: float, part_size: float) -> int:
     return 1 if size <= part_size else math.ceil(size / part_size) + 2
 
 
-# ---- MLPerf Storage v2.0 presets (REFERENCE.md) ------------------------------------------------------------
+# ---- MLPerf Storage v2.0 presets (the DLIO llama3 workload configs of mlcommons/storage) -------------------
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Preset:
     """A named job: architecture, parallelism and dtypes exactly as a public benchmark defines them."""

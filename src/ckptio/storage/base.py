@@ -4,7 +4,7 @@ A :class:`Storage` is a flat key space under one root (a POSIX directory or an S
 separator and never start with it. The protocol is deliberately narrow — five primitives — and everything the
 pipeline needs (commit, retention, restore, probe) is written once against it.
 
-Guarantees every backend must keep (``tests/storage/conformance.py`` checks them):
+Guarantees every backend must keep (``ckptio.testing.conformance`` checks them):
 
 * ``put`` either writes the entirety of the data or fails; a reader never sees a partial object.
 * ``put(mode="create")`` is create-only: it raises :class:`~ckptio.errors.AlreadyExistsError` when the key exists,
