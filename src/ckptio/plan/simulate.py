@@ -38,12 +38,13 @@ from typing import Any, Literal
 import numpy as np
 
 from ckptio.errors import ConfigError
+from ckptio.obs.events import Phase
 from ckptio.plan.budget import METADATA_OPS_PER_OBJECT, Schedule, StorageModel, plan_burst
 from ckptio.plan.fairshare import max_min_rates
 from ckptio.plan.model import CheckpointShape
 
 _EPS_S = 1e-9
-SERIALIZE, LOCAL_WRITE, UPLOAD = "serialize", "local_write", "upload"
+SERIALIZE, LOCAL_WRITE, UPLOAD = Phase.SERIALIZE, Phase.LOCAL_WRITE, Phase.UPLOAD
 _MAX_EVENTS = 5_000_000
 
 
