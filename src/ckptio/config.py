@@ -6,7 +6,7 @@ The CLI and the keyword form of ``Checkpointer(...)`` both build this object; no
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckptio.errors import ConfigError
@@ -103,6 +103,10 @@ class CheckpointerConfig:
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
 
+    def writer_config(self) -> WriterConfig:
+        """The part of this config the writer process reads (same field names: a projection, never a copy)."""
+        return WriterConfig(**{f.name: getattr(self, f.name) for f in fields(WriterConfig)})
+
     def __post_init__(self) -> None:
         problems = [
             (self.max_pending < 1, f"max_pending must be >= 1, got {self.max_pending}"),
@@ -129,3 +133,33 @@ class CheckpointerConfig:
             if bad:
                 raise ConfigError(message)
         self.data_dirs = tuple(os.fspath(d) for d in self.data_dirs)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriterConfig:
+    """What a writer process reads of :class:`CheckpointerConfig`, pickled to it once at start.
+
+    Built only by :meth:`CheckpointerConfig.writer_config`; every field has the name (and meaning) of the
+    ``CheckpointerConfig`` field it comes from, which is validated there.
+    """
+
+    keep_last: int
+    """Committed steps kept on the durable tier (0 keeps all); rank 0's committer applies it after each commit."""
+
+    upload_concurrency: int
+    """Threads that serialize, write and upload files of one save."""
+
+    commit_timeout_s: float
+    """How long a committer (rank 0) or watcher (other ranks) waits for a step to commit before it fails."""
+
+    residency: Residency | None
+    """Where checkpoints may be written; the writer re-checks it every ``residency_recheck_s``."""
+
+    residency_recheck_s: float
+    """Seconds between the writer's residency checks."""
+
+    local_capacity_bytes: int | None
+    """Byte budget of the local tier (None: whatever the filesystem holds)."""
+
+    writer_nice: int
+    """CPU niceness the writer adds to itself; its I/O goes to the lowest best-effort class when > 0."""

@@ -16,8 +16,8 @@ from ckptio import format as fmt
 from ckptio._cli.main import main as cli
 from ckptio.errors import CommitError, ResidencyError
 from ckptio.storage import open_storage
-from tests.storage.fault_proxy import Fault, FaultProxy
 from tests.engine.engine_workers import model_state, run_ranks
+from tests.storage.fault_proxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.s3
 

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from ckptio import format as fmt
 from ckptio.config import CheckpointerConfig
+from ckptio.engine import protocol
 from ckptio.engine.dcp import (
     check_supported,
     flatten_like_dcp,
@@ -37,11 +38,10 @@ from ckptio.engine.group import SideGroup
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.restore import restore_step
 from ckptio.engine.staging import StagingArea, copy_into_slot, remove_stale_slots
-from ckptio.engine.writer import PlanInfo, SaveJob, WriterSpec
 from ckptio.engine.writer_proxy import WriterProxy
 from ckptio.errors import CkptError, ConfigError, UnsupportedStateError, WriterDiedError
 from ckptio.format.layout import plan_layout
-from ckptio.obs.events import EventLog, rank_path
+from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_exporter
 from ckptio.obs.steps import StepTimer
 from ckptio.policy.volumes import enforce_volume_policy
@@ -147,13 +147,9 @@ class Checkpointer:
             opts.setdefault("fsync", self.config.fsync)
         return opts
 
-    def _writer_spec(self) -> WriterSpec:
-        c = self.config
-        return WriterSpec(rank=self.rank, world_size=self.world_size, durable=self.storage, local=self.local,
-                          keep_last=c.keep_last, upload_concurrency=c.upload_concurrency,
-                          commit_timeout_s=c.commit_timeout_s, residency=c.residency,
-                          residency_recheck_s=c.residency_recheck_s, owner=self._owner,
-                          local_capacity_bytes=c.local_capacity_bytes, nice=c.writer_nice)
+    def _writer_spec(self) -> protocol.WriterStart:
+        return protocol.WriterStart(config=self.config.writer_config(), rank=self.rank, world_size=self.world_size,
+                                    durable=self.storage, local=self.local, owner=self._owner)
 
     def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)
@@ -201,21 +197,21 @@ class Checkpointer:
         """Stage ``state`` and return; the caller may mutate ``state`` right after. All ranks call together."""
         self._check_open()
         t0 = time.monotonic()
-        self.events.emit("save_requested", step)
+        self.events.emit(Event.SAVE_REQUESTED, step)
         self._report_failures()
         state_dict, flat, key, local_error = self._prepare(state)
         agreed, blocked_s = self._agree(changed=key != self._plan_key, error=local_error is not None)
         if agreed.any_error:
             return self._skip_for_error(step, local_error, blocked_s)
         if not agreed.all_free:
-            self.events.emit("save_skipped", step, reason="no free staging slot", pending=self._staging.pending())
+            self.events.emit(Event.SAVE_SKIPPED, step, reason="no free staging slot", pending=self._staging.pending())
             return SaveHandle(step, skipped=True, skip_reason="no free staging slot")
-        self.events.emit("save_agreed", step, blocked_s=blocked_s, pending=self._staging.pending())
+        self.events.emit(Event.SAVE_AGREED, step, blocked_s=blocked_s, pending=self._staging.pending())
         if agreed.any_changed or self._plan_key is None:
             flat = self._replan(state_dict, flat, key)
         handle = self._stage_and_submit(step, flat, agreed.save_id, t0)
         handle.blocking_s = time.monotonic() - t0
-        self.events.emit("save_returned", step, blocking_s=handle.blocking_s, bytes=handle.bytes)
+        self.events.emit(Event.SAVE_RETURNED, step, blocking_s=handle.blocking_s, bytes=handle.bytes)
         return handle
 
     def _prepare(self, state: dict[str, Any]) -> tuple[Any, dict[str, Any], int | None, CkptError | None]:
@@ -246,7 +242,7 @@ class Checkpointer:
             self._staging.wait_free(timeout=1.0)
 
     def _skip_for_error(self, step: int, local_error: CkptError | None, blocked_s: float) -> SaveHandle:
-        self.events.emit("save_skipped", step, reason="error on a rank", pending=self._staging.pending())
+        self.events.emit(Event.SAVE_SKIPPED, step, reason="error on a rank", pending=self._staging.pending())
         if self._writer_error is not None:
             error, self._writer_error = self._writer_error, None
             self._writer.forget()
@@ -279,7 +275,7 @@ class Checkpointer:
         self._plan_key = key
         self._plan_id += 1
         self._writer.ensure_started()
-        self._writer.send_plan(self._plan_id, PlanInfo(layout=self._layout, metadata_skeleton=skeleton))
+        self._writer.send_plan(protocol.WriterPlan(self._plan_id, self._layout, metadata_skeleton=skeleton))
         return flat
 
     def _stage_and_submit(self, step: int, flat: dict[str, Any], save_id: int, t0: float) -> SaveHandle:
@@ -291,11 +287,11 @@ class Checkpointer:
         self._last_save_mono = t0
         slot = self._staging.acquire(slot_id, self._layout)
         try:
-            self.events.emit("stage_begin", step)
+            self.events.emit(Event.STAGE_BEGIN, step)
             ts = time.monotonic()
             handle.bytes = copy_into_slot(slot, resolve_tensors(flat, self._tensor_items))
             objects = resolve_objects(flat, self._object_items)
-            self.events.emit("stage_end", step, bytes=handle.bytes, seconds=time.monotonic() - ts)
+            self.events.emit(Event.STAGE_END, step, bytes=handle.bytes, seconds=time.monotonic() - ts)
         except BaseException as exc:
             self._staging.release(slot_id)
             # The other ranks already agreed to save this step: tell their writers it cannot commit.
@@ -303,10 +299,10 @@ class Checkpointer:
             raise
         with self._lock:
             self._pending[step] = handle
-        self.events.emit("queue", step, pending=self._staging.pending())
+        self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
         self._writer.ensure_started()
-        self._writer.submit(SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
-                                    slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=objects))
+        self._writer.submit(protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
+                                             slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects)))
         handle.returned_mono = time.monotonic()
         return handle
 
@@ -319,24 +315,29 @@ class Checkpointer:
         return self.save(step, state) if due else None
 
     # ---- writer messages (reader thread) ------------------------------------------------------------------------
-    def _on_writer_message(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "event":
-            if msg[1].get("event") == "writer_started":
-                self._writer_ready.set()
-            self.events.record(msg[1])
-        elif kind == "slot_free":
-            handle = self._pending.get(msg[1])
-            if handle is not None and handle.slot_id is not None:
-                self._staging.release(handle.slot_id)
-                handle.slot_id = None
-            self.events.emit("queue", msg[1], pending=self._staging.pending())
-        elif kind == "done":
-            self._complete(msg[1], None, msg[2])
-        elif kind == "failed":
-            self._complete(msg[1], msg[2], None)
+    def _on_writer_message(self, msg: protocol.FromWriter) -> None:
+        match msg:
+            case protocol.WriterEvent(record=record):
+                if record.get("event") == Event.WRITER_STARTED:
+                    self._writer_ready.set()
+                self.events.record(record)
+            case protocol.SlotFree(step=step, slot_id=slot_id):
+                self._release_slot(step, slot_id)
+                self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
+            case protocol.SaveDone(step=step):
+                self._complete(step, None)
+            case protocol.SaveFailed(step=step, error=error):
+                self._complete(step, error)
 
-    def _complete(self, step: int, error: BaseException | None, info: dict[str, Any] | None) -> None:
+    def _release_slot(self, step: int, slot_id: int) -> None:
+        with self._lock:  # once: a save that completed already gave its slot back then
+            handle = self._pending.get(step)
+            if handle is None or handle.slot_id != slot_id:
+                return
+            handle.slot_id = None
+        self._staging.release(slot_id)
+
+    def _complete(self, step: int, error: BaseException | None) -> None:
         with self._lock:
             handle = self._pending.pop(step, None)
         if handle is None:
@@ -346,10 +347,10 @@ class Checkpointer:
             handle.slot_id = None
         now = time.monotonic()
         if error is None:
-            self.events.emit("committed", step, flush_s=now - handle.returned_mono, bytes=handle.bytes,
+            self.events.emit(Event.COMMITTED, step, flush_s=now - handle.returned_mono, bytes=handle.bytes,
                              lag_s=now - handle.requested_mono, interval_s=handle.interval_s)
         else:
-            self.events.emit("save_failed", step, error=str(error), error_type=type(error).__name__)
+            self.events.emit(Event.SAVE_FAILED, step, error=str(error), error_type=type(error).__name__)
             with self._lock:
                 self._unreported.append(error)
         handle._finish(error)
@@ -358,14 +359,14 @@ class Checkpointer:
         self._writer_ready.clear()
         error = WriterDiedError(f"writer process exited with code {exitcode}", root=self.storage.url,
                                 rank=self.rank)
-        self.events.emit("writer_died", None, pid=self._writer.pid, exitcode=exitcode)
+        self.events.emit(Event.WRITER_DIED, None, pid=self._writer.pid, exitcode=exitcode)
         with self._lock:
             pending = list(self._pending.values())
             self._writer_error = error
         for handle in pending:
             # Tell the committer (and the other ranks) at once instead of letting them time out.
             fmt.write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
-            self._complete(handle.step, error, None)
+            self._complete(handle.step, error)
 
     def _report_failures(self) -> None:
         with self._lock:

@@ -1,22 +1,93 @@
-"""``python -m ckptio.engine.writer_main FD``: the writer process's entry point.
+"""``python -m ckptio.engine.writer_main FD``: the writer process — entry point, message loop, priority, heartbeat.
 
 The writer is started as a fresh interpreter (not multiprocessing's spawn) so it never re-imports the user's
 ``__main__`` — training scripts without an ``if __name__ == "__main__"`` guard, notebooks and torchrun entry points
-all work. The trainer passes one end of a socketpair as ``FD``; the first message is the WriterSpec.
+all work. The trainer passes one end of a socketpair as ``FD``; the first message is a
+:class:`~ckptio.engine.protocol.WriterStart`. The work itself is ``engine.writer`` and ``engine.committer``; this
+module must never do any of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
+import traceback
 from multiprocessing.connection import Connection
 
-from ckptio.engine.writer import writer_main
+import torch
+
+from ckptio.engine.ownership import OwnerRecord, heartbeat
+from ckptio.engine.protocol import Outbox, SaveJob, WriterPlan, WriterStart, WriterStop, WriterStopped
+from ckptio.engine.writer import Writer
+from ckptio.obs.events import Event
+from ckptio.storage.base import Storage
+
+
+def _lower_priority(nice: int) -> None:
+    """Let training win the CPU and the disk queue; best-effort (not idle) I/O so a flush is never starved."""
+    if nice <= 0:
+        return
+    os.nice(nice)
+    with contextlib.suppress(Exception):  # ionice is Linux-only and may be refused in containers
+        import psutil
+
+        psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, value=7)
+
+
+def _keep_heartbeat(durable: Storage, owner: OwnerRecord, stop: threading.Event) -> None:
+    """Rank 0 keeps the root's owner record fresh for as long as its writer runs."""
+    while not stop.wait(owner.lease_s / 3):
+        heartbeat(durable, owner)
+
+
+def _serve(conn: Connection, writer: Writer) -> None:
+    """Dispatch messages until ``WriterStop`` or the trainer goes away."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        match msg:
+            case WriterStop():
+                return
+            case WriterPlan():
+                writer.add_plan(msg)
+            case SaveJob():
+                writer.run_job(msg)
+            case _:
+                raise TypeError(f"unexpected message to the writer: {type(msg).__name__}")
+
+
+def writer_main(conn: Connection, start: WriterStart) -> None:
+    """Process body: serve jobs until ``WriterStop`` or the trainer goes away, then say ``WriterStopped``."""
+    torch.set_num_threads(1)  # serialization is memcpy-bound; leave the cores to training
+    _lower_priority(start.config.writer_nice)
+    out = Outbox(conn, start.rank)
+    out.event(Event.WRITER_STARTED, None, pid=os.getpid())
+    writer = Writer(start, out)
+    stop_heartbeat = threading.Event()
+    if start.owner is not None:
+        threading.Thread(target=_keep_heartbeat, args=(start.durable, start.owner, stop_heartbeat),
+                         name="ckptio-heartbeat", daemon=True).start()
+    try:
+        _serve(conn, writer)
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        stop_heartbeat.set()
+        writer.close()
+        out.send(WriterStopped())
 
 
 def main() -> None:
     conn = Connection(int(sys.argv[1]))
-    spec = conn.recv()
-    writer_main(conn, spec)
+    start = conn.recv()
+    if not isinstance(start, WriterStart):
+        raise TypeError(f"the writer's first message must be WriterStart, got {type(start).__name__}")
+    writer_main(conn, start)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ckptio.engine.writer import PlanInfo, SaveJob, WriterSpec
+from ckptio.engine.protocol import FromWriter, SaveJob, ToWriter, WriterPlan, WriterStart, WriterStop, WriterStopped
 
 
-def _launch(spec: WriterSpec) -> tuple[subprocess.Popen[bytes], Connection]:
+def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
     """A fresh interpreter (never fork: torch's thread pools and CUDA contexts do not survive it), wired by a
-    socketpair; the writer gets the spec as its first message."""
+    socketpair; the writer gets ``start`` as its first message."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
     # The writer must import the same ckptio as the trainer, installed or not.
@@ -34,7 +34,7 @@ def _launch(spec: WriterSpec) -> tuple[subprocess.Popen[bytes], Connection]:
     )
     theirs.close()
     conn = Connection(ours.detach())
-    conn.send(spec)
+    conn.send(start)
     return proc, conn
 
 
@@ -43,12 +43,12 @@ class WriterProxy:
 
     def __init__(
         self,
-        spec: WriterSpec,
+        start: WriterStart,
         *,
-        on_message: Callable[[tuple[Any, ...]], None],
+        on_message: Callable[[FromWriter], None],
         on_death: Callable[[int | None], None],
     ) -> None:
-        self.spec = spec
+        self.start_message = start
         self._on_message = on_message
         self._on_death = on_death
         self._proc: Any = None
@@ -56,7 +56,7 @@ class WriterProxy:
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._send_lock = threading.Lock()
-        self._plan: tuple[int, PlanInfo] | None = None
+        self._plan: WriterPlan | None = None
 
     @property
     def alive(self) -> bool:
@@ -67,27 +67,27 @@ class WriterProxy:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        proc, parent = _launch(self.spec)
+        proc, parent = _launch(self.start_message)
         self._proc, self._conn, self._stopping = proc, parent, False
         self._reader = threading.Thread(
             target=self._read_loop, args=(proc, parent), name="ckptio-writer-reader", daemon=True
         )
         self._reader.start()
         if self._plan is not None:  # a restarted writer needs the current plan again
-            self._send(("plan", *self._plan))
+            self._send(self._plan)
 
     def ensure_started(self) -> None:
         if self._proc is None:
             self.start()
 
-    def send_plan(self, plan_id: int, plan: PlanInfo) -> None:
-        self._plan = (plan_id, plan)
-        self._send(("plan", plan_id, plan))
+    def send_plan(self, plan: WriterPlan) -> None:
+        self._plan = plan
+        self._send(plan)
 
     def submit(self, job: SaveJob) -> None:
-        self._send(("job", job))
+        self._send(job)
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, msg: ToWriter) -> None:
         with self._send_lock:
             try:
                 self._conn.send(msg)
@@ -100,9 +100,11 @@ class WriterProxy:
                 msg = conn.recv()
             except (EOFError, OSError):
                 break
-            if msg[0] == "stopped":
-                break
-            self._on_message(msg)
+            match msg:
+                case WriterStopped():
+                    break
+                case _:
+                    self._on_message(msg)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -116,7 +118,7 @@ class WriterProxy:
         if self._proc is None:
             return
         self._stopping = True
-        self._send(("stop",))
+        self._send(WriterStop())
         if self._reader is not None:
             self._reader.join(timeout)
         try:

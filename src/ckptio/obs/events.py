@@ -7,7 +7,7 @@ below is a contract. Each line is one JSON object with at least::
     mono   CLOCK_MONOTONIC seconds (time.monotonic(); comparable across processes of one host)
     rank   global rank
     role   "trainer" | "writer" | "committer"
-    event  one of EVENTS
+    event  one of Event (the enum below; EVENTS holds the same names as plain strings)
     step   the checkpoint (or training) step, or null
 
 Events and their extra fields:
@@ -19,7 +19,7 @@ Events and their extra fields:
     stage_end        step, bytes, seconds       tensors copied into the staging slot
     save_returned    step, blocking_s, bytes    save() returned to the training loop (blocking_s: whole call)
     phase            step, phase, seconds, bytes, tier
-                     phase ∈ serialize | local_write | upload | rank_index | metadata | manifest | retention
+                     phase ∈ Phase: serialize | local_write | upload | rank_index | metadata | manifest | retention
                      tier ∈ local | durable
     retry            step, op, attempt, error
     save_failed      step, error, error_type
@@ -39,30 +39,90 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-EVENTS = frozenset(
-    {
-        "save_requested",
-        "save_agreed",
-        "save_skipped",
-        "stage_begin",
-        "stage_end",
-        "save_returned",
-        "phase",
-        "retry",
-        "save_failed",
-        "committed",
-        "queue",
-        "step_begin",
-        "step_end",
-        "writer_started",
-        "writer_died",
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        """A str whose members print and format as their value (what ``enum.StrEnum`` does from 3.11)."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return str(self.value).__format__(spec)
+
+
+class Event(StrEnum):
+    """The ``event`` field of a record. Members are str: they compare, hash and serialize as their value."""
+
+    SAVE_REQUESTED = "save_requested"
+    SAVE_AGREED = "save_agreed"
+    SAVE_SKIPPED = "save_skipped"
+    STAGE_BEGIN = "stage_begin"
+    STAGE_END = "stage_end"
+    SAVE_RETURNED = "save_returned"
+    PHASE = "phase"
+    RETRY = "retry"
+    SAVE_FAILED = "save_failed"
+    COMMITTED = "committed"
+    QUEUE = "queue"
+    STEP_BEGIN = "step_begin"
+    STEP_END = "step_end"
+    WRITER_STARTED = "writer_started"
+    WRITER_DIED = "writer_died"
+
+
+class Phase(StrEnum):
+    """The ``phase`` field of a ``phase`` event: one stage of a flush, in the order a save runs them."""
+
+    SERIALIZE = "serialize"
+    LOCAL_WRITE = "local_write"
+    UPLOAD = "upload"
+    RANK_INDEX = "rank_index"
+    METADATA = "metadata"
+    MANIFEST = "manifest"
+    RETENTION = "retention"
+
+
+EVENTS = frozenset(e.value for e in Event)
+"""Every valid ``event`` value, as plain strings (for checking records read back from files)."""
+
+
+def make_record(
+    event: Event | str,
+    step: int | None,
+    *,
+    rank: int,
+    role: str,
+    ts: float | None = None,
+    mono: float | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """The one place an event record is built: refuses an event name outside :class:`Event`.
+
+    ``ts``/``mono`` default to now; a simulation passes its own clock.
+    """
+    try:
+        name = Event(event).value
+    except ValueError:
+        raise ValueError(f"unknown event {event!r}") from None
+    return {
+        "ts": time.time() if ts is None else ts,
+        "mono": time.monotonic() if mono is None else mono,
+        "rank": rank,
+        "role": role,
+        "event": name,
+        "step": step,
+        **fields,
     }
-)
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -94,18 +154,8 @@ class EventLog:
     def add_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         self._listeners.append(fn)
 
-    def emit(self, event: str, step: int | None = None, **fields: Any) -> dict[str, Any]:
-        if event not in EVENTS:
-            raise ValueError(f"unknown event {event!r}")
-        record = {
-            "ts": time.time(),
-            "mono": time.monotonic(),
-            "rank": self.rank,
-            "role": self.role,
-            "event": event,
-            "step": step,
-            **fields,
-        }
+    def emit(self, event: Event | str, step: int | None = None, **fields: Any) -> dict[str, Any]:
+        record = make_record(event, step, rank=self.rank, role=self.role, **fields)
         self.record(record)
         return record
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +25,12 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.exposition import start_http_server
 
 from ckptio.errors import ConfigError
+from ckptio.obs.events import Event, Phase
 
 __all__ = ["BYTES_PHASES", "MetricsExporter", "SaveMetrics", "start_exporter"]
 
 # A phase that moves checkpoint bytes onto a tier, and the tier it counts toward when the record names none.
-BYTES_PHASES = {"local_write": "local", "upload": "durable"}
+BYTES_PHASES: dict[str, str] = {Phase.LOCAL_WRITE: "local", Phase.UPLOAD: "durable"}
 
 # Blocking time should be milliseconds (a host copy); the top buckets exist to show when it is not.
 _BLOCKING_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -193,13 +195,13 @@ class SaveMetrics:
         self._c.failures.labels(rank=rank).inc()
 
 
-_HANDLERS = {
-    "save_returned": SaveMetrics._on_save_returned,
-    "committed": SaveMetrics._on_committed,
-    "phase": SaveMetrics._on_phase,
-    "queue": SaveMetrics._on_queue,
-    "save_skipped": SaveMetrics._on_skipped,
-    "save_failed": SaveMetrics._on_failed,
+_HANDLERS: dict[str, Callable[[SaveMetrics, dict[str, Any], str], None]] = {
+    Event.SAVE_RETURNED: SaveMetrics._on_save_returned,
+    Event.COMMITTED: SaveMetrics._on_committed,
+    Event.PHASE: SaveMetrics._on_phase,
+    Event.QUEUE: SaveMetrics._on_queue,
+    Event.SAVE_SKIPPED: SaveMetrics._on_skipped,
+    Event.SAVE_FAILED: SaveMetrics._on_failed,
 }
 
 

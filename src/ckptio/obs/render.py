@@ -14,6 +14,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from ckptio.errors import ConfigError
+from ckptio.obs.events import Phase
 
 if TYPE_CHECKING:
     from ckptio.obs.summary import RankSummary, Summary
@@ -27,14 +28,14 @@ _STEP_LABELS = {
     "staging": "step blocked by save() staging",
     "flush": "step overlapping a flush",
 }
-_PHASE_COLOURS = {
-    "serialize": "#76b7b2",
-    "local_write": "#4e79a7",
-    "upload": "#1f3b73",
-    "rank_index": "#59a14f",
-    "metadata": "#59a14f",
-    "manifest": "#59a14f",
-    "retention": "#bab0ac",
+_PHASE_COLOURS: dict[str, str] = {
+    Phase.SERIALIZE: "#76b7b2",
+    Phase.LOCAL_WRITE: "#4e79a7",
+    Phase.UPLOAD: "#1f3b73",
+    Phase.RANK_INDEX: "#59a14f",
+    Phase.METADATA: "#59a14f",
+    Phase.MANIFEST: "#59a14f",
+    Phase.RETENTION: "#bab0ac",
 }
 _MAX_RANK_PANELS = 8
 
@@ -335,10 +336,10 @@ def _legend(fig: Any) -> None:
     handles: list[Any] = [Patch(color=c, label=_STEP_LABELS[k]) for k, c in _STEP_COLOURS.items()]
     handles += [
         Patch(facecolor="#dfe6ee", edgecolor="#9aa8b8", label="background flush (save() return → commit)"),
-        Patch(color=_PHASE_COLOURS["serialize"], label="serialize"),
-        Patch(color=_PHASE_COLOURS["local_write"], label="local write"),
-        Patch(color=_PHASE_COLOURS["upload"], label="upload"),
-        Patch(color=_PHASE_COLOURS["rank_index"], label="index / commit"),
+        Patch(color=_PHASE_COLOURS[Phase.SERIALIZE], label="serialize"),
+        Patch(color=_PHASE_COLOURS[Phase.LOCAL_WRITE], label="local write"),
+        Patch(color=_PHASE_COLOURS[Phase.UPLOAD], label="upload"),
+        Patch(color=_PHASE_COLOURS[Phase.RANK_INDEX], label="index / commit"),
         Line2D([], [], marker="D", color="#2e8b57", linestyle="none", label="committed"),
         Line2D([], [], marker="X", color="#b22222", linestyle="none", label="skipped / failed"),
     ]

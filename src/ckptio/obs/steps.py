@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ckptio.errors import ConfigError
-from ckptio.obs.events import EventLog
+from ckptio.obs.events import Event, EventLog
 
 __all__ = ["StepTimer"]
 
@@ -48,7 +48,7 @@ class StepTimer:
                     f"step {step} begun while step {self._open[0]} is still open (call end first)"
                 )
             self._open = (step, time.monotonic())
-        self.events.emit("step_begin", step)
+        self.events.emit(Event.STEP_BEGIN, step)
 
     def end(self, step: int) -> float:
         """Mark the end of training step ``step``; returns its duration in seconds."""
@@ -61,7 +61,7 @@ class StepTimer:
             seconds = now - self._open[1]
             self._open = None
         self.last_seconds = seconds
-        self.events.emit("step_end", step, seconds=seconds)
+        self.events.emit(Event.STEP_END, step, seconds=seconds)
         return seconds
 
     @contextmanager

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ckptio.obs.events import Event
+
 __all__ = ["SaveTrace", "StepSample", "Timeline", "build_timeline"]
 
 
@@ -122,32 +124,32 @@ def _pair_rank(
 
     for r in records:
         event, step, t = r["event"], r.get("step"), r["mono"] + shift
-        if event == "step_end" and r.get("seconds") is not None:
+        if event == Event.STEP_END and r.get("seconds") is not None:
             steps.append(
                 StepSample(rank=rank, step=step, start=t - float(r["seconds"]), seconds=float(r["seconds"]))
             )
-        elif event == "retry":
+        elif event == Event.RETRY:
             timeline.retries += 1
-        elif event == "writer_died":
+        elif event == Event.WRITER_DIED:
             timeline.writer_deaths += 1
         elif step is None:
             continue
-        elif event == "save_requested":
+        elif event == Event.SAVE_REQUESTED:
             open_saves[step] = SaveTrace(rank=rank, step=step, requested=t)
             saves.append(open_saves[step])
-        elif event == "save_returned":
+        elif event == Event.SAVE_RETURNED:
             s = trace(step)
             s.returned, s.blocking_s, s.bytes = t, float(r.get("blocking_s") or 0.0), int(r.get("bytes") or 0)
-        elif event == "save_skipped":
+        elif event == Event.SAVE_SKIPPED:
             s = trace(step)
             s.skipped_at, s.skip_reason = t, str(r.get("reason") or "skipped")
-        elif event == "save_failed":
+        elif event == Event.SAVE_FAILED:
             s = trace(step)
             s.failed, s.failed_at = str(r.get("error_type") or "error"), t
-        elif event == "phase":
+        elif event == Event.PHASE:
             seconds = float(r.get("seconds") or 0.0)
             trace(step).phases.append((str(r.get("phase")), t - seconds, t))
-        elif event == "committed" and trace(step).committed is None:
+        elif event == Event.COMMITTED and trace(step).committed is None:
             s = trace(step)
             s.committed, s.flush_s, s.lag_s = t, _num(r.get("flush_s")), _num(r.get("lag_s"))
             s.interval_s = _num(r.get("interval_s"))

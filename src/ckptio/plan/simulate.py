@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ckptio.errors import ConfigError
+from ckptio.obs.events import Phase
 from ckptio.plan.budget import METADATA_OPS_PER_OBJECT, Schedule, StorageModel, plan_burst
 from ckptio.plan.fairshare import max_min_rates
 from ckptio.plan.model import CheckpointShape
@@ -45,7 +46,7 @@ from ckptio.plan.sim_types import CheckpointRecord, SimulationConfig, Simulation
 __all__ = ["CheckpointRecord", "SimulationConfig", "SimulationResult", "simulate"]
 
 _EPS_S = 1e-9
-SERIALIZE, LOCAL_WRITE, UPLOAD = "serialize", "local_write", "upload"
+SERIALIZE, LOCAL_WRITE, UPLOAD = Phase.SERIALIZE, Phase.LOCAL_WRITE, Phase.UPLOAD
 _MAX_EVENTS = 5_000_000
 
 

@@ -1,0 +1,134 @@
+"""Every message between a trainer and its writer process, and the writer's thread-safe sending end.
+
+Trainer → writer, in this order over one pipe: :class:`WriterStart` once, then :class:`WriterPlan` whenever the
+state's structure changes, :class:`SaveJob` per save, and :class:`WriterStop` at close.
+Writer → trainer: :class:`WriterEvent` (an event record for the trainer's log), :class:`SlotFree` (the staging
+slot may be reused), then exactly one of :class:`SaveDone` / :class:`SaveFailed` per job, and
+:class:`WriterStopped` last.
+
+Messages are frozen: the receiver never writes into what it was sent. Both ends dispatch with ``match`` on these
+classes. This module owns the message shapes only; it must never decide anything about a save.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ckptio.config import WriterConfig
+from ckptio.engine.ownership import OwnerRecord
+from ckptio.format.layout import RankLayout
+from ckptio.obs.events import Event, make_record
+from ckptio.storage.base import Storage
+
+# ---- trainer → writer ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStart:
+    """The first message: the writer's config plus what only the running trainer knows."""
+
+    config: WriterConfig
+    rank: int
+    world_size: int
+    durable: Storage
+    local: Storage | None
+    owner: OwnerRecord | None
+    """Rank 0 only: the root's owner record, whose heartbeat the writer keeps fresh."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterPlan:
+    """A rank's plan, sent once per state structure instead of with every job."""
+
+    plan_id: int
+    layout: RankLayout
+    metadata_skeleton: bytes | None
+    """Pickled DCP Metadata without storage_data (rank 0 only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaveJob:
+    """One save of one rank; the snapshot itself stays in the shared-memory slot."""
+
+    step: int
+    save_id: int
+    slot_id: int
+    slot_path: str
+    slot_nbytes: int
+    plan_id: int
+    """The :class:`WriterPlan` this job's slot follows (the writer looks it up)."""
+    objects: tuple[bytes, ...]
+    """The non-tensor items, pickled, in the plan's object order."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStop:
+    """Finish the queue, then exit."""
+
+
+# ---- writer → trainer ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriterEvent:
+    record: dict[str, Any]
+    """A record built by :func:`ckptio.obs.events.make_record` in the writer, for the trainer's event log."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFree:
+    """The writer no longer reads staging slot ``slot_id`` for ``step``."""
+
+    step: int
+    slot_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    total_bytes: int
+    files: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveDone:
+    """``step`` is committed (this rank saw the manifest of its own save)."""
+
+    step: int
+    info: CommitInfo
+
+
+@dataclass(frozen=True, slots=True)
+class SaveFailed:
+    step: int
+    error: BaseException
+    """Always a :class:`~ckptio.errors.CkptError` (the writer wraps anything else)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStopped:
+    """The last message of a writer that stopped when asked (a death sends nothing)."""
+
+
+ToWriter = WriterStart | WriterPlan | SaveJob | WriterStop
+FromWriter = WriterEvent | SlotFree | SaveDone | SaveFailed | WriterStopped
+
+
+class Outbox:
+    """The writer's thread-safe sending end (the job pipeline and the committer thread share it)."""
+
+    def __init__(self, conn: Connection, rank: int) -> None:
+        self.conn, self.rank = conn, rank
+        self.lock = threading.Lock()
+
+    def send(self, msg: FromWriter) -> None:
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except (BrokenPipeError, OSError):
+                pass  # the trainer is gone; nothing left to tell
+
+    def event(self, event: Event, step: int | None = None, **fields: Any) -> None:
+        self.send(WriterEvent(make_record(event, step, rank=self.rank, role="writer", **fields)))
