@@ -17,7 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass
 
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, RootInUseError, StorageError
-from ckptio.storage.base import Storage
+from ckptio.storage.base import IfMatch, Storage
 
 OWNER_KEY = ".ckptio-owner.json"
 
@@ -80,7 +80,7 @@ def claim_root(storage: Storage, *, lease_s: float, job_id: str | None = None) -
             if etag is None:
                 storage.put(OWNER_KEY, mine.to_json(), mode="create")
             else:
-                storage.put(OWNER_KEY, mine.to_json(), if_match=etag)
+                storage.put(OWNER_KEY, mine.to_json(), mode=IfMatch(etag))
             return mine
         except (AlreadyExistsError, PreconditionError):
             continue  # someone else moved first: look again
