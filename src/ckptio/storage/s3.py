@@ -36,7 +36,6 @@ from ckptio.errors import (
     PreconditionError,
     StorageError,
 )
-from ckptio.storage import s3_bucket
 from ckptio.storage.base import (
     HASHED_DIR_PREFIX,
     Data,
@@ -52,7 +51,8 @@ from ckptio.storage.base import (
     join_key,
 )
 from ckptio.storage.root import S3Root, parse_root
-from ckptio.storage.s3_options import S3Options, is_transient, status_code
+from ckptio.storage.s3_bucket import read_exposure, read_region
+from ckptio.storage.s3_options import S3Options, is_transient, make_client, status_code
 from ckptio.storage.s3_parts import FileSlice, MiB, SegmentReader, choose_part_size, split_parts
 
 # HASHED_DIR_PREFIX, hashed_key and MiB are re-exported: callers imported them from here before.
@@ -63,8 +63,6 @@ __all__ = ["HASHED_DIR_PREFIX", "MiB", "S3Options", "S3Storage", "hashed_key"]
 _TOKEN_META = "ckptio-write"
 
 _T = TypeVar("_T")
-_SESSIONS: dict[str | None, Any] = {}
-_SESSIONS_LOCK = threading.Lock()
 
 
 class S3Storage(Storage):
@@ -104,12 +102,12 @@ class S3Storage(Storage):
     def region(self) -> str | None:
         """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""
         if self._bucket_region is None:
-            self._bucket_region = s3_bucket.read_region(self)
+            self._bucket_region = read_region(self)
         return self._bucket_region
 
     def public_exposure(self) -> Exposure:
         """Read now, never cached: a bucket policy or ACL can change under a running job."""
-        return s3_bucket.read_exposure(self)
+        return read_exposure(self)
 
     def _reset_process_state(self) -> None:
         self._client: Any = None
@@ -139,33 +137,8 @@ class S3Storage(Storage):
             with self._client_lock:
                 if self._client is None or self._client_pid != os.getpid():
                     # A forked child must not share the parent's connections: it opens its own client.
-                    self._client, self._client_pid = self._make_client(), os.getpid()
+                    self._client, self._client_pid = make_client(self.options), os.getpid()
         return self._client
-
-    def _make_client(self) -> Any:
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ConfigError("s3:// roots need boto3: pip install 'ckptio[s3]'") from exc
-        opts = self.options
-        with _SESSIONS_LOCK:
-            # One boto3 session per profile and process: a new one re-parses the S3 service model (~0.3 s).
-            session = _SESSIONS.get(opts.profile)
-            if session is None:
-                session = _SESSIONS[opts.profile] = boto3.session.Session(profile_name=opts.profile)
-        config = Config(
-            connect_timeout=opts.connect_timeout_s,
-            read_timeout=opts.read_timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves (module docstring)
-            max_pool_connections=max(10, 2 * opts.max_concurrency),
-            s3={"addressing_style": opts.addressing_style},
-            tcp_keepalive=True,
-        )
-        with _SESSIONS_LOCK:  # client creation from a shared session is not thread-safe
-            return session.client(
-                "s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config
-            )
 
     def _full(self, key: str) -> str:
         clean = join_key(key)

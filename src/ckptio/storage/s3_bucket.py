@@ -12,14 +12,11 @@ Public means: the bucket's public-access block is absent or not fully on, AND ei
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ckptio.errors import StorageError
 from ckptio.storage.base import Exposure
 from ckptio.storage.s3_options import status_code
-
-if TYPE_CHECKING:
-    from ckptio.storage.s3 import S3Storage
 
 _PUBLIC_GROUPS = (
     "http://acs.amazonaws.com/groups/global/AllUsers",
@@ -28,7 +25,21 @@ _PUBLIC_GROUPS = (
 _BLOCK_FLAGS = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
 
 
-def read_region(store: S3Storage) -> str:
+class Bucket(Protocol):
+    """What these reads need of an :class:`~ckptio.storage.s3.S3Storage` (named structurally: no import cycle)."""
+
+    bucket: str
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    def _call(self, key: str, fn: Callable[[], Any]) -> Any: ...
+
+
+def read_region(store: Bucket) -> str:
     """The bucket's own region (``x-amz-bucket-region``), not the client's signing region."""
     try:
         resp = store._call("", lambda: store.client.head_bucket(Bucket=store.bucket))
@@ -41,7 +52,7 @@ def read_region(store: S3Storage) -> str:
     return str(headers["x-amz-bucket-region"])
 
 
-def read_exposure(store: S3Storage) -> Exposure:
+def read_exposure(store: Bucket) -> Exposure:
     """Whether the bucket is public, and why; StorageError when one of its settings cannot be read."""
     bucket, client = store.bucket, store.client
     block = _read(store, "public-access block", lambda: client.get_public_access_block(Bucket=bucket),
@@ -66,7 +77,7 @@ def read_exposure(store: S3Storage) -> Exposure:
 
 
 def _read(
-    store: S3Storage, what: str, call: Callable[[], dict[str, Any]], *, missing: tuple[str, ...]
+    store: Bucket, what: str, call: Callable[[], dict[str, Any]], *, missing: tuple[str, ...]
 ) -> dict[str, Any] | None:
     """One read-only bucket call; None when the setting does not exist."""
     try:

@@ -1,18 +1,22 @@
 """How an :class:`~ckptio.storage.s3.S3Storage` talks to its bucket: its options, and which failures are worth a retry.
 
-Owns :class:`S3Options` (validated on construction) and the classification of S3 errors into transient (retried
-with backoff) and permanent (raised at once). It must never send a request itself.
+Owns :class:`S3Options` (validated on construction), the boto3 client they describe (one boto3 session per
+profile and process), and the classification of S3 errors into transient (retried with backoff) and permanent
+(raised at once). It must never send a request itself.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ckptio.errors import ConfigError
 from ckptio.storage.s3_parts import MAX_PART, MIN_PART, MiB
 
 SINGLE_PUT_MAX = 5 << 30
+_SESSIONS: dict[str | None, Any] = {}
+_SESSIONS_LOCK = threading.Lock()
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504, 409})
 _RETRYABLE_CODES = frozenset(
     {
@@ -93,6 +97,32 @@ class S3Options:
             raise ConfigError(
                 f"addressing_style must be auto, path or virtual, got {self.addressing_style!r}"
             )
+
+
+def make_client(opts: S3Options) -> Any:
+    """A boto3 S3 client for ``opts`` (sends nothing). Retries are switched off: S3Storage retries itself."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigError("s3:// roots need boto3: pip install 'ckptio[s3]'") from exc
+    with _SESSIONS_LOCK:
+        # One boto3 session per profile and process: a new one re-parses the S3 service model (~0.3 s).
+        session = _SESSIONS.get(opts.profile)
+        if session is None:
+            session = _SESSIONS[opts.profile] = boto3.session.Session(profile_name=opts.profile)
+    config = Config(
+        connect_timeout=opts.connect_timeout_s,
+        read_timeout=opts.read_timeout_s,
+        retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves: see ckptio.storage.s3
+        max_pool_connections=max(10, 2 * opts.max_concurrency),
+        s3={"addressing_style": opts.addressing_style},
+        tcp_keepalive=True,
+    )
+    with _SESSIONS_LOCK:  # client creation from a shared session is not thread-safe
+        return session.client(
+            "s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config
+        )
 
 
 def status_code(exc: BaseException | None) -> tuple[int | None, str | None]:
