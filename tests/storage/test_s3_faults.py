@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ckptio.errors import AlreadyExistsError, StorageError
+from ckptio.storage import IfMatch
 from ckptio.storage.s3 import MiB, S3Storage
 from tests.storage.fault_proxy import Fault, FaultProxy
 
@@ -101,7 +102,7 @@ def test_create_only_multipart_complete_answer_lost(
 def test_if_match_recognises_its_own_swap_after_a_lost_answer(proxy: FaultProxy, store: S3Storage) -> None:
     first = store.put("latest", b"100")
     proxy.add(Fault(kind="drop_response", path_contains="latest", limit=1))
-    store.put("latest", b"200", if_match=first.etag)
+    store.put("latest", b"200", mode=IfMatch(first.etag))
     assert store.get("latest") == b"200"
 
 

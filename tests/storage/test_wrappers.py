@@ -12,32 +12,26 @@ import pytest
 
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.storage import PosixStorage, Storage
-from ckptio.testing.conformance import StoreTests, put_through
+from ckptio.testing.conformance import WrapperTests, put_through
 from ckptio.testing.wrappers import FaultStorage, LatencyStorage, ThrottledStorage
 
 
-class TestThrottled(StoreTests):
-    @pytest.fixture
-    def storage(self, tmp_path: Path) -> Storage:
+class TestThrottled(WrapperTests):
+    def wrap(self, inner: Storage, tmp_path: Path) -> Storage:
         # Fast enough that the suite's few MiB cost milliseconds, slow enough that the booking logic runs.
         return ThrottledStorage(
-            PosixStorage(tmp_path / "root", fsync=False),
-            write_bytes_per_s=4e9,
-            read_bytes_per_s=4e9,
-            state_path=str(tmp_path / "throttle"),
+            inner, write_bytes_per_s=4e9, read_bytes_per_s=4e9, state_path=str(tmp_path / "throttle")
         )
 
 
-class TestLatency(StoreTests):
-    @pytest.fixture
-    def storage(self, tmp_path: Path) -> Storage:
-        return LatencyStorage(PosixStorage(tmp_path / "root", fsync=False), seconds=0.0005)
+class TestLatency(WrapperTests):
+    def wrap(self, inner: Storage, tmp_path: Path) -> Storage:
+        return LatencyStorage(inner, seconds=0.0005)
 
 
-class TestFaultWithoutFault(StoreTests):
-    @pytest.fixture
-    def storage(self, tmp_path: Path) -> Storage:
-        return FaultStorage(PosixStorage(tmp_path / "root", fsync=False))
+class TestFaultWithoutFault(WrapperTests):
+    def wrap(self, inner: Storage, tmp_path: Path) -> Storage:
+        return FaultStorage(inner)
 
 
 def test_wrappers_pass_through_url_and_region(tmp_path: Path) -> None:

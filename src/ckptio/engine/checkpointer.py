@@ -15,7 +15,6 @@ import os
 import pickle
 import threading
 import time
-import urllib.parse
 from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata
@@ -45,7 +44,7 @@ from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_exporter
 from ckptio.obs.steps import StepTimer
 from ckptio.policy.volumes import enforce_volume_policy
-from ckptio.storage import Storage, open_storage
+from ckptio.storage import PosixRoot, Storage, open_storage, parse_root
 
 log = logging.getLogger("ckptio")
 
@@ -143,7 +142,7 @@ class Checkpointer:
     # ---- construction helpers -----------------------------------------------------------------------------------
     def _storage_options(self) -> dict[str, Any]:
         opts = dict(self.config.storage_options)
-        if isinstance(self.config.root, (str, os.PathLike)) and not os.fspath(self.config.root).startswith("s3://"):
+        if isinstance(self.config.root, (str, os.PathLike)) and isinstance(parse_root(self.config.root), PosixRoot):
             opts.setdefault("fsync", self.config.fsync)
         return opts
 
@@ -187,10 +186,10 @@ class Checkpointer:
         self.storage.delete(key)
 
     def _check_volumes(self) -> None:
-        if self.storage.is_posix:
-            # The URL is percent-encoded (spaces, non-ASCII): decode it back into the path.
-            path = urllib.parse.unquote(urllib.parse.urlparse(self.storage.url).path)
-            enforce_volume_policy(path, self.config.data_dirs, mode=self.config.volume_check)
+        # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
+        root = parse_root(self.storage.url) if self.storage.is_posix else None
+        if isinstance(root, PosixRoot):
+            enforce_volume_policy(root.path, self.config.data_dirs, mode=self.config.volume_check)
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:

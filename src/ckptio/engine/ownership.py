@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ckptio._proc import pid_alive
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, RootInUseError, StorageError
-from ckptio.storage.base import Storage
+from ckptio.storage.base import IfMatch, Storage
 
 OWNER_KEY = ".ckptio-owner.json"
 
@@ -75,7 +75,7 @@ def claim_root(storage: Storage, *, lease_s: float, job_id: str | None = None) -
             if etag is None:
                 storage.put(OWNER_KEY, mine.to_json(), mode="create")
             else:
-                storage.put(OWNER_KEY, mine.to_json(), if_match=etag)
+                storage.put(OWNER_KEY, mine.to_json(), mode=IfMatch(etag))
             return mine
         except (AlreadyExistsError, PreconditionError):
             continue  # someone else moved first: look again

@@ -21,7 +21,7 @@ from ckptio.errors import (
 )
 from ckptio.format.keys import FAILED_DIR, LATEST, MANIFEST, failed_key, manifest_key, parse_step_dir, step_dir
 from ckptio.format.records import Manifest
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import IfMatch, Storage, join_key
 
 
 def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException) -> None:
@@ -104,7 +104,7 @@ def update_latest(storage: Storage, step: int) -> None:
             if info is None:
                 storage.put(LATEST, str(step).encode(), mode="create")
             else:
-                storage.put(LATEST, str(step).encode(), if_match=info.etag)
+                storage.put(LATEST, str(step).encode(), mode=IfMatch(info.etag))
             return
         except (AlreadyExistsError, PreconditionError):
             continue

@@ -34,24 +34,14 @@ def parse_step_dir(name: str) -> int | None:
 
 
 def hash_prefix_enabled(storage: Storage) -> bool:
-    while True:
-        if getattr(storage, "hash_prefix", False):
-            return True
-        inner = getattr(storage, "inner", None)
-        if inner is None:
-            return False
-        storage = inner
+    """True when ``storage`` puts data files under hash directories (its ``hash_prefix`` capability)."""
+    return storage.hash_prefix
 
 
 def durable_data_key(storage: Storage, step: int, name: str) -> str:
     """Where a data file goes on the durable tier: under a short hash directory when the storage asks for it
     (spreads S3 partitions), else in the step directory. The manifest records the real key."""
-    key = join_key(step_dir(step), name)
-    if hash_prefix_enabled(storage):
-        from ckptio.storage.s3 import hashed_key
-
-        return hashed_key(key)
-    return key
+    return storage.data_key(join_key(step_dir(step), name))
 
 
 def record_key(step: int, rec: FileRecord) -> str:

@@ -24,6 +24,7 @@ from ckptio.plan.budget import BurstBudget
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.policy.volumes import check_volumes, volume_of
+from ckptio.storage.root import PosixRoot, RootSpec, S3Root, parse_root
 
 DEFAULT_STALL_SHARE = 0.10
 
@@ -105,10 +106,11 @@ def admit(
     policy = policy or AdmissionPolicy()
     result = Admission(admitted=True, root=root, plan=budget)
     result.reasons.extend(_burst_reasons(budget, policy))
-    if root is not None and (residency is not None or root.startswith("s3://")):
-        _check_residency(result, root, residency or Residency(), root_region)
-    if root is not None and "://" not in root.removeprefix("file://"):
-        _check_root(result, budget, root, data_dirs=list(data_dirs), policy=policy, home=home)
+    spec = parse_root(root) if root is not None else None
+    if spec is not None and (residency is not None or isinstance(spec, S3Root)):
+        _check_residency(result, spec, residency or Residency(), root_region)
+    if isinstance(spec, PosixRoot):
+        _check_root(result, budget, spec.path, data_dirs=list(data_dirs), policy=policy, home=home)
     elif root is None and data_dirs:
         raise ConfigError("--data-dir needs --root: the check compares the two volumes")
     # The plan's findings that are not refusals already (those say the same thing once).
@@ -144,10 +146,10 @@ def _burst_reasons(b: BurstBudget, policy: AdmissionPolicy) -> list[str]:
     return out
 
 
-def _check_residency(result: Admission, root: str, residency: Residency, region: str | None) -> None:
+def _check_residency(result: Admission, root: RootSpec, residency: Residency, region: str | None) -> None:
     from ckptio.storage import open_storage
 
-    options: dict[str, Any] = {} if root.startswith("s3://") else {"region": region}
+    options: dict[str, Any] = {} if isinstance(root, S3Root) else {"region": region}
     storage = open_storage(root, **options)
     try:
         check_residency(storage, residency)
@@ -160,13 +162,12 @@ def _check_residency(result: Admission, root: str, residency: Residency, region:
 def _check_root(
     result: Admission,
     b: BurstBudget,
-    root: str,
+    path: str,
     *,
     data_dirs: list[str],
     policy: AdmissionPolicy,
     home: str | None,
 ) -> None:
-    path = root.removeprefix("file://")
     volume = volume_of(path)
     result.free_bytes = float(volume.free_bytes)
     result.fs_type = volume.fs_type

@@ -36,6 +36,7 @@ from ckptio.plan.fio import run_fio
 from ckptio.plan.host import serialize_bytes_per_s
 from ckptio.plan.probe_targets import PosixTarget, ProbeTarget, StorageTarget
 from ckptio.plan.profile import ConcurrencyPoint, StorageProfile
+from ckptio.storage import PosixRoot, open_storage, parse_root
 from ckptio.storage.base import Storage
 
 CHUNK_BYTES = 16 << 20
@@ -158,12 +159,10 @@ def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) 
     name = f".ckptio-probe-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     if isinstance(target, Storage):
         return StorageTarget(target, name)
-    text = os.fspath(target)
-    if "://" in text and not text.startswith("file://"):
-        from ckptio.storage import open_storage  # s3://, and a clear error for schemes it does not know
-
-        return StorageTarget(open_storage(text), name)
-    return PosixTarget(text.removeprefix("file://"), name, fsync=config.fsync)
+    root = parse_root(target)  # a clear ConfigError for schemes it does not know
+    if isinstance(root, PosixRoot):
+        return PosixTarget(root.path, name, fsync=config.fsync)
+    return StorageTarget(open_storage(root), name)
 
 
 def _pattern(size: int) -> memoryview:

@@ -1,30 +1,23 @@
 """Residency: may checkpoint bytes be written to this storage at all? (contract)
 
 Owns the rule check run before the first byte of a job is written and again every so often during the run
-(a bucket policy can change under a running job): the storage's region against an allow-list, and, for S3,
-whether the bucket is public. It must never write, and never change a bucket setting; it only reads.
+(a bucket policy can change under a running job): the storage's region against an allow-list, and whether
+the storage is public. Both are placement capabilities of the storage (``region``, ``public_exposure()``; for
+S3 see :mod:`ckptio.storage.s3_bucket` for what public means). It must never write, and never change a bucket
+setting; it only reads, and only through the storage protocol.
 
-Public (S3) means: the bucket's public-access block is absent or not fully on, AND either its policy status
-says ``IsPublic`` or its ACL grants to AllUsers/AuthenticatedUsers. A bucket whose settings cannot be read
-is refused: a residency check that cannot see is not a pass.
+A bucket whose settings cannot be read is refused: a residency check that cannot see is not a pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ckptio.errors import ConfigError, ResidencyError, StorageError
 from ckptio.storage.base import Storage
 
 __all__ = ["Residency", "check_residency"]
-
-_PUBLIC_GROUPS = (
-    "http://acs.amazonaws.com/groups/global/AllUsers",
-    "http://acs.amazonaws.com/groups/global/AuthenticatedUsers",
-)
-_BLOCK_FLAGS = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,25 +42,15 @@ class Residency:
 
 
 def check_residency(storage: Storage, residency: Residency) -> None:
-    """Raise :class:`~ckptio.errors.ResidencyError` naming the storage and the rule it breaks; else return."""
-    target = _innermost(storage)
+    """Raise :class:`~ckptio.errors.ResidencyError` naming the storage and the rule it breaks; else return.
+
+    Reads the storage's placement capabilities (``region``, ``public_exposure()``); a wrapper reports its inner
+    storage's, since wrappers change behaviour, never where the bytes land.
+    """
     if residency.allowed_regions is not None:
-        _check_region(target, residency.allowed_regions)
-    if not residency.allow_public and _is_s3(target):
-        _check_not_public(target)
-
-
-def _innermost(storage: Storage) -> Storage:
-    # Wrappers (throttle, latency, faults) change behaviour, never where the bytes land.
-    while hasattr(storage, "inner") and isinstance(storage.inner, Storage):
-        storage = storage.inner
-    return storage
-
-
-def _is_s3(storage: Storage) -> bool:
-    from ckptio.storage.s3 import S3Storage
-
-    return isinstance(storage, S3Storage)
+        _check_region(storage, residency.allowed_regions)
+    if not residency.allow_public:
+        _check_not_public(storage)
 
 
 def _check_region(storage: Storage, allowed: Sequence[str]) -> None:
@@ -91,51 +74,13 @@ def _check_region(storage: Storage, allowed: Sequence[str]) -> None:
         )
 
 
-def _check_not_public(storage: Any) -> None:
-    bucket, client = storage.bucket, storage.client
-    block = _read(
-        storage,
-        "public-access block",
-        lambda: client.get_public_access_block(Bucket=bucket),
-        missing=("NoSuchPublicAccessBlockConfiguration",),
-    )
-    config = (block or {}).get("PublicAccessBlockConfiguration", {})
-    if all(config.get(flag) for flag in _BLOCK_FLAGS):
-        return  # a full block overrides any policy or ACL
-    status = _read(
-        storage,
-        "policy status",
-        lambda: client.get_bucket_policy_status(Bucket=bucket),
-        missing=("NoSuchBucketPolicy",),
-    )
-    if (status or {}).get("PolicyStatus", {}).get("IsPublic"):
-        raise ResidencyError(
-            f"bucket {bucket!r} is public: its bucket policy grants public access and its public-access "
-            f"block is not fully on; rule: allow_public=False",
-            root=storage.url,
-        )
-    acl = _read(storage, "ACL", lambda: client.get_bucket_acl(Bucket=bucket), missing=())
-    for grant in (acl or {}).get("Grants", []):
-        uri = grant.get("Grantee", {}).get("URI")
-        if uri in _PUBLIC_GROUPS:
-            raise ResidencyError(
-                f"bucket {bucket!r} is public: its ACL grants {grant.get('Permission')} to "
-                f"{uri.rsplit('/', 1)[-1]} and its public-access block is not fully on; "
-                f"rule: allow_public=False",
-                root=storage.url,
-            )
-
-
-def _read(storage: Any, what: str, call: Any, *, missing: tuple[str, ...]) -> dict[str, Any] | None:
-    """One read-only bucket call (retried like any S3 request); None when the setting does not exist."""
+def _check_not_public(storage: Storage) -> None:
     try:
-        return storage._call("", call)
+        exposure = storage.public_exposure()
     except StorageError as exc:
-        code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
-        if code in missing:
-            return None
         raise ResidencyError(
-            f"cannot read the {what} of bucket {storage.bucket!r} ({exc.message}); a bucket whose exposure "
-            f"cannot be checked is refused (rule: allow_public=False)",
+            f"{exc.message}; a bucket whose exposure cannot be checked is refused (rule: allow_public=False)",
             root=storage.url,
         ) from exc
+    if exposure.public:
+        raise ResidencyError(f"{exposure.detail}; rule: allow_public=False", root=storage.url)

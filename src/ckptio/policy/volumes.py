@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ckptio.errors import AdmissionError, ConfigError
+from ckptio.storage.root import PosixRoot, parse_root
 
 logger = logging.getLogger(__name__)
 
@@ -134,10 +135,10 @@ def _unescape(field: str) -> str:
 
 def volume_of(path: str | os.PathLike[str], *, mounts: list[Mount] | None = None) -> Volume:
     """The volume ``path`` is on; a path that does not exist yet is judged by its nearest existing parent."""
-    text = os.fspath(path)
-    if text.startswith("s3://") or ("://" in text and not text.startswith("file://")):
-        raise ConfigError(f"{text!r} is not a filesystem path")
-    absolute = os.path.realpath(text.removeprefix("file://"))
+    root = parse_root(path)
+    if not isinstance(root, PosixRoot):
+        raise ConfigError(f"{os.fspath(path)!r} is not a filesystem path")
+    absolute = os.path.realpath(root.path)
     existing = absolute
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -180,11 +181,11 @@ def check_volumes(
 
     ``home`` defaults to ``$HOME``. An ``s3://`` root breaks none of them (it has no volume).
     """
-    text = os.fspath(root)
-    if "://" in text and not text.startswith("file://"):
+    spec = parse_root(root)
+    if not isinstance(spec, PosixRoot):
         return []
     mounts = read_mounts()
-    vol = volume_of(text, mounts=mounts)
+    vol = volume_of(spec.path, mounts=mounts)
     findings = []
     home = home if home is not None else os.environ.get("HOME")
     if home and os.path.realpath(home) != "/" and is_under(vol.path, home):

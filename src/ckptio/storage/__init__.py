@@ -5,32 +5,37 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ckptio.errors import ConfigError
-from ckptio.storage.base import ObjectInfo, Storage
+from ckptio.storage.base import Exposure, IfMatch, ObjectInfo, PutMode, Storage
 from ckptio.storage.posix import PosixStorage
+from ckptio.storage.root import PosixRoot, RootSpec, S3Root, parse_root
 from ckptio.storage.wrappers import StorageWrapper
 
 __all__ = [
+    "Exposure",
+    "IfMatch",
     "ObjectInfo",
+    "PosixRoot",
     "PosixStorage",
+    "PutMode",
+    "RootSpec",
+    "S3Root",
     "Storage",
     "StorageWrapper",
     "open_storage",
+    "parse_root",
 ]
 
 
-def open_storage(target: str | os.PathLike[str] | Storage, **options: Any) -> Storage:
-    """A storage for ``target``: a :class:`Storage` as is, ``s3://bucket/prefix``, ``file://`` or a path."""
+def open_storage(target: str | os.PathLike[str] | RootSpec | Storage, **options: Any) -> Storage:
+    """A storage for ``target``: a :class:`Storage` as is, ``s3://bucket/prefix``, ``file://`` or a path.
+
+    ``options`` go to the backend (:class:`PosixStorage` or :class:`~ckptio.storage.s3.S3Options` fields).
+    """
     if isinstance(target, Storage):
         return target
-    text = os.fspath(target)
-    if text.startswith("s3://"):
-        from ckptio.storage.s3 import S3Storage
+    root = parse_root(target)
+    if isinstance(root, S3Root):
+        from ckptio.storage.s3 import S3Storage  # boto3 is optional: imported only for s3:// roots
 
-        return S3Storage.from_url(text, **options)
-    if "://" in text and not text.startswith("file://"):
-        raise ConfigError(f"unsupported storage URL {text!r} (use a path, file://, or s3://)")
-    path = text[len("file://") :] if text.startswith("file://") else text
-    if not path:
-        raise ConfigError("empty storage path")
-    return PosixStorage(path, **options)
+        return S3Storage(root.bucket, root.prefix, **options)
+    return PosixStorage(root.path, **options)

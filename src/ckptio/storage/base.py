@@ -4,34 +4,68 @@ A :class:`Storage` is a flat key space under one root (a POSIX directory or an S
 separator and never start with it. The protocol is deliberately narrow — five primitives — and everything the
 pipeline needs (commit, retention, restore, probe) is written once against it.
 
-Guarantees every backend must keep (``ckptio.testing.conformance`` checks them):
+Guarantees every backend must keep (:mod:`ckptio.testing.conformance` checks them):
 
 * ``put`` either writes the entirety of the data or fails; a reader never sees a partial object.
 * ``put(mode="create")`` is create-only: it raises :class:`~ckptio.errors.AlreadyExistsError` when the key exists,
   and of several concurrent creators exactly one wins.
-* ``put(if_match=etag)`` replaces the object only while its etag is ``etag``, else
+* ``put(mode=IfMatch(etag))`` replaces the object only while its etag is ``etag``, else
   :class:`~ckptio.errors.PreconditionError`.
 * ``put`` is durable when it returns (POSIX: file and directory fsynced; S3: the PUT was acknowledged).
 * Missing keys raise :class:`~ckptio.errors.NotFoundError`; ``delete`` of a missing key is not an error.
 
+Besides the primitives a storage declares capabilities, read-only, so callers never look behind the protocol:
+``url``, ``is_posix``, ``hash_prefix`` (data keys go under a short hash directory: :meth:`Storage.data_key`) and
+its placement: ``region`` and :meth:`Storage.public_exposure`. A wrapper reports its inner storage's capabilities.
+
 Storages are picklable: the writer process of every rank receives its own copy and must open its own clients.
 They must never hold a lock or a connection that does not survive pickling.
+This package must never import from the engine, the on-storage format or the policies built on top of it.
 """
 
 from __future__ import annotations
 
 import abc
 import builtins
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ckptio.errors import NotFoundError
+from ckptio.errors import ConfigError, NotFoundError
 
 # Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays.
 Buffer = bytes | bytearray | memoryview
 Data = Buffer | Sequence[Buffer]
 WriteMode = Literal["overwrite", "create"]
+#: First path segment of hashed data keys (see :func:`hashed_key`).
+HASHED_DIR_PREFIX = "h-"
+
+
+@dataclass(frozen=True, slots=True)
+class IfMatch:
+    """The put mode of compare-and-swap: replace the object only while its etag is still ``etag``."""
+
+    etag: str
+
+
+#: How ``put`` treats an existing key: replace it, refuse it (create-only), or replace it only if unchanged.
+PutMode = WriteMode | IfMatch
+
+
+def check_put_mode(mode: PutMode) -> PutMode:
+    """``mode`` itself, or :class:`~ckptio.errors.ConfigError` when it is none of the three put modes."""
+    if isinstance(mode, IfMatch) or mode in ("overwrite", "create"):
+        return mode
+    raise ConfigError(f"mode must be 'overwrite', 'create' or IfMatch(etag), got {mode!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Who can read a storage beyond its owner: ``public`` and, in words, why (for residency messages)."""
+
+    public: bool
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +96,58 @@ def join_key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
-class Storage(abc.ABC):
-    """Abstract storage: subclasses implement the five primitives below; the rest is derived."""
+def hashed_key(key: str, *, width: int = 4) -> str:
+    """``key`` under a short hash directory (``h-3fa2/step-00000100/__3_0.distcp``) spreading S3 partitions.
 
-    #: A URL naming this storage, for messages and manifests (``file:///abs/path``, ``s3://bucket/prefix``).
-    url: str
-    #: True when the backend is a POSIX directory (the local path of a key is then ``local_path(key)``).
-    is_posix: bool = False
-    #: A region label for residency checks (S3: the bucket's region; POSIX: declared by the user, or None).
-    region: str | None = None
+    S3 scales request rate per key prefix; every rank writing below ``step-00000100/`` shares one partition
+    while it splits. The engine writes per-rank data at :meth:`Storage.data_key` (this key when the storage's
+    ``hash_prefix`` is on) and must record the real key in the manifest (readers never recompute it).
+    Retention finds stray hashed data by listing ``list_dirs("")`` entries that start with
+    :data:`HASHED_DIR_PREFIX`.
+    """
+    digest = hashlib.sha256(key.encode()).hexdigest()[:width]
+    return f"{HASHED_DIR_PREFIX}{digest}/{key}"
+
+
+class Storage(abc.ABC):
+    """Abstract storage: subclasses implement ``url`` and the five primitives below; the rest is derived."""
+
+    # ---- capabilities ------------------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """A URL naming this storage, for messages and manifests (``file:///abs/path``, ``s3://bucket/prefix``)."""
+
+    @property
+    def is_posix(self) -> bool:
+        """True when the backend is a POSIX directory (the local path of a key is then ``local_path(key)``)."""
+        return False
+
+    @property
+    def hash_prefix(self) -> bool:
+        """True when per-rank data belongs under a short hash directory (:func:`hashed_key`; S3 partitions)."""
+        return False
+
+    @property
+    def region(self) -> str | None:
+        """Where the bytes live, for residency (S3: the bucket's region; POSIX: declared by the user, or None)."""
+        return None
+
+    def public_exposure(self) -> Exposure:
+        """Whether anyone beyond the owner can read this storage. Raises StorageError when it cannot tell."""
+        return Exposure(public=False, detail=f"{self.url} has no public endpoint")
+
+    def data_key(self, key: str) -> str:
+        """Where per-rank data named ``key`` goes: :func:`hashed_key` when ``hash_prefix`` is on, else ``key``."""
+        return hashed_key(key) if self.hash_prefix else key
 
     # ---- primitives -------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
-        """Write ``data`` (one buffer or a sequence of buffers, concatenated) at ``key``, atomically and durably."""
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        """Write ``data`` (one buffer or a sequence of buffers, concatenated) at ``key``, atomically and durably.
+
+        ``mode``: ``"overwrite"`` (default), ``"create"`` (create-only) or ``IfMatch(etag)`` (compare-and-swap).
+        """
 
     @abc.abstractmethod
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:

@@ -17,7 +17,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
-from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, as_buffers, join_key
+from ckptio.storage.base import (
+    Data,
+    IfMatch,
+    ObjectInfo,
+    PutMode,
+    Storage,
+    WriteMode,
+    as_buffers,
+    check_put_mode,
+    join_key,
+)
 
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
@@ -37,18 +47,32 @@ def _fsync_dir(path: str) -> None:
 
 
 class PosixStorage(Storage):
-    """A directory as a key space. ``fsync=False`` trades durability for speed (RAM tiers, tests)."""
+    """A directory as a key space. ``fsync=False`` trades durability for speed (RAM tiers, tests).
 
-    is_posix = True
+    ``region`` labels where the filesystem is, for residency rules (a directory cannot tell by itself).
+    """
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, region: str | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
-        self.region = region
-        self.url = Path(self.root).as_uri()
+        self._region = region
+        # Percent-encoded (spaces, non-ASCII): ckptio.storage.parse_root turns it back into self.root.
+        self._url = Path(self.root).as_uri()
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def is_posix(self) -> bool:
+        return True
+
+    @property
+    def region(self) -> str | None:
+        return self._region
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "fsync": self.fsync, "region": self.region}
+        return {"root": self.root, "fsync": self.fsync, "region": self._region}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["root"], fsync=state["fsync"], region=state["region"])  # type: ignore[misc]
@@ -68,8 +92,8 @@ class PosixStorage(Storage):
         return StorageError(f"{exc.strerror or exc} on {key!r}", root=self.url, path=path)
 
     # ---- primitives -------------------------------------------------------------------------------------------
-    def put(self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None) -> ObjectInfo:
-        return self._commit(key, lambda tmp: self._write_tmp(tmp, data), mode, if_match)
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        return self._commit(key, lambda tmp: self._write_tmp(tmp, data), check_put_mode(mode))
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
         def copy(tmp: str) -> None:
@@ -79,21 +103,19 @@ class PosixStorage(Storage):
                 if self.fsync:
                     os.fsync(dst.fileno())
 
-        return self._commit(key, copy, mode, None)
+        return self._commit(key, copy, check_put_mode(mode))
 
-    def _commit(
-        self, key: str, fill: Callable[[str], None], mode: WriteMode, if_match: str | None
-    ) -> ObjectInfo:
+    def _commit(self, key: str, fill: Callable[[str], None], mode: PutMode) -> ObjectInfo:
         path = self.local_path(key)
         directory, name = os.path.split(path)
         tmp = os.path.join(directory, f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}")
         try:
             self._makedirs(directory)
             fill(tmp)
-            if mode == "create":
+            if isinstance(mode, IfMatch):
+                self._replace_if_match(tmp, path, key, mode.etag)
+            elif mode == "create":
                 self._link_create(tmp, path, key)
-            elif if_match is not None:
-                self._replace_if_match(tmp, path, key, if_match)
             else:
                 os.replace(tmp, path)
             if self.fsync:

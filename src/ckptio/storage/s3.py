@@ -2,7 +2,8 @@
 
 Owns the S3 client of each process, multipart uploads, conditional writes (``If-None-Match: *`` for
 create-only, ``If-Match`` for compare-and-swap), retries and the mapping of S3 errors onto
-:mod:`ckptio.errors`.
+:mod:`ckptio.errors`. Options and the retry classification live in :mod:`ckptio.storage.s3_options`; the
+bucket's placement (region, public exposure) is read by :mod:`ckptio.storage.s3_bucket`.
 It must never hand a half-written object to a reader (PUT and CompleteMultipartUpload are atomic on S3), never
 leave a multipart upload open after a failure it saw, and never retry a request whose failure is permanent.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import hashlib
 import io
 import os
 import random
@@ -26,9 +26,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypeVar
-from urllib.parse import urlparse
+from dataclasses import asdict
+from typing import Any, TypeVar
 
 from ckptio.errors import (
     AlreadyExistsError,
@@ -37,120 +36,33 @@ from ckptio.errors import (
     PreconditionError,
     StorageError,
 )
-from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, as_buffers, join_key
-from ckptio.storage.s3_parts import (
-    MAX_PART,
-    MIN_PART,
-    FileSlice,
-    MiB,
-    SegmentReader,
-    choose_part_size,
-    split_parts,
+from ckptio.storage.base import (
+    HASHED_DIR_PREFIX,
+    Data,
+    Exposure,
+    IfMatch,
+    ObjectInfo,
+    PutMode,
+    Storage,
+    WriteMode,
+    as_buffers,
+    check_put_mode,
+    hashed_key,
+    join_key,
 )
+from ckptio.storage.root import S3Root, parse_root
+from ckptio.storage.s3_bucket import read_exposure, read_region
+from ckptio.storage.s3_options import S3Options, is_transient, make_client, status_code
+from ckptio.storage.s3_parts import FileSlice, MiB, SegmentReader, choose_part_size, split_parts
 
-__all__ = ["HASHED_DIR_PREFIX", "S3Options", "S3Storage", "hashed_key"]
+# HASHED_DIR_PREFIX, hashed_key and MiB are re-exported: callers imported them from here before.
+__all__ = ["HASHED_DIR_PREFIX", "MiB", "S3Options", "S3Storage", "hashed_key"]
 
-_SINGLE_PUT_MAX = 5 << 30
 # User metadata naming the write (a random token per put call): how a retried conditional write recognises
 # its own earlier success. S3 returns it on HEAD as x-amz-meta-ckptio-write.
 _TOKEN_META = "ckptio-write"
-#: First path segment of hashed data keys (see :func:`hashed_key`).
-HASHED_DIR_PREFIX = "h-"
 
 _T = TypeVar("_T")
-_SESSIONS: dict[str | None, Any] = {}
-_SESSIONS_LOCK = threading.Lock()
-_RETRYABLE_STATUS = frozenset({500, 502, 503, 504, 409})
-_RETRYABLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "ConditionalRequestConflict",
-        "RequestTimeTooSkewed",
-        "OperationAborted",
-    }
-)
-
-
-def hashed_key(key: str, *, width: int = 4) -> str:
-    """``key`` under a short hash directory (``h-3fa2/step-00000100/__3_0.distcp``) spreading S3 partitions.
-
-    S3 scales request rate per key prefix; every rank writing below ``step-00000100/`` shares one partition
-    while it splits. The engine may write per-rank data at ``hashed_key(key)`` when ``storage.hash_prefix`` is
-    true and must record the real key in the manifest (readers never recompute it). Retention finds stray
-    hashed data by listing ``list_dirs("")`` entries that start with :data:`HASHED_DIR_PREFIX`.
-    """
-    digest = hashlib.sha256(key.encode()).hexdigest()[:width]
-    return f"{HASHED_DIR_PREFIX}{digest}/{key}"
-
-
-@dataclass(kw_only=True, slots=True)
-class S3Options:
-    """How an :class:`S3Storage` talks to its bucket. Unset values come from the standard AWS chain."""
-
-    endpoint_url: str | None = None
-    """S3 endpoint (MinIO, moto, a VPC endpoint). None: ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, AWS."""
-
-    region: str | None = None
-    """Signing region of the client. None: ``AWS_REGION``/``AWS_DEFAULT_REGION``/profile. Not the residency
-    region: that is the bucket's own region, read with HeadBucket (:attr:`S3Storage.region`)."""
-
-    profile: str | None = None
-    """Named profile from ``~/.aws/config``; None uses the default chain (env, profile, instance role)."""
-
-    part_size: int | None = None
-    """Multipart part size in bytes. None picks 16 MiB below 2 GiB and 64 MiB above; either way it is raised
-    so an object needs at most 10,000 parts and never goes below S3's 5 MiB minimum."""
-
-    multipart_threshold: int = 16 * MiB
-    """Objects up to this size go in one PUT; larger ones as concurrent multipart parts."""
-
-    max_concurrency: int = 8
-    """Concurrent requests of one put/put_file/get_many call (parts or objects)."""
-
-    max_attempts: int = 8
-    """Attempts per request before a transient failure (503 SlowDown, 500, timeout, dropped link) raises."""
-
-    retry_base_s: float = 0.1
-    """First backoff; attempt n sleeps a uniform random time in [0, min(retry_cap_s, retry_base_s · 2ⁿ)]."""
-
-    retry_cap_s: float = 10.0
-    """Upper bound of one backoff sleep."""
-
-    connect_timeout_s: float = 10.0
-    """TCP connect timeout of one request."""
-
-    read_timeout_s: float = 120.0
-    """Socket read timeout of one request (a stalled part is retried after this)."""
-
-    addressing_style: Literal["auto", "path", "virtual"] = "auto"
-    """Bucket addressing: ``path`` for servers without wildcard DNS (botocore picks it for IP endpoints)."""
-
-    hash_prefix: bool = False
-    """Tell the engine to place per-rank data under :func:`hashed_key` (spreads S3 partitions)."""
-
-    def __post_init__(self) -> None:
-        if self.part_size is not None and not MIN_PART <= self.part_size <= MAX_PART:
-            raise ConfigError(f"part_size must be within 5 MiB..5 GiB, got {self.part_size}")
-        if not 1 <= self.multipart_threshold <= _SINGLE_PUT_MAX:
-            raise ConfigError(
-                f"multipart_threshold must be within 1 B..5 GiB, got {self.multipart_threshold}"
-            )
-        if self.max_concurrency < 1 or self.max_attempts < 1:
-            raise ConfigError("max_concurrency and max_attempts must be at least 1")
-        if (
-            self.retry_base_s < 0
-            or self.retry_cap_s < 0
-            or self.connect_timeout_s <= 0
-            or self.read_timeout_s <= 0
-        ):
-            raise ConfigError("retry delays must be >= 0 and timeouts > 0")
-        if self.addressing_style not in ("auto", "path", "virtual"):
-            raise ConfigError(
-                f"addressing_style must be auto, path or virtual, got {self.addressing_style!r}"
-            )
 
 
 class S3Storage(Storage):
@@ -165,18 +77,37 @@ class S3Storage(Storage):
             raise ConfigError(f"unknown S3 option: {exc}") from None
         self.bucket = bucket
         self.prefix = join_key(prefix)
-        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self.hash_prefix = self.options.hash_prefix
+        self._url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._bucket_region: str | None = None
         self._reset_process_state()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Storage:
         """``s3://bucket/prefix`` → storage; ``options`` are :class:`S3Options` fields."""
-        parsed = urlparse(url)
-        if parsed.scheme != "s3" or not parsed.netloc:
+        root = parse_root(url)
+        if not isinstance(root, S3Root):
             raise ConfigError(f"not an s3:// URL: {url!r}")
-        return cls(parsed.netloc, parsed.path, **options)
+        return cls(root.bucket, root.prefix, **options)
+
+    # ---- capabilities --------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def hash_prefix(self) -> bool:
+        return self.options.hash_prefix
+
+    @property
+    def region(self) -> str | None:
+        """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""
+        if self._bucket_region is None:
+            self._bucket_region = read_region(self)
+        return self._bucket_region
+
+    def public_exposure(self) -> Exposure:
+        """Read now, never cached: a bucket policy or ACL can change under a running job."""
+        return read_exposure(self)
 
     def _reset_process_state(self) -> None:
         self._client: Any = None
@@ -206,33 +137,8 @@ class S3Storage(Storage):
             with self._client_lock:
                 if self._client is None or self._client_pid != os.getpid():
                     # A forked child must not share the parent's connections: it opens its own client.
-                    self._client, self._client_pid = self._make_client(), os.getpid()
+                    self._client, self._client_pid = make_client(self.options), os.getpid()
         return self._client
-
-    def _make_client(self) -> Any:
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ConfigError("s3:// roots need boto3: pip install 'ckptio[s3]'") from exc
-        opts = self.options
-        with _SESSIONS_LOCK:
-            # One boto3 session per profile and process: a new one re-parses the S3 service model (~0.3 s).
-            session = _SESSIONS.get(opts.profile)
-            if session is None:
-                session = _SESSIONS[opts.profile] = boto3.session.Session(profile_name=opts.profile)
-        config = Config(
-            connect_timeout=opts.connect_timeout_s,
-            read_timeout=opts.read_timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves (module docstring)
-            max_pool_connections=max(10, 2 * opts.max_concurrency),
-            s3={"addressing_style": opts.addressing_style},
-            tcp_keepalive=True,
-        )
-        with _SESSIONS_LOCK:  # client creation from a shared session is not thread-safe
-            return session.client(
-                "s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config
-            )
 
     def _full(self, key: str) -> str:
         clean = join_key(key)
@@ -254,7 +160,7 @@ class S3Storage(Storage):
             try:
                 return fn()
             except Exception as exc:
-                if not _is_transient(exc) or attempt + 1 == opts.max_attempts:
+                if not is_transient(exc) or attempt + 1 == opts.max_attempts:
                     raise self._error(exc, key) from exc
             self._count("retries")
             time.sleep(random.uniform(0, min(opts.retry_cap_s, opts.retry_base_s * 2**attempt)))
@@ -263,7 +169,7 @@ class S3Storage(Storage):
     def _error(self, exc: Exception, key: str) -> StorageError:
         if isinstance(exc, StorageError):
             return exc
-        status, code = _status_code(exc)
+        status, code = status_code(exc)
         path = f"s3://{self.bucket}/{self._full(key)}" if key else self.url
         if code == "NoSuchBucket":
             return StorageError(f"bucket {self.bucket!r} does not exist", root=self.url, path=path)
@@ -274,19 +180,19 @@ class S3Storage(Storage):
         return StorageError(f"S3 request failed on {key!r}: {exc}", root=self.url, path=path)
 
     # ---- primitives ----------------------------------------------------------------------------------------
-    def put(
-        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
-    ) -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        check_put_mode(mode)
         buffers = as_buffers(data)
         total = sum(b.nbytes for b in buffers)
         if total <= self.options.multipart_threshold:
-            return self._put_single(key, lambda: SegmentReader(buffers), total, mode, if_match)
+            return self._put_single(key, lambda: SegmentReader(buffers), total, mode)
         part = choose_part_size(total, self.options.part_size)
         slices = split_parts(buffers, part)
         bodies = [functools.partial(SegmentReader, s) for s in slices]
-        return self._put_multipart(key, bodies, total, mode, if_match)
+        return self._put_multipart(key, bodies, total, mode)
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+        check_put_mode(mode)
         size = os.path.getsize(path)
         if size <= self.options.multipart_threshold:
             with open(path, "rb") as f:
@@ -295,23 +201,22 @@ class S3Storage(Storage):
         fd = os.open(path, os.O_RDONLY)
         try:
             bodies = [functools.partial(FileSlice, fd, o, min(part, size - o)) for o in range(0, size, part)]
-            return self._put_multipart(key, bodies, size, mode, None)
+            return self._put_multipart(key, bodies, size, mode)
         finally:
             os.close(fd)
 
-    def _conditions(self, mode: WriteMode, if_match: str | None) -> dict[str, str]:
-        if mode not in ("overwrite", "create"):
-            raise ConfigError(f"mode must be 'overwrite' or 'create', got {mode!r}")
-        if mode == "create":
-            return {"IfNoneMatch": "*"}
-        return {"IfMatch": f'"{if_match.strip(chr(34))}"'} if if_match is not None else {}
+    @staticmethod
+    def _conditions(mode: PutMode) -> dict[str, str]:
+        if isinstance(mode, IfMatch):
+            return {"IfMatch": f'"{mode.etag.strip(chr(34))}"'}
+        return {"IfNoneMatch": "*"} if mode == "create" else {}
 
     def _put_single(
-        self, key: str, body: Callable[[], io.RawIOBase], size: int, mode: WriteMode, if_match: str | None
+        self, key: str, body: Callable[[], io.RawIOBase], size: int, mode: PutMode
     ) -> ObjectInfo:
         full, token = self._full(key), secrets.token_hex(8)
         attempts: list[int] = []
-        extra = self._conditions(mode, if_match)
+        extra = self._conditions(mode)
         try:
             resp = self._call(
                 key,
@@ -326,7 +231,7 @@ class S3Storage(Storage):
                 attempts_seen=attempts,
             )
         except StorageError as exc:
-            return self._settle_conflict(key, exc, token, if_match, attempts)
+            return self._settle_conflict(key, exc, token, mode, attempts)
         return ObjectInfo(key=join_key(key), size=size, etag=_etag(resp["ETag"]))
 
     def _put_multipart(
@@ -334,11 +239,10 @@ class S3Storage(Storage):
         key: str,
         bodies: Sequence[Callable[[], io.RawIOBase]],
         size: int,
-        mode: WriteMode,
-        if_match: str | None,
+        mode: PutMode,
     ) -> ObjectInfo:
         full, token = self._full(key), secrets.token_hex(8)
-        extra = self._conditions(mode, if_match)
+        extra = self._conditions(mode)
         upload_id = self._call(
             key,
             lambda: self.client.create_multipart_upload(
@@ -362,7 +266,7 @@ class S3Storage(Storage):
                     attempts_seen=attempts,
                 )
             except StorageError as exc:
-                return self._settle_conflict(key, exc, token, if_match, attempts)
+                return self._settle_conflict(key, exc, token, mode, attempts)
         except BaseException:
             self._abort(key, full, upload_id)
             raise
@@ -399,18 +303,18 @@ class S3Storage(Storage):
             )
 
     def _settle_conflict(
-        self, key: str, exc: StorageError, token: str, if_match: str | None, attempts: list[int]
+        self, key: str, exc: StorageError, token: str, mode: PutMode, attempts: list[int]
     ) -> ObjectInfo:
         """Turn a lost condition into AlreadyExists/Precondition, unless the object is our own earlier write.
 
         Lost conditions: 412; 404 on If-Match (the object is gone); NoSuchUpload on a retried Complete (an
         earlier attempt completed it). After a retry the stored write token decides whether the winner was us.
         """
-        status, code = _status_code(exc.__cause__)
-        retried = len(attempts) > 1
+        status, code = status_code(exc.__cause__)
+        retried, swap = len(attempts) > 1, isinstance(mode, IfMatch)
         lost = (
             status == 412
-            or (if_match is not None and status == 404 and code != "NoSuchBucket")
+            or (swap and status == 404 and code != "NoSuchBucket")
             or (code == "NoSuchUpload" and retried)
         )
         if not lost:
@@ -422,9 +326,9 @@ class S3Storage(Storage):
                 info, stored_token = None, None
             if info is not None and stored_token == token:
                 return info
-        if if_match is None and status == 412:
+        if not swap and status == 412:
             raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=exc.path) from None
-        if if_match is None:  # NoSuchUpload on an unconditional write we cannot attribute: not ours
+        if not swap:  # NoSuchUpload on an unconditional write we cannot attribute: not ours
             raise exc
         raise PreconditionError(
             f"{key!r} changed since it was read (If-Match lost)", root=self.url, path=exc.path
@@ -455,7 +359,7 @@ class S3Storage(Storage):
         try:
             return self._call(key, fetch)
         except StorageError as exc:
-            if _status_code(exc.__cause__)[0] == 416:  # offset at or past the end: POSIX reads b""
+            if status_code(exc.__cause__)[0] == 416:  # offset at or past the end: POSIX reads b""
                 return b""
             raise
 
@@ -516,27 +420,6 @@ class S3Storage(Storage):
                 raise StorageError(f"delete of {first.get('Key')} failed: {first.get('Code')}", root=self.url)
         return len(keys)
 
-    # ---- bucket facts (residency) --------------------------------------------------------------------------
-    @property
-    def region(self) -> str | None:  # type: ignore[override]
-        """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""
-        if self._bucket_region is None:
-            self._bucket_region = self._read_bucket_region()
-        return self._bucket_region
-
-    def _read_bucket_region(self) -> str:
-        try:
-            resp = self._call("", lambda: self.client.head_bucket(Bucket=self.bucket))
-            headers = resp["ResponseMetadata"]["HTTPHeaders"]
-        except StorageError as exc:
-            # A HeadBucket sent to the wrong region answers 301/400 but still names the bucket's region.
-            headers = (
-                getattr(exc.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            )
-            if "x-amz-bucket-region" not in headers:
-                raise
-        return str(headers["x-amz-bucket-region"])
-
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -545,28 +428,3 @@ class S3Storage(Storage):
 
 def _etag(raw: str) -> str:
     return raw.strip('"')
-
-
-def _status_code(exc: BaseException | None) -> tuple[int | None, str | None]:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None, None
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status, response.get("Error", {}).get("Code")
-
-
-def _is_transient(exc: Exception) -> bool:
-    from botocore.exceptions import (
-        ConnectionError as BotoConnectionError,
-    )
-    from botocore.exceptions import (
-        HTTPClientError,
-        IncompleteReadError,
-    )
-
-    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
-        return True
-    status, code = _status_code(exc)
-    if code == "PreconditionFailed" or status == 412:
-        return False
-    return status in _RETRYABLE_STATUS or code in _RETRYABLE_CODES

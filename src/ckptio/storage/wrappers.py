@@ -1,7 +1,8 @@
 """The base of every storage wrapper: delegates each primitive and capability to the storage it wraps.
 
 Wrappers (throttle, latency, fault injection in :mod:`ckptio.testing.wrappers`) subclass it and override what
-they change; a capability of the inner storage is never hidden by a wrapper.
+they change; a capability of the inner storage (url, POSIX-ness, hash-prefixed data keys, region, public
+exposure) is never hidden by a wrapper: wrappers change behaviour, never where the bytes land.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator
 
-from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode
+from ckptio.storage.base import Data, Exposure, ObjectInfo, PutMode, Storage, WriteMode
 
 
 class StorageWrapper(Storage):
@@ -18,22 +19,35 @@ class StorageWrapper(Storage):
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
 
+    # ---- capabilities: always the inner storage's ---------------------------------------------------------------
     @property
-    def url(self) -> str:  # type: ignore[override]
+    def url(self) -> str:
         return self.inner.url
 
     @property
-    def is_posix(self) -> bool:  # type: ignore[override]
+    def is_posix(self) -> bool:
         return self.inner.is_posix
 
     @property
-    def region(self) -> str | None:  # type: ignore[override]
+    def hash_prefix(self) -> bool:
+        return self.inner.hash_prefix
+
+    @property
+    def region(self) -> str | None:
         return self.inner.region
 
-    def put(
-        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
-    ) -> ObjectInfo:
-        return self.inner.put(key, data, mode=mode, if_match=if_match)
+    def public_exposure(self) -> Exposure:
+        return self.inner.public_exposure()
+
+    def data_key(self, key: str) -> str:
+        return self.inner.data_key(key)
+
+    def local_path(self, key: str) -> str:
+        return self.inner.local_path(key)
+
+    # ---- primitives and derived operations ----------------------------------------------------------------------
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        return self.inner.put(key, data, mode=mode)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         return self.inner.get(key, offset=offset, length=length)
@@ -56,9 +70,6 @@ class StorageWrapper(Storage):
 
     def delete_prefix(self, prefix: str) -> int:
         return self.inner.delete_prefix(prefix)
-
-    def local_path(self, key: str) -> str:
-        return self.inner.local_path(key)
 
     def close(self) -> None:
         self.inner.close()

@@ -1,10 +1,11 @@
 """The storage conformance suite: every guarantee of ``ckptio.storage.base`` as tests, for every backend.
 
 A backend's test module subclasses :class:`StoreTests` and provides a ``storage`` fixture yielding an empty
-key space (zarr-python's ``StoreTests`` habit). The module is also a pytest plugin: load it with
-``pytest_plugins = ["ckptio.testing.conformance"]`` in a ``conftest.py`` to get the ``spawn_pool`` fixture the
-cross-process tests use. The suite never looks behind the protocol: what it checks is
-what commit, retention, restore and probe rely on.
+key space (zarr-python's ``StoreTests`` habit); a wrapper's subclasses :class:`WrapperTests` and defines
+``wrap``, which adds the check that every capability of the inner storage shows through the wrapper. The
+module is also a pytest plugin: load it with ``pytest_plugins = ["ckptio.testing.conformance"]`` in a
+``conftest.py`` to get the ``spawn_pool`` fixture the cross-process tests use. The suite never looks behind the
+protocol: what it checks is what commit, retention, restore and probe rely on.
 """
 
 from __future__ import annotations
@@ -17,57 +18,21 @@ import time
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError
-from ckptio.storage.base import ObjectInfo, Storage
+from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionError
+from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, PutMode, Storage, hashed_key
+from ckptio.storage.posix import PosixStorage
+from ckptio.testing.spawned import aws_env, create_at, put_through, warm_up, write_and_read
+
+__all__ = ["StoreTests", "WrapperTests", "put_through", "spawn_pool"]
 
 CONCURRENT_CREATORS = 6
 # Each spawned worker imports torch (through ckptio) once; on a 2-core machine four is what the suite affords.
 CONCURRENT_PROCESSES = 4
-
-
-# ---- functions run in spawned processes (module level so spawn can import them) ----------------------------
-def warm_up(hold_s: float) -> int:
-    """Import what the tests use, and hold the worker a moment so every worker of the pool gets one call."""
-    import ckptio.storage
-    import ckptio.storage.s3  # noqa: F401
-
-    time.sleep(hold_s)
-    return os.getpid()
-
-
-def aws_env() -> dict[str, str]:
-    """The parent's AWS_* variables: pool workers may have been spawned before a fixture set them."""
-    return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-
-
-def create_at(storage: Storage, key: str, payload: bytes, start_at: float, env: dict[str, str]) -> str:
-    """Sleep until ``start_at`` (wall clock shared by every process), then try a create-only put."""
-    os.environ.update(env)
-    storage.exists(key + ".warm")  # open the client first, so the creators race on the put itself
-    time.sleep(max(0.0, start_at - time.time()))
-    try:
-        storage.put(key, payload, mode="create")
-    except AlreadyExistsError:
-        return "lost"
-    return "won"
-
-
-def write_and_read(storage: Storage, key: str, payload: bytes, read_key: str, env: dict[str, str]) -> bytes:
-    """Use an unpickled storage in a fresh process: write one key, read another."""
-    os.environ.update(env)
-    storage.put(key, payload)
-    return storage.get(read_key)
-
-
-def put_through(storage: Storage, prefix: str, size: int, count: int) -> int:
-    """Write ``count`` objects of ``size`` bytes; returns the bytes written."""
-    for i in range(count):
-        storage.put(f"{prefix}/{i}", b"\0" * size)
-    return size * count
 
 
 class StoreTests:
@@ -283,18 +248,23 @@ class StoreTests:
 
     def test_if_match_compare_and_swap(self, storage: Storage) -> None:
         first = storage.put("latest", b"100")
-        second = storage.put("latest", b"200", if_match=first.etag)
+        second = storage.put("latest", b"200", mode=IfMatch(first.etag))
         assert storage.get("latest") == b"200"
         with pytest.raises(PreconditionError):
-            storage.put("latest", b"300", if_match=first.etag)  # stale etag
+            storage.put("latest", b"300", mode=IfMatch(first.etag))  # stale etag
         assert storage.get("latest") == b"200"
-        storage.put("latest", b"400", if_match=second.etag)
+        storage.put("latest", b"400", mode=IfMatch(second.etag))
         assert storage.get("latest") == b"400"
 
     def test_if_match_on_missing_key_loses(self, storage: Storage) -> None:
         with pytest.raises(PreconditionError):
-            storage.put("nothing", b"x", if_match="0123456789abcdef")
+            storage.put("nothing", b"x", mode=IfMatch("0123456789abcdef"))
         assert not storage.exists("nothing")
+
+    def test_unknown_put_mode_is_refused_before_writing(self, storage: Storage) -> None:
+        with pytest.raises(ConfigError):
+            storage.put("k", b"x", mode="append")  # type: ignore[arg-type]
+        assert not storage.exists("k")
 
     # ---- derived operations --------------------------------------------------------------------------------
     def test_put_file(self, storage: Storage, tmp_path: Any) -> None:
@@ -344,6 +314,98 @@ class StoreTests:
         storage.close()
         storage.close()
 
+    # ---- capabilities --------------------------------------------------------------------------------------
+    def test_capabilities_are_declared(self, storage: Storage) -> None:
+        assert isinstance(storage.url, str) and storage.url
+        assert isinstance(storage.is_posix, bool) and isinstance(storage.hash_prefix, bool)
+        clone = pickle.loads(pickle.dumps(storage))
+        assert (clone.url, clone.is_posix, clone.hash_prefix) == (storage.url, storage.is_posix, storage.hash_prefix)
+
+    def test_data_key_is_where_data_goes(self, storage: Storage) -> None:
+        key = "step-00000100/__0_0.distcp"
+        data_key = storage.data_key(key)
+        assert data_key == (hashed_key(key) if storage.hash_prefix else key)
+        storage.put(data_key, b"data")
+        assert storage.get(data_key) == b"data"
+        if storage.is_posix:
+            with open(storage.local_path(data_key), "rb") as f:
+                assert f.read() == b"data"
+
+    def test_placement_is_readable(self, storage: Storage) -> None:
+        region = storage.region
+        assert region is None or (isinstance(region, str) and region)
+        exposure = storage.public_exposure()
+        assert isinstance(exposure, Exposure) and exposure.detail
+
+
+class _Placed(Storage):
+    """Declares distinctive capabilities and nothing else: what a wrapper must show of the storage it wraps."""
+
+    @property
+    def url(self) -> str:
+        return "memory://placed/root"
+
+    @property
+    def is_posix(self) -> bool:
+        return True
+
+    @property
+    def hash_prefix(self) -> bool:
+        return True
+
+    @property
+    def region(self) -> str | None:
+        return "xx-placed-1"
+
+    def public_exposure(self) -> Exposure:
+        return Exposure(public=True, detail="placed: public by construction")
+
+    def data_key(self, key: str) -> str:
+        return f"placed/{key}"
+
+    def local_path(self, key: str) -> str:
+        return f"/placed/{key}"
+
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        raise NotImplementedError
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        raise NotImplementedError
+
+    def head(self, key: str) -> ObjectInfo:
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        raise NotImplementedError
+
+
+class WrapperTests(StoreTests):
+    """For a storage wrapper: the whole suite through it, and every capability of its inner storage shown through.
+
+    Subclass and define ``wrap(inner, tmp_path)`` returning the wrapper around ``inner``. The ``storage`` fixture
+    wraps an empty POSIX directory; override it to wrap another backend.
+    """
+
+    def wrap(self, inner: Storage, tmp_path: Path) -> Storage:
+        raise NotImplementedError("a WrapperTests subclass defines wrap(inner, tmp_path)")
+
+    @pytest.fixture
+    def storage(self, tmp_path: Path) -> Storage:
+        return self.wrap(PosixStorage(tmp_path / "root", fsync=False), tmp_path)
+
+    def test_wrapper_reports_its_inner_capabilities(self, tmp_path: Path) -> None:
+        inner = _Placed()
+        for wrapped in (self.wrap(inner, tmp_path), self.wrap(self.wrap(inner, tmp_path), tmp_path)):
+            assert (wrapped.url, wrapped.is_posix, wrapped.hash_prefix, wrapped.region) == (
+                "memory://placed/root", True, True, "xx-placed-1"
+            )
+            assert wrapped.public_exposure() == inner.public_exposure()
+            assert wrapped.data_key("step-00000001/x") == "placed/step-00000001/x"
+            assert wrapped.local_path("a/b") == "/placed/a/b"
+
 
 # ---- plugin fixtures ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
@@ -355,7 +417,7 @@ def spawn_pool() -> Iterator[Executor]:
     and the pool does not pay a torch import per worker (tens of seconds on a 2-core machine).
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ckptio.storage.s3", "ckptio.testing.conformance"])
+    context.set_forkserver_preload(["ckptio.storage.s3", "ckptio.testing.conformance", "ckptio.testing.spawned"])
     with ProcessPoolExecutor(CONCURRENT_PROCESSES, mp_context=context) as pool:
         futures = [pool.submit(warm_up, 0.3) for _ in range(CONCURRENT_PROCESSES)]
         for future in futures:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ckptio.errors import StorageError, StorageFullError
-from ckptio.storage.base import Data, ObjectInfo, Storage, WriteMode, data_size
+from ckptio.storage.base import Data, ObjectInfo, PutMode, Storage, WriteMode, data_size
 from ckptio.storage.wrappers import StorageWrapper
 
 
@@ -74,11 +74,9 @@ class ThrottledStorage(StorageWrapper):
         if delay > 0:
             time.sleep(delay)
 
-    def put(
-        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
-    ) -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
         end = self.book(data_size(data), self.write_bytes_per_s)
-        info = self.inner.put(key, data, mode=mode, if_match=if_match)
+        info = self.inner.put(key, data, mode=mode)
         self.wait_until(end)
         return info
 
@@ -102,11 +100,9 @@ class LatencyStorage(StorageWrapper):
         super().__init__(inner)
         self.seconds = seconds
 
-    def put(
-        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
-    ) -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
         time.sleep(self.seconds)
-        return self.inner.put(key, data, mode=mode, if_match=if_match)
+        return self.inner.put(key, data, mode=mode)
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
         time.sleep(self.seconds)
@@ -151,11 +147,9 @@ class FaultStorage(StorageWrapper):
             cls = StorageFullError if self.errno_code in (errno.ENOSPC, errno.EDQUOT) else StorageError
             raise cls(message, root=self.url, path=key)
 
-    def put(
-        self, key: str, data: Data, *, mode: WriteMode = "overwrite", if_match: str | None = None
-    ) -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
         self._check(key, data_size(data))
-        return self.inner.put(key, data, mode=mode, if_match=if_match)
+        return self.inner.put(key, data, mode=mode)
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
         self._check(key, os.path.getsize(path))
