@@ -19,8 +19,9 @@ from ckptio import errors
 
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
-    from ckptio.engine.checkpointer import Checkpointer, SaveHandle
+    from ckptio.engine.checkpointer import Checkpointer
     from ckptio.engine.dcp import CkptioStorageReader
+    from ckptio.engine.handle import SaveHandle
     from ckptio.policy.residency import Residency
     from ckptio.storage import open_storage
 
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Checkpointer": "ckptio.engine.checkpointer",
-    "SaveHandle": "ckptio.engine.checkpointer",
+    "SaveHandle": "ckptio.engine.handle",
     "CheckpointerConfig": "ckptio.config",
     "CkptioStorageReader": "ckptio.engine.dcp",
     "Residency": "ckptio.policy.residency",

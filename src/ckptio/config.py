@@ -1,21 +1,140 @@
 """Configuration of a :class:`~ckptio.Checkpointer`: one kw-only dataclass, validated on construction.
 
-The CLI and the keyword form of ``Checkpointer(...)`` both build this object; nothing else reads options.
+The CLI and the keyword form of ``Checkpointer(...)`` both build this object; nothing else reads options. An
+unknown option name, a missing ``root`` or a value of the wrong type is a :class:`~ckptio.errors.ConfigError`
+naming the option (and, for a misspelling, the closest valid name), never a bare ``TypeError``.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import numbers
 import os
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 from ckptio.errors import ConfigError
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from ckptio.policy.residency import Residency
     from ckptio.storage.base import Storage
 
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
+
+class CheckpointerOptions(TypedDict, total=False):
+    """The keyword options of ``Checkpointer(root, **options)``: :class:`CheckpointerConfig`'s fields but ``root``,
+    spelled out so that a type checker checks the keyword call (a test keeps the two in step)."""
+
+    local_dir: str | os.PathLike[str] | Storage | None
+    local_capacity_bytes: int | None
+    max_pending: int
+    overflow: Literal["block", "skip"]
+    keep_last: int
+    every_steps: int | None
+    every_seconds: float | None
+    file_size_bytes: int
+    upload_concurrency: int
+    commit_timeout_s: float
+    fsync: bool
+    residency: Residency | None
+    residency_recheck_s: float
+    volume_check: Literal["off", "warn", "error"]
+    data_dirs: tuple[str, ...] | list[str]
+    events_path: str | None
+    metrics_registry: Any
+    metrics_port: int | None
+    metrics_host: str
+    start_writer: Literal["on_init", "on_first_save"]
+    writer_nice: int
+    lease_s: float
+    job_id: str | None
+    storage_options: dict[str, Any]
+
+
+def unknown_option_error(name: str, valid: list[str]) -> ConfigError:
+    """``name`` is not a valid option: name the closest valid one (difflib), or list them all."""
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid options: {', '.join(sorted(valid))}"
+    return ConfigError(f"unknown option {name!r}; {hint}")
+
+
+def _keyword_options_only(cls: type[_Config]) -> type[_Config]:
+    """Check the names given to the dataclass's generated ``__init__`` first, so that a misspelled, missing or
+    positional option is a ConfigError (the CLI's usage error) rather than Python's TypeError."""
+    generated: Callable[..., None] = cls.__init__
+    valid = [f.name for f in fields(cls)]
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+
+    @functools.wraps(generated)
+    def __init__(self: Any, *args: Any, **options: Any) -> None:
+        if args:
+            raise ConfigError(f"{cls.__name__} takes keyword options only, got {len(args)} positional")
+        for name in options:
+            if name not in valid:
+                raise unknown_option_error(name, valid)
+        for name in required:
+            if name not in options:
+                raise ConfigError(f"{cls.__name__} needs {name}")
+        generated(self, **options)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]  # the checked wrapper replaces the generated one
+    return cls
+
+
+# What a value must be an instance of, per annotated type, where that is wider than the type itself.
+_ACCEPTED: dict[Any, tuple[type, ...]] = {
+    int: (numbers.Integral,),  # numpy integers too
+    float: (numbers.Real,),  # an int is a fine number of seconds
+    tuple: (tuple, list),  # data_dirs=[...] is normalised to a tuple in __post_init__
+    type(None): (type(None),),
+}
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, member) for member in typing.get_args(hint))
+    leaf = origin or hint  # dict[str, Any] -> dict, os.PathLike[str] -> os.PathLike
+    if isinstance(value, bool) and leaf is not bool:
+        return False  # bool is an int to Python, never a count or a size to us
+    return isinstance(value, _ACCEPTED.get(leaf, (leaf,)))
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, tuple[Any, str]]:
+    """Each field's resolved type and its annotation as written (for messages). Resolved on first use, so that
+    importing this module does not import the storage and policy packages that Storage and Residency live in."""
+    from ckptio.policy.residency import Residency
+    from ckptio.storage.base import Storage
+
+    hints = typing.get_type_hints(cls, localns={"Storage": Storage, "Residency": Residency})
+    return {f.name: (hints[f.name], str(f.type)) for f in fields(cls)}
+
+
+def check_option_types(config: DataclassInstance) -> None:
+    """Raise ConfigError naming the first field of ``config`` (a dataclass) whose value does not match its
+    annotation: option, expected type and value."""
+    for name, (hint, written) in _field_types(type(config)).items():
+        value = getattr(config, name)
+        if not _matches(value, hint):
+            expected = written
+            if typing.get_origin(hint) is Literal:
+                expected = "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
+            raise ConfigError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+
+
+@_keyword_options_only
 @dataclass(kw_only=True, slots=True)
 class CheckpointerConfig:
     root: str | os.PathLike[str] | Storage
@@ -108,9 +227,9 @@ class CheckpointerConfig:
         return WriterConfig(**{f.name: getattr(self, f.name) for f in fields(WriterConfig)})
 
     def __post_init__(self) -> None:
+        check_option_types(self)  # first: the range checks below compare numbers
         problems = [
             (self.max_pending < 1, f"max_pending must be >= 1, got {self.max_pending}"),
-            (self.overflow not in ("block", "skip"), f"overflow must be 'block' or 'skip', got {self.overflow!r}"),
             (self.keep_last < 0, f"keep_last must be >= 0, got {self.keep_last}"),
             (self.every_steps is not None and self.every_steps < 1,
              f"every_steps must be >= 1, got {self.every_steps}"),
@@ -119,12 +238,8 @@ class CheckpointerConfig:
             (self.file_size_bytes < 1 << 20, f"file_size_bytes must be at least 1 MiB, got {self.file_size_bytes}"),
             (self.upload_concurrency < 1, f"upload_concurrency must be >= 1, got {self.upload_concurrency}"),
             (self.commit_timeout_s <= 0, f"commit_timeout_s must be > 0, got {self.commit_timeout_s}"),
-            (self.start_writer not in ("on_init", "on_first_save"),
-             f"start_writer must be on_init or on_first_save, got {self.start_writer!r}"),
             (self.lease_s < 0, f"lease_s must be >= 0, got {self.lease_s}"),
             (not 0 <= self.writer_nice <= 19, f"writer_nice must be within 0..19, got {self.writer_nice}"),
-            (self.volume_check not in ("off", "warn", "error"),
-             f"volume_check must be off, warn or error, got {self.volume_check!r}"),
             (self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0,
              "local_capacity_bytes must be positive"),
             (isinstance(self.root, str) and not self.root, "root must not be empty"),

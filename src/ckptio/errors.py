@@ -3,11 +3,12 @@
 ::
 
     CkptError                                  base; carries root / step / rank / path when known
-    ├── ConfigError            (ValueError)    bad option, bad CLI argument, unparsable unit
+    ├── ConfigError            (ValueError)    bad option, bad CLI argument, unparsable unit (CLI: exit 2)
+    ├── CheckpointerClosedError(ValueError)    a method called on a closed Checkpointer
     ├── UnsupportedStateError  (TypeError)     a value in the state that cannot be checkpointed
     ├── StructureMismatchError (ValueError)    restore target does not match the checkpoint
     ├── CheckpointNotFoundError(LookupError)   no such committed step
-    ├── CorruptCheckpointError                 manifest/index/metadata unreadable or inconsistent
+    ├── CorruptCheckpointError                 manifest/index/metadata (or an event file) unreadable or inconsistent
     │   └── ChecksumError                      a file's bytes do not match the recorded checksum
     ├── StorageError           (OSError)       a storage operation failed (after retries)
     │   ├── NotFoundError      (FileNotFoundError)
@@ -15,11 +16,15 @@
     │   ├── PreconditionError                  If-Match compare-and-swap lost
     │   └── StorageFullError                   ENOSPC, or the local tier's byte budget is spent
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
-    ├── SaveFailedError                        a background save failed; raised on the next save()/wait()
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
     ├── RootInUseError                         another live job owns this checkpoint root
     ├── ResidencyError         (PermissionError) public bucket or forbidden region
-    └── AdmissionError                         the planner refuses the job (used by `ckptio admit`)
+    ├── VolumePolicyError                      the root breaks a volume rule and ``volume_check="error"``
+    └── AdmissionError                         the planner refuses the job (only `ckptio admit`)
+
+A failed background save has no class of its own: ``SaveHandle.wait()`` and ``Checkpointer.wait()`` re-raise the
+error that failed it (``StorageFullError``, ``CommitError``, ``WriterDiedError``, …), so a caller catches the cause it
+can act on. Catch ``CkptError`` for "any save failure".
 
 Errors cross process boundaries (writer → trainer), so every class pickles with its context.
 """
@@ -32,6 +37,7 @@ __all__ = [
     "AdmissionError",
     "AlreadyExistsError",
     "CheckpointNotFoundError",
+    "CheckpointerClosedError",
     "ChecksumError",
     "CkptError",
     "CommitError",
@@ -41,11 +47,11 @@ __all__ = [
     "PreconditionError",
     "ResidencyError",
     "RootInUseError",
-    "SaveFailedError",
     "StorageError",
     "StorageFullError",
     "StructureMismatchError",
     "UnsupportedStateError",
+    "VolumePolicyError",
     "WriterDiedError",
 ]
 
@@ -89,6 +95,10 @@ class CkptError(Exception):
 
 class ConfigError(CkptError, ValueError):
     """An option or argument is invalid."""
+
+
+class CheckpointerClosedError(CkptError, ValueError):
+    """A Checkpointer method was called after ``close()``. A ValueError, as for an operation on a closed file."""
 
 
 class UnsupportedStateError(CkptError, TypeError):
@@ -141,10 +151,6 @@ class CommitError(CkptError):
     """A step could not be committed."""
 
 
-class SaveFailedError(CkptError):
-    """A background save failed. The cause is chained (``__cause__``) when it crossed no process boundary."""
-
-
 class WriterDiedError(CkptError, RuntimeError):
     """The writer process of a rank exited while saves were pending."""
 
@@ -157,5 +163,10 @@ class ResidencyError(CkptError, PermissionError):
     """Writing here would break residency: a public bucket or a region outside the allowed list."""
 
 
+class VolumePolicyError(CkptError):
+    """The Checkpointer's start-up volume check (``volume_check="error"``) refuses the root: under $HOME, on a data
+    directory's volume, or on a RAM filesystem."""
+
+
 class AdmissionError(CkptError):
-    """The planner refuses the job: its storage cannot take the burst."""
+    """``ckptio admit`` refuses the job: its storage cannot take the burst, or its root breaks a placement rule."""

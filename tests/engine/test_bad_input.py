@@ -11,13 +11,13 @@ import torch
 import ckptio
 from ckptio import format as fmt
 from ckptio.errors import (
-    AdmissionError,
     CheckpointNotFoundError,
     ConfigError,
     StorageError,
     StorageFullError,
     StructureMismatchError,
     UnsupportedStateError,
+    VolumePolicyError,
 )
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import FaultStorage
@@ -87,7 +87,8 @@ def test_local_tier_budget_evicts_durable_steps_and_refuses_what_cannot_fit(tmp_
 
 @pytest.mark.parametrize(
     "options",
-    [{"max_pending": 0}, {"overflow": "drop"}, {"keep_last": -1}, {"every_steps": 0}, {"file_size_bytes": 10}],
+    [{"max_pending": 0}, {"overflow": "drop"}, {"keep_last": -1}, {"every_steps": 0}, {"file_size_bytes": 10},
+     {"max_pending": 1.5}, {"max_pendng": 2}],
 )
 def test_bad_options_raise_config_error(root, options):
     with pytest.raises(ConfigError):
@@ -98,7 +99,7 @@ def test_root_on_the_dataset_volume_is_refused_when_volume_check_is_error(tmp_pa
     data = tmp_path / "dataset"
     data.mkdir()
     root = tmp_path / "runs with space é" / "ckpt"
-    with pytest.raises(AdmissionError, match="share one volume"):
+    with pytest.raises(VolumePolicyError, match="share one volume"):
         ckptio.Checkpointer(str(root), data_dirs=[str(data)], volume_check="error")
     with ckptio.Checkpointer(str(root), data_dirs=[str(data)], volume_check="warn", start_writer="on_first_save"):
         pass  # a warning only

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptio.errors import AdmissionError, ConfigError
+from ckptio.errors import ConfigError, VolumePolicyError
 from ckptio.policy.volumes import check_volumes, enforce_volume_policy, read_mounts, volume_of
 
 SHM = "/dev/shm"
@@ -72,7 +72,7 @@ def test_enforce_warns_or_raises(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         findings = enforce_volume_policy(home / "ck", mode="warn", home=str(home))
     assert [f.code for f in findings] == ["root-under-home"]
     assert "root-under-home" in caplog.text
-    with pytest.raises(AdmissionError) as info:
+    with pytest.raises(VolumePolicyError) as info:
         enforce_volume_policy(home / "ck", mode="error", home=str(home))
     assert info.value.root == str(home / "ck")
     assert enforce_volume_policy(home / "ck", mode="off", home=str(home)) == []

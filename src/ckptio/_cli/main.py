@@ -40,10 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except ConfigError as exc:
+    except ConfigError as exc:  # only a bad option or argument is a usage error
         print(f"ckptio {args.command}: {exc}", file=sys.stderr)
         return 2
-    except CkptError as exc:
+    except CkptError as exc:  # a refusal or failure of the run (VolumePolicyError, StorageError, …)
         print(f"ckptio {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

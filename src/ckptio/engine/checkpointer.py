@@ -15,12 +15,14 @@ import os
 import pickle
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata
 
 from ckptio import format as fmt
-from ckptio.config import CheckpointerConfig
+from ckptio.config import CheckpointerConfig, CheckpointerOptions
 from ckptio.engine import protocol
 from ckptio.engine.dcp import (
     check_supported,
@@ -34,11 +36,12 @@ from ckptio.engine.dcp import (
     statefuls_to_state_dict,
 )
 from ckptio.engine.group import SideGroup
+from ckptio.engine.handle import SaveHandle
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.restore import restore_step
 from ckptio.engine.staging import StagingArea, copy_into_slot, remove_stale_slots
 from ckptio.engine.writer_proxy import WriterProxy
-from ckptio.errors import CkptError, ConfigError, UnsupportedStateError, WriterDiedError
+from ckptio.errors import CheckpointerClosedError, CkptError, ConfigError, UnsupportedStateError, WriterDiedError
 from ckptio.format.layout import plan_layout
 from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_exporter
@@ -46,83 +49,66 @@ from ckptio.obs.steps import StepTimer
 from ckptio.policy.volumes import enforce_volume_policy
 from ckptio.storage import PosixRoot, Storage, open_storage, parse_root
 
+if TYPE_CHECKING:
+    # Annotations are never evaluated at run time, so Python 3.10 (no typing.Unpack) runs this module too.
+    from typing import Unpack
+
 log = logging.getLogger("ckptio")
 
 
-class SaveHandle:
-    """One save: ``skipped`` now, ``done()``/``wait()`` for its commit."""
+def _resolve_config(root: Any, config: CheckpointerConfig | None, options: Mapping[str, Any]) -> CheckpointerConfig:
+    if config is None:
+        if root is None:
+            raise ConfigError("Checkpointer needs a root (or a config)")
+        return CheckpointerConfig(root=root, **options)
+    if root is not None or options:
+        raise ConfigError("pass either config= or keyword options, not both")
+    return config
 
-    def __init__(self, step: int, *, skipped: bool = False, skip_reason: str | None = None) -> None:
-        self.step = step
-        self.skipped = skipped
-        self.skip_reason = skip_reason
-        self.blocking_s = 0.0
-        self.bytes = 0
-        self.slot_id: int | None = None
-        self.save_id = 0
-        self.returned_mono = 0.0
-        self.requested_mono = 0.0
-        self.interval_s: float | None = None
-        self._event = threading.Event()
-        self._error: BaseException | None = None
-        if skipped:
-            self._event.set()
 
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until committed; re-raise the save's error. ``TimeoutError`` if ``timeout`` passes first."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"save of step {self.step} not committed within {timeout} s")
-        if self._error is not None:
-            raise self._error
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        self._error = error
-        self._event.set()
-
-    def __repr__(self) -> str:
-        state = "skipped" if self.skipped else ("failed" if self._error else ("committed" if self.done() else
-                                                                            "pending"))
-        return f"SaveHandle(step={self.step}, {state})"
+def _destroy_side_group(group: SideGroup) -> None:
+    """Undo the gloo group SideGroup created (a failed construction only: a live group stays until exit)."""
+    if group.group is not None:
+        dist.destroy_process_group(group.group)
 
 
 class Checkpointer:
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
-                 **options: Any) -> None:
-        if config is None:
-            if root is None:
-                raise ConfigError("Checkpointer needs a root (or a config)")
-            config = CheckpointerConfig(root=root, **options)
-        elif root is not None or options:
-            raise ConfigError("pass either config= or keyword options, not both")
-        self.config = config
-        self.group = SideGroup(process_group)
-        self.rank, self.world_size = self.group.rank, self.group.world_size
-        self.storage: Storage = open_storage(config.root, **self._storage_options())
-        self.local: Storage | None = (
-            open_storage(config.local_dir, fsync=False) if config.local_dir is not None else None
-        )
-        self.events = EventLog(rank_path(config.events_path, self.rank) if config.events_path else None,
-                               rank=self.rank, role="trainer")
-        self.steps = StepTimer(self.events)
+                 **options: Unpack[CheckpointerOptions]) -> None:
+        self.config = config = _resolve_config(root, config, options)
+        # All or nothing: each step that holds something (side group, storage client, event file, root claim, port,
+        # process) registers its undo as it succeeds; when a later step raises, the undos run in reverse and the
+        # error goes on. Once built, ``_resources`` is what close() undoes.
+        with contextlib.ExitStack() as undo_on_failure:
+            self.group = SideGroup(process_group)
+            if process_group is None:
+                undo_on_failure.callback(_destroy_side_group, self.group)
+            self.rank, self.world_size = self.group.rank, self.group.world_size
+            self.storage: Storage = open_storage(config.root, **self._storage_options())
+            if not isinstance(config.root, Storage):  # a Storage the caller passed is the caller's to close
+                undo_on_failure.callback(self.storage.close)
+            self.local: Storage | None = None
+            if config.local_dir is not None:
+                self.local = open_storage(config.local_dir, fsync=False)
+                if not isinstance(config.local_dir, Storage):
+                    undo_on_failure.callback(self.local.close)
+            self._resources = undo_on_failure.enter_context(contextlib.ExitStack())
+            self._init_state()
+            self._acquire()
+            undo_on_failure.pop_all()
+
+    # ---- construction helpers -----------------------------------------------------------------------------------
+    def _init_state(self) -> None:
+        """Plain attributes, set before the writer can call back into this object."""
         self._owner: OwnerRecord | None = None
         self._exporter: Any = None
-        self._metrics = self._start_metrics()
-        self._check_policies()
-        remove_stale_slots()
-        self._staging = StagingArea(config.max_pending)
         self._lock = threading.Lock()
         self._pending: dict[int, SaveHandle] = {}
         self._unreported: list[BaseException] = []
         self._writer_error: WriterDiedError | None = None
+        self._writer_ready = threading.Event()
         self._plan_key: int | None = None
         self._fast_flatten = True
         self._plan_id = 0
@@ -132,14 +118,28 @@ class Checkpointer:
         self._last_save_mono: float | None = None
         self._created_mono = time.monotonic()
         self._closed = False
+
+    def _acquire(self) -> None:
+        """Event log, root claim, metrics, staging, writer: in the order close() undoes in reverse. Checks that hold
+        nothing run before the root claim; the writer (seconds to boot and to stop) starts last, after every step
+        that can fail."""
+        config, resources = self.config, self._resources
+        self.events = EventLog(rank_path(config.events_path, self.rank) if config.events_path else None,
+                               rank=self.rank, role="trainer")
+        resources.callback(self.events.close)
+        self.steps = StepTimer(self.events)
+        self._check_policies()
+        self._metrics = self._start_metrics()
+        remove_stale_slots()
+        self._staging = StagingArea(config.max_pending)
+        resources.callback(self._staging.close)
         self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
                                    on_death=self._on_writer_death)
-        self._writer_ready = threading.Event()
+        resources.callback(self._writer.stop)
         if config.start_writer == "on_init":
             # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
             self._writer.ensure_started()
 
-    # ---- construction helpers -----------------------------------------------------------------------------------
     def _storage_options(self) -> dict[str, Any]:
         opts = dict(self.config.storage_options)
         if isinstance(self.config.root, (str, os.PathLike)) and isinstance(parse_root(self.config.root), PosixRoot):
@@ -158,6 +158,7 @@ class Checkpointer:
             port = self.config.metrics_port + self.rank if self.config.metrics_port else 0
             self._exporter = start_exporter(port, host=self.config.metrics_host,
                                             registry=self.config.metrics_registry)
+            self._resources.callback(self._exporter.close)
         return metrics
 
     def _check_policies(self) -> None:
@@ -173,6 +174,7 @@ class Checkpointer:
                 self._check_writable()
                 if self.config.lease_s > 0:
                     self._owner = claim_root(self.storage, lease_s=self.config.lease_s, job_id=self.config.job_id)
+                    self._resources.callback(release_root, self.storage, self._owner)
             except CkptError as exc:
                 error = exc
         error = self.group.broadcast_from_rank0(error)
@@ -429,17 +431,13 @@ class Checkpointer:
                 with contextlib.suppress(CkptError):
                     self.wait()
         finally:
-            self._writer.stop()
-            self._staging.close()
-            if self._owner is not None:
-                release_root(self.storage, self._owner)
-            self.events.close()
-            if self._exporter is not None:
-                self._exporter.close()
+            # The reverse of construction: writer, staging, metrics endpoint, root claim, event log. Each runs even
+            # when an earlier one raises.
+            self._resources.close()
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError("checkpointer is closed", root=self.storage.url, rank=self.rank)
+            raise CheckpointerClosedError("checkpointer is closed", root=self.storage.url, rank=self.rank)
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -26,13 +26,18 @@ def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
     env = dict(os.environ)
     # The writer must import the same ckptio as the trainer, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptio.engine.writer_main", str(theirs.fileno())],
-        pass_fds=[theirs.fileno()],
-        env=env,
-        close_fds=True,
-    )
-    theirs.close()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ckptio.engine.writer_main", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            close_fds=True,
+        )
+    except BaseException:
+        ours.close()  # no writer: a failed start leaves no socket behind
+        raise
+    finally:
+        theirs.close()
     conn = Connection(ours.detach())
     conn.send(start)
     return proc, conn

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ckptio.errors import AdmissionError, ConfigError
+from ckptio.errors import ConfigError, VolumePolicyError
 from ckptio.storage.root import PosixRoot, parse_root
 
 logger = logging.getLogger(__name__)
@@ -219,14 +219,14 @@ def enforce_volume_policy(
     mode: Literal["off", "warn", "error"] = "warn",
     home: str | None = None,
 ) -> list[VolumeFinding]:
-    """The Checkpointer's start-up check: log each finding (``warn``) or raise AdmissionError (``error``)."""
+    """The Checkpointer's start-up check: log each finding (``warn``) or raise VolumePolicyError (``error``)."""
     if mode not in ("off", "warn", "error"):
         raise ConfigError(f"volume_check must be off, warn or error, got {mode!r}")
     if mode == "off":
         return []
     findings = check_volumes(root, data_dirs, home=home)
     if findings and mode == "error":
-        raise AdmissionError("; ".join(f.message for f in findings), root=os.fspath(root))
+        raise VolumePolicyError("; ".join(f.message for f in findings), root=os.fspath(root))
     for finding in findings:
         logger.warning("ckptio volume check (%s): %s", finding.code, finding.message)
     return findings
