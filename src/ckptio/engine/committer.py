@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ckptio.engine.dcp import build_metadata
 from ckptio.engine.protocol import CommitInfo, Outbox, SaveDone, SaveFailed, WriterStart
 from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError
 from ckptio.format import (
@@ -134,6 +133,10 @@ class Committer:
         indexes = self._wait_for(request, lambda: self._gather_indexes(request))
         if request.metadata_skeleton is None:
             raise CorruptCheckpointError("rank 0 job carries no metadata", step=step)
+        # Only rank 0's committer needs DCP's classes (unpickling the skeleton loads torch too): other ranks'
+        # writers never import torch.
+        from ckptio.engine.dcp import build_metadata
+
         skeleton = pickle.loads(request.metadata_skeleton)
         metadata = build_metadata(skeleton, indexes, checkpoint_id=join_key(durable.url, step_dir(step)))
         t1 = time.monotonic()

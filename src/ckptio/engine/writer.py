@@ -16,17 +16,13 @@ import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import torch
-from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from ckptio.engine.committer import CommitRequest, Committer, report_failure
-from ckptio.engine.dcp import item_records
 from ckptio.engine.protocol import Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
 from ckptio.errors import StorageFullError
 from ckptio.format import (
     FileRecord,
+    ItemRecord,
     RankIndex,
     all_step_dirs,
     checksum,
@@ -36,19 +32,15 @@ from ckptio.format import (
     step_dir,
     write_failure,
 )
-from ckptio.format.layout import data_file_name
+from ckptio.format.layout import TensorEntry, data_file_name
 from ckptio.format.serialize import TensorFramer
 from ckptio.obs.events import Event, Phase
 from ckptio.storage.base import Storage, join_key
 
 
-def _serialize_tensor(framer: TensorFramer, buf: mmap.mmap, entry: Any) -> list[bytes | memoryview]:
-    # frombuffer with offset/count gives a storage covering just this tensor, so torch.save writes only its bytes.
-    count = entry.nbytes
-    raw = torch.frombuffer(buf, dtype=torch.uint8, count=count, offset=entry.slot_offset) if count else \
-        torch.empty(0, dtype=torch.uint8)
-    tensor = raw.view(getattr(torch, entry.dtype)).view(entry.shape)
-    return framer.frame(tensor, memoryview(buf)[entry.slot_offset : entry.slot_offset + count])
+def _serialize_tensor(framer: TensorFramer, buf: mmap.mmap, entry: TensorEntry) -> list[bytes | memoryview]:
+    # The slot's bytes of just this tensor, framed as torch.save would write it (no torch in this process).
+    return framer.frame(entry.dtype, entry.shape, memoryview(buf)[entry.slot_offset : entry.slot_offset + entry.nbytes])
 
 
 class Writer:
@@ -84,7 +76,7 @@ class Writer:
                 slot_freed = True
                 self._upload_from_local(job, files, self.start.local)
             index = RankIndex(step=job.step, rank=rank, world_size=self.start.world_size,
-                              save_id=job.save_id, files=files, items=item_records(items))
+                              save_id=job.save_id, files=files, items=items)
             t0 = time.monotonic()
             durable.put(index_key(job.step, rank), index.to_json())
             self.out.event(Event.PHASE, job.step, phase=Phase.RANK_INDEX, seconds=time.monotonic() - t0, bytes=0,
@@ -139,7 +131,8 @@ class Writer:
             self._maps[path] = buf
         return buf
 
-    def _write_files(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap) -> tuple[list[FileRecord], list[Any]]:
+    def _write_files(self, job: SaveJob, plan: WriterPlan,
+                     buf: mmap.mmap) -> tuple[list[FileRecord], list[ItemRecord]]:
         """Serialize each file and write it to the first tier (local if any, else durable), concurrently."""
         futures = [self._pool.submit(self._write_one_file, job, plan, buf, n) for n in range(plan.layout.n_files)]
         files, items = [], []
@@ -150,19 +143,20 @@ class Writer:
         return files, items
 
     def _write_one_file(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap,
-                        n: int) -> tuple[FileRecord, list[Any]]:
+                        n: int) -> tuple[FileRecord, list[ItemRecord]]:
         local = self.start.local
         target: Storage = local or self.start.durable
         tier = "local" if local is not None else "durable"
         name = data_file_name(self.start.rank, n, job.save_id)
         t0 = time.monotonic()
         blobs: list[bytes | memoryview] = []
-        items: list[tuple[MetadataIndex, str, int, int]] = []
+        items: list[ItemRecord] = []
         offset = 0
         if n == 0:
             for obj, payload in zip(plan.layout.objects, job.objects, strict=True):
                 blobs.append(payload)
-                items.append((obj.index, name, offset, len(payload)))
+                items.append(ItemRecord(fqn=obj.fqn, offset=None, index_hint=obj.index_hint, file=name,
+                                        file_offset=offset, length=len(payload)))
                 offset += len(payload)
         for entry in plan.layout.tensors:
             if entry.file_no != n:
@@ -170,7 +164,8 @@ class Writer:
             parts = _serialize_tensor(self._framer, buf, entry)
             length = sum(memoryview(p).nbytes for p in parts)
             blobs.extend(parts)
-            items.append((entry.index, name, offset, length))
+            items.append(ItemRecord(fqn=entry.fqn, offset=list(entry.chunk_offset), index_hint=entry.index_hint,
+                                    file=name, file_offset=offset, length=length))
             offset += length
         crc = checksum(blobs)
         t1 = time.monotonic()

@@ -16,8 +16,6 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
-import torch
-
 from ckptio.engine.ownership import OwnerRecord, heartbeat
 from ckptio.engine.protocol import Outbox, SaveJob, WriterPlan, WriterStart, WriterStop, WriterStopped
 from ckptio.engine.writer import Writer
@@ -62,7 +60,6 @@ def _serve(conn: Connection, writer: Writer) -> None:
 
 def writer_main(conn: Connection, start: WriterStart) -> None:
     """Process body: serve jobs until ``WriterStop`` or the trainer goes away, then say ``WriterStopped``."""
-    torch.set_num_threads(1)  # serialization is memcpy-bound; leave the cores to training
     _lower_priority(start.config.writer_nice)
     out = Outbox(conn, start.rank)
     out.event(Event.WRITER_STARTED, None, pid=os.getpid())
@@ -83,6 +80,9 @@ def writer_main(conn: Connection, start: WriterStart) -> None:
 
 
 def main() -> None:
+    # The writer imports torch only where it must (rank 0's commit, a tensor torchsave cannot frame); torch then
+    # starts with one intra-op thread: serialization is memcpy-bound, the cores belong to training.
+    os.environ["OMP_NUM_THREADS"] = "1"
     conn = Connection(int(sys.argv[1]))
     start = conn.recv()
     if not isinstance(start, WriterStart):

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+if TYPE_CHECKING:  # torch is imported where a plan is made, never where a layout is only read (the writer)
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import WriteItem
 
 # Slot offsets are aligned so every staged tensor starts on a cache line (and on a CUDA-friendly boundary).
 ALIGN = 64
@@ -48,6 +49,8 @@ class TensorEntry:
 
     @property
     def index(self) -> MetadataIndex:
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
         return MetadataIndex(self.fqn, self.chunk_offset, self.index_hint)
 
 
@@ -61,6 +64,8 @@ class ObjectEntry:
 
     @property
     def index(self) -> MetadataIndex:
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
         return MetadataIndex(self.fqn, None, self.index_hint)
 
 
@@ -86,6 +91,9 @@ def _dtype_name(item: WriteItem) -> str:
 
 def plan_layout(rank: int, items: list[WriteItem], file_size_bytes: int) -> RankLayout:
     """Pack ``items`` (a final local save plan) into files and slot offsets."""
+    import torch
+    from torch.distributed.checkpoint.planner import WriteItemType
+
     tensors: list[TensorEntry] = []
     objects: list[ObjectEntry] = []
     slot_offset = 0

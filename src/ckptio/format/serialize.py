@@ -5,11 +5,12 @@ naively, ``torch.save`` copies the tensor into a buffer (and computes a zip CRC3
 it again into the file: on a 2-core host that is a second full pass over every byte, stealing CPU from training.
 
 With the zip CRC turned off (ckptio checks each file with crc32c instead), the only bytes of a ``torch.save`` blob
-that depend on the data are the data themselves. So the first time a (dtype, shape) is seen, the writer serializes
-it for real, locates the data record inside the zip, and keeps the framing before and after it; from then on an
-item is ``[prefix, <slot bytes>, suffix]`` — a zero-copy view of the staging slot between two small byte strings.
+that depend on the data are the data themselves. ``format.torchsave`` writes the framing before and after them
+from the dtype and shape alone, so an item is ``[prefix, <slot bytes>, suffix]`` — a zero-copy view of the staging
+slot between two small byte strings — and the writer process never imports torch.
 
-This module runs in the writer process only (it changes a process-wide torch setting).
+What ``format.torchsave`` does not cover (a dtype it does not list, a tensor of 4 GiB or more) takes torch.save
+itself: torch is imported then, in this process only, and its zip CRC is turned off process-wide.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import io
 import struct
 import zipfile
+from typing import Any
 
-import torch
+from ckptio.format import torchsave
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # the zip local file header (PKZIP APPNOTE 4.3.7)
 
 
-def disable_zip_crc() -> bool:
+def disable_zip_crc(torch: Any) -> bool:
     """Turn off torch.save's per-record CRC32 in this process; False where torch cannot."""
     setter = getattr(torch.serialization, "set_crc32_options", None)
     if setter is None:
@@ -44,24 +46,48 @@ def _data_offset(blob: bytes, nbytes: int) -> int | None:
 
 
 class TensorFramer:
-    """Caches torch.save framing per (dtype, shape) and frames slot bytes with it."""
+    """Frames slot bytes as torch.save output, caching the framing per (dtype, shape)."""
 
     def __init__(self) -> None:
-        self.splice = disable_zip_crc()
         self._framing: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes] | None] = {}
+        self._torch: Any = None
+        self.splice = True
+        """False when the torch.save fallback cannot turn off the zip CRC (every such item is then a full copy)."""
 
-    def frame(self, tensor: torch.Tensor, raw: memoryview) -> list[bytes | memoryview]:
-        """The torch.save bytes of ``tensor`` (whose raw bytes are ``raw``), as a list of buffers."""
-        key = (str(tensor.dtype), tuple(tensor.shape))
-        framing = self._framing.get(key) if self.splice and raw.nbytes else None
+    @property
+    def torch_imported(self) -> bool:
+        """Whether some item needed torch.save itself (this process then holds torch)."""
+        return self._torch is not None
+
+    def frame(self, dtype: str, shape: tuple[int, ...], raw: memoryview) -> list[bytes | memoryview]:
+        """The torch.save bytes of the contiguous ``dtype``/``shape`` tensor whose bytes are ``raw``."""
+        key = (dtype, shape)
+        if key not in self._framing:
+            framing = torchsave.framing(dtype, shape)
+            expected = raw.nbytes == torchsave.nbytes(dtype, shape) if framing is not None else False
+            self._framing[key] = framing if expected else None
+        framing = self._framing[key]
         if framing is not None:
             return [framing[0], raw, framing[1]]
+        return self._frame_with_torch(key, raw)
+
+    def _frame_with_torch(self, key: tuple[str, tuple[int, ...]], raw: memoryview) -> list[bytes | memoryview]:
+        """torch.save itself; the first blob of a key also yields a reusable framing when its layout is known."""
+        if self._torch is None:
+            import torch  # only here: a writer that never reaches this line never loads torch
+
+            self.splice = disable_zip_crc(torch)
+            self._torch = torch
+        torch = self._torch
+        dtype, shape = key
+        count = raw.nbytes
+        flat = torch.frombuffer(raw, dtype=torch.uint8, count=count) if count else torch.empty(0, dtype=torch.uint8)
+        tensor = flat.view(getattr(torch, dtype)).view(shape)
         out = io.BytesIO()
         torch.save(tensor, out)
         blob = out.getvalue()
-        if self.splice and raw.nbytes and key not in self._framing:
-            offset = _data_offset(blob, raw.nbytes)
-            ok = offset is not None and blob[offset : offset + raw.nbytes] == raw
-            # A layout we do not recognise is remembered as None: that shape always takes the slow, safe path.
-            self._framing[key] = (blob[:offset], blob[offset + raw.nbytes :]) if ok and offset is not None else None
+        if self.splice and count:
+            offset = _data_offset(blob, count)
+            if offset is not None and blob[offset : offset + count] == raw:
+                self._framing[key] = (blob[:offset], blob[offset + count :])
         return [blob]
