@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import psutil
+
 from _common import MiB, ratio_line
 
 
