@@ -35,6 +35,7 @@ class CheckpointerOptions(TypedDict, total=False):
     local_dir: str | os.PathLike[str] | Storage | None
     local_capacity_bytes: int | None
     max_pending: int
+    staging_dir: str | os.PathLike[str] | None
     overflow: Literal["block", "skip"]
     keep_last: int
     every_steps: int | None
@@ -152,6 +153,12 @@ class CheckpointerConfig:
     """Staged snapshots held at once (staging slots). This is the memory bound: host memory for staging is
     ``max_pending`` × state bytes, allocated on first save and reused."""
 
+    staging_dir: str | os.PathLike[str] | None = None
+    """Directory of the staging slots (None: ``/dev/shm``, the temp dir where there is none). Each rank needs
+    ``max_pending`` × its state bytes there; the first save checks that they fit and raises
+    :class:`~ckptio.errors.StorageFullError` with the fixes when they do not. A tmpfs keeps staging in RAM; a local
+    disk works too (the page cache absorbs the copy) but a slow one slows ``save()``."""
+
     overflow: Literal["block", "skip"] = "block"
     """What ``save()`` does when no staging slot is free on some rank: wait for one, or drop this save.
     All ranks take the same decision."""
@@ -243,6 +250,7 @@ class CheckpointerConfig:
             (self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0,
              "local_capacity_bytes must be positive"),
             (isinstance(self.root, str) and not self.root, "root must not be empty"),
+            (self.staging_dir is not None and not os.fspath(self.staging_dir), "staging_dir must not be empty"),
         ]
         for bad, message in problems:
             if bad:

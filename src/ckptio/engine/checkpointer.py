@@ -12,34 +12,37 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
-from torch.distributed.checkpoint.metadata import Metadata
 
 from ckptio import format as fmt
 from ckptio.config import CheckpointerConfig, CheckpointerOptions
 from ckptio.engine import protocol
 from ckptio.engine.dcp import (
     check_supported,
+    coordinated_plan,
     flatten_like_dcp,
-    global_plan,
     make_planner,
     quick_fingerprint,
     resolve_objects,
     resolve_tensors,
-    split_items,
     statefuls_to_state_dict,
 )
 from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.restore import restore_step
-from ckptio.engine.staging import StagingArea, copy_into_slot, remove_stale_slots
+from ckptio.engine.staging import (
+    StagingArea,
+    check_fits_on_every_rank,
+    copy_into_slot,
+    remove_stale_slots,
+    staging_dir,
+)
 from ckptio.engine.writer_proxy import WriterProxy
 from ckptio.errors import CheckpointerClosedError, CkptError, ConfigError, UnsupportedStateError, WriterDiedError
 from ckptio.format.layout import plan_layout
@@ -130,8 +133,9 @@ class Checkpointer:
         self.steps = StepTimer(self.events)
         self._check_policies()
         self._metrics = self._start_metrics()
-        remove_stale_slots()
-        self._staging = StagingArea(config.max_pending)
+        slots_dir = staging_dir(config.staging_dir)
+        remove_stale_slots(slots_dir)
+        self._staging = StagingArea(config.max_pending, slots_dir)
         resources.callback(self._staging.close)
         self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
                                    on_death=self._on_writer_death)
@@ -256,28 +260,21 @@ class Checkpointer:
         return SaveHandle(step, skipped=True, skip_reason="another rank reported an error")
 
     def _replan(self, state_dict: dict[str, Any], flat: dict[str, Any], key: int | None) -> dict[str, Any]:
-        """DCP global planning (dedup across ranks) once per structure: one all-gather of local plans.
-        Returns the flat state to stage from (DCP's own, should the quick flattening ever disagree with it)."""
-        planner = make_planner(state_dict, is_coordinator=self.rank == 0)
-        if planner.state_dict.keys() != flat.keys():
+        """DCP global planning (dedup across ranks) once per structure, through rank 0 as coordinator. Returns the
+        flat state to stage from (DCP's own, should the quick flattening ever disagree with it). Raises before
+        anything is staged when the staging slots cannot fit."""
+        plan = coordinated_plan(state_dict, flat, self.group)
+        if plan.flattening_differed:
             log.warning("ckptio: state flattening differs from DCP's; using DCP's (slower) from now on")
             self._fast_flatten = False
-            flat = planner.state_dict
-        local_plan = planner.create_local_plan()
-        all_plans = self.group.all_gather_object(local_plan)
-        final, metadata = global_plan(planner, all_plans, self.rank)
-        self._tensor_items, self._object_items = split_items(final.items)
-        self._layout = plan_layout(self.rank, self._tensor_items + self._object_items,
-                                   self.config.file_size_bytes)
-        skeleton = None
-        if self.rank == 0:
-            skeleton = pickle.dumps(Metadata(state_dict_metadata=metadata.state_dict_metadata,
-                                             planner_data=metadata.planner_data))
+        layout = plan_layout(self.rank, plan.tensor_items + plan.object_items, self.config.file_size_bytes)
+        check_fits_on_every_rank(self._staging, layout, self.group)
+        self._tensor_items, self._object_items, self._layout = plan.tensor_items, plan.object_items, layout
         self._plan_key = key
         self._plan_id += 1
         self._writer.ensure_started()
-        self._writer.send_plan(protocol.WriterPlan(self._plan_id, self._layout, metadata_skeleton=skeleton))
-        return flat
+        self._writer.send_plan(protocol.WriterPlan(self._plan_id, layout, metadata_skeleton=plan.metadata_skeleton))
+        return plan.flat
 
     def _stage_and_submit(self, step: int, flat: dict[str, Any], save_id: int, t0: float) -> SaveHandle:
         slot_id = self._staging.free_slot_id()

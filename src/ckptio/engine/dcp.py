@@ -2,8 +2,9 @@
 
 ckptio reuses DCP's own planners (``DefaultSavePlanner``: flattening, DTensor chunks, de-duplication of replicated
 tensors across ranks), so what it writes is exactly what ``torch.distributed.checkpoint.load`` expects, at any world
-size. Only the *execution* differs: the plan is computed once per state structure (one all-gather on ckptio's side
-group), and each save just copies tensors into the staging slot.
+size. Only the *execution* differs: the plan is computed once per state structure (rank 0 gathers the local plans on
+ckptio's side group and sends each rank its own final plan), and each save just copies tensors into the staging
+slot.
 
 This module never performs I/O on the training thread except through ``CkptioStorageReader`` during restore.
 """
@@ -14,6 +15,7 @@ import io
 import pickle
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -34,6 +36,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
+from ckptio.engine.group import SideGroup
 from ckptio.errors import StructureMismatchError, UnsupportedStateError
 from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, step_dir
 from ckptio.storage.base import Storage, join_key
@@ -120,10 +123,41 @@ def check_supported(flat: dict[str, Any]) -> None:
                 raise UnsupportedStateError(f"{fqn!r}: tensor on the meta device has no data", path=fqn)
 
 
-def global_plan(planner: DefaultSavePlanner, all_plans: list[SavePlan], rank: int) -> tuple[SavePlan, Metadata]:
-    """Run DCP's global planning (dedup + metadata) locally; every rank gets the same answer."""
-    plans, metadata = planner.create_global_plan(all_plans)
-    return planner.finish_plan(plans[rank]), metadata
+def global_plan(planner: DefaultSavePlanner, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+    """The coordinator's half of planning: DCP's global planning (de-duplication of replicated items, chunk
+    validation, metadata) over every rank's local plan. Returns each rank's final plan, in rank order, and the
+    metadata (without storage_data). Linear in the total number of items."""
+    return planner.create_global_plan(all_plans)
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlan:
+    """One rank's share of a coordinated save plan."""
+
+    flat: dict[str, Any]
+    """The flat state to stage from: DCP's own flattening when it disagreed with the quick one."""
+    flattening_differed: bool
+    tensor_items: list[WriteItem]
+    object_items: list[WriteItem]
+    metadata_skeleton: bytes | None
+    """Rank 0 only: the pickled DCP Metadata without storage_data (the committer completes it)."""
+
+
+def coordinated_plan(state_dict: dict[str, Any], flat: dict[str, Any], group: SideGroup) -> RankPlan:
+    """Plan a save with every rank (all call together): rank 0 gathers the local plans, runs :func:`global_plan`
+    and sends each rank its own final plan, as DCP does. O(N) bytes across the job; each rank receives one plan."""
+    planner = make_planner(state_dict, is_coordinator=group.rank == 0)
+    differed = planner.state_dict.keys() != flat.keys()
+    all_plans = group.gather_to_rank0(planner.create_local_plan())
+    final_plans, metadata = global_plan(planner, all_plans) if all_plans is not None else (None, None)
+    final = planner.finish_plan(group.scatter_from_rank0(final_plans))
+    tensor_items, object_items = split_items(final.items)
+    skeleton = None
+    if metadata is not None:
+        skeleton = pickle.dumps(Metadata(state_dict_metadata=metadata.state_dict_metadata,
+                                         planner_data=metadata.planner_data))
+    return RankPlan(flat=planner.state_dict if differed else flat, flattening_differed=differed,
+                    tensor_items=tensor_items, object_items=object_items, metadata_skeleton=skeleton)
 
 
 def split_items(items: Sequence[WriteItem]) -> tuple[list[WriteItem], list[WriteItem]]:

@@ -1,5 +1,8 @@
 """The only collectives ckptio runs, all on a dedicated gloo side group and all from the training thread.
 
+Planning goes through one coordinator: rank 0 gathers every rank's local plan and sends each rank back only its
+own final plan (what DCP does), so a re-plan moves O(N) bytes across the job, not the O(N²) of an all-gather.
+
 A save is agreed before anything is staged: one tiny ``all_reduce`` tells every rank whether all ranks have a free
 staging slot, whether any rank's state structure changed (re-plan), whether any rank has an error to report, and
 carries rank 0's save id. Every rank therefore takes the same decision (save, skip, block) — a step is never written
@@ -56,19 +59,32 @@ class SideGroup:
         return Agreement(all_free=free_n == self.world_size, any_changed=changed_n > 0, any_error=error_n > 0,
                          save_id=sid)
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def gather_to_rank0(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (in rank order), None elsewhere: N objects in, not N² as an all-gather."""
         if not self.distributed:
             return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=self._rank0(), group=self.group)
         return out
+
+    def scatter_from_rank0(self, objs: list[Any] | None) -> Any:
+        """Rank r receives ``objs[r]`` from rank 0 (``objs`` is read on rank 0 only): each rank gets its own."""
+        if not self.distributed:
+            assert objs is not None
+            return objs[0]
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, objs if self.rank == 0 else None, src=self._rank0(), group=self.group)
+        return box[0]
+
+    def _rank0(self) -> int:
+        # The side group's rank 0 as a global rank (they differ when a caller passes its own process_group).
+        return dist.get_global_rank(self.group, 0) if self.group is not None else 0
 
     def broadcast_from_rank0(self, obj: Any) -> Any:
         if not self.distributed:
             return obj
         box = [obj]
-        assert self.group is not None
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+        dist.broadcast_object_list(box, src=self._rank0(), group=self.group)
         return box[0]
 
     def any_true(self, flag: bool) -> bool:

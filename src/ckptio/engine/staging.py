@@ -1,6 +1,7 @@
 """Reusable host buffers that hold one snapshot of a rank's tensors (a staging slot).
 
-A slot is one file in ``/dev/shm`` mapped by the trainer and by its writer process, so the writer reads the snapshot
+A slot is one file in the staging directory (``staging_dir``, default ``/dev/shm``) mapped by the trainer and by
+its writer process, so the writer reads the snapshot
 without a copy and without the training process's GIL. Buffers are allocated on first use, pre-faulted
 (``MAP_POPULATE``: a copy into fresh pages runs at a third of the speed of a copy into touched ones) and reused for
 every later save while the layout's size holds. On CUDA the slot is page-locked (``cudaHostRegister``) so
@@ -21,17 +22,31 @@ import threading
 import torch
 
 from ckptio._proc import pid_alive
-from ckptio.errors import StorageFullError, UnsupportedStateError
+from ckptio.engine.group import SideGroup
+from ckptio.errors import CkptError, ConfigError, StorageFullError, UnsupportedStateError
 from ckptio.format.layout import RankLayout
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SLOT_PREFIX = "ckptio-slot-"
+# What a StorageFullError from staging tells the user to do (the sizing rule is in docs/engine.md).
+STAGING_FIXES = ("give it more room (a container's /dev/shm: docker run --shm-size=<bytes>, Kubernetes: an emptyDir "
+                 "with medium: Memory), point staging_dir= at a larger tmpfs or local directory, or lower max_pending")
 
 
-def remove_stale_slots() -> int:
+def staging_dir(configured: str | os.PathLike[str] | None) -> str:
+    """The directory slots live in: ``configured``, else /dev/shm (the temp dir where there is none)."""
+    if configured is None:
+        return SHM_DIR
+    path = os.fspath(configured)
+    if not os.path.isdir(path):
+        raise ConfigError(f"staging_dir {path!r} is not a directory")
+    return path
+
+
+def remove_stale_slots(directory: str = SHM_DIR) -> int:
     """Delete slot files left by processes that died (kill -9 skips every cleanup). Returns how many."""
     removed = 0
-    for name in os.listdir(SHM_DIR):
+    for name in os.listdir(directory):
         if not name.startswith(SLOT_PREFIX):
             continue
         try:
@@ -40,7 +55,7 @@ def remove_stale_slots() -> int:
             continue
         if not pid_alive(pid):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(SHM_DIR, name))
+                os.unlink(os.path.join(directory, name))
                 removed += 1
     return removed
 
@@ -55,10 +70,10 @@ def _dtype(name: str) -> torch.dtype:
 class StagingSlot:
     """One shared-memory buffer holding a snapshot; ``views`` are typed tensors over it, one per tensor entry."""
 
-    def __init__(self, slot_id: int, nbytes: int) -> None:
+    def __init__(self, slot_id: int, nbytes: int, directory: str = SHM_DIR) -> None:
         self.slot_id = slot_id
         self.nbytes = max(nbytes, 1)
-        self.path = os.path.join(SHM_DIR, f"{SLOT_PREFIX}{os.getpid()}-{slot_id}-{secrets.token_hex(3)}")
+        self.path = os.path.join(directory, f"{SLOT_PREFIX}{os.getpid()}-{slot_id}-{secrets.token_hex(3)}")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             try:
@@ -66,7 +81,8 @@ class StagingSlot:
             except OSError as exc:
                 os.unlink(self.path)
                 raise StorageFullError(
-                    f"cannot allocate a {self.nbytes}-byte staging slot in {SHM_DIR}: {exc.strerror}",
+                    f"cannot allocate a {self.nbytes}-byte staging slot in {directory}: {exc.strerror}; "
+                    f"{STAGING_FIXES}",
                     path=self.path,
                 ) from exc
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -135,12 +151,35 @@ def copy_into_slot(slot: StagingSlot, tensors: list[torch.Tensor]) -> int:
 
 
 class StagingArea:
-    """The ``max_pending`` slots of one rank, resized when the layout grows."""
+    """The ``max_pending`` slots of one rank in ``directory``, resized when the layout grows."""
 
-    def __init__(self, max_pending: int) -> None:
+    def __init__(self, max_pending: int, directory: str = SHM_DIR) -> None:
         self.max_pending = max_pending
+        self.directory = directory
         self.slots: list[StagingSlot | None] = [None] * max_pending
         self._cond = threading.Condition()
+
+    def bytes_to_allocate(self, layout: RankLayout) -> int:
+        """Bytes the staging directory must still provide for all ``max_pending`` slots of ``layout``: a slot that
+        already fits is reused, and one that is too small gives its bytes back before it is replaced."""
+        need = max(layout.slot_bytes, 1)
+        with self._cond:
+            return sum(need - (s.nbytes if s is not None else 0) for s in self.slots if s is None or s.nbytes < need)
+
+    def check_fits(self, layout: RankLayout) -> None:
+        """Raise :class:`StorageFullError` when ``max_pending`` slots of ``layout`` cannot fit in the staging
+        directory's free space; called before the first byte of a layout is staged."""
+        missing = self.bytes_to_allocate(layout)
+        if missing <= 0:
+            return
+        st = os.statvfs(self.directory)
+        free = st.f_bavail * st.f_frsize
+        if missing > free:
+            raise StorageFullError(
+                f"staging needs {missing:,} more bytes in {self.directory} ({self.max_pending} slot(s) of "
+                f"{layout.slot_bytes:,} bytes) but only {free:,} are free: {STAGING_FIXES}",
+                path=self.directory,
+            )
 
     def free_slot_id(self) -> int | None:
         with self._cond:
@@ -169,7 +208,7 @@ class StagingArea:
             if slot is None or slot.nbytes < layout.slot_bytes:
                 if slot is not None:
                     slot.close()
-                slot = StagingSlot(slot_id, layout.slot_bytes)
+                slot = StagingSlot(slot_id, layout.slot_bytes, self.directory)
                 self.slots[slot_id] = slot
             slot.busy = True
         slot.bind(layout)
@@ -189,3 +228,18 @@ class StagingArea:
                     slot.close()
             self.slots = [None] * self.max_pending
             self._cond.notify_all()
+
+
+def check_fits_on_every_rank(area: StagingArea, layout: RankLayout, group: SideGroup) -> None:
+    """Every rank raises when any rank's ``max_pending`` slots do not fit its staging directory (one tiny
+    all-reduce, on re-plans only), so no rank stages, or sends its writer a job, for a step the others give up."""
+    problem: CkptError | None = None
+    try:
+        area.check_fits(layout)
+    except CkptError as exc:
+        problem = exc
+    if group.any_true(problem is not None) and problem is None:
+        problem = StorageFullError("another rank's staging slots do not fit its staging directory")
+    if problem is not None:
+        problem.rank = group.rank
+        raise problem
