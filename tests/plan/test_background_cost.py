@@ -6,6 +6,8 @@ every mode, and its special cases must say what the module docstring says.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ckptio.errors import ConfigError
@@ -104,3 +106,25 @@ def test_bad_costs_are_named_errors() -> None:
 def test_costs_round_trip_through_json() -> None:
     costs = WriterCosts(copy_bytes_per_s=3e9)
     assert WriterCosts.from_json({**costs.to_json(), "unknown": 1.0}) == costs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_busier_host_never_costs_less(mode: str) -> None:
+    shares = [1.0, 0.5, 0.25]
+    lost = [predict_modes(bytes_per_rank=GIB, store_s=0.1,
+                          host=HostModel(cores_per_rank=1.0, cpu_share=s))[mode].lost_per_save_s for s in shares]
+    assert all(later >= earlier * (1 - 1e-12) for earlier, later in itertools.pairwise(lost))
+
+
+def test_host_load_slows_work_on_the_training_thread_not_a_dma() -> None:
+    quiet = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=HostModel(cores_per_rank=1.0))
+    busy = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=HostModel(cores_per_rank=1.0, cpu_share=0.25))
+    assert busy["ckptio"].blocking_s == pytest.approx(4 * quiet["ckptio"].blocking_s)
+    assert busy["dcp_sync"].lost_per_save_s == pytest.approx(4 * quiet["dcp_sync"].lost_per_save_s)
+    # What the writer takes from training on its core stays its CPU time: training was already at its share.
+    assert busy["dcp_best"].stolen_s == pytest.approx(quiet["dcp_best"].stolen_s)
+    dma = predict_modes(bytes_per_rank=GIB, store_s=0.0, device_copy_s=0.2,
+                        host=HostModel(cores_per_rank=1.0, cpu_share=0.25))
+    assert dma["ckptio"].blocking_s == 0.2
+    with pytest.raises(ConfigError):
+        HostModel(cpu_share=0.0)
