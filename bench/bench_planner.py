@@ -1,83 +1,327 @@
-"""Planner truth: plan this machine's own burst from a probe profile, then measure the same burst with ckptio.
+"""Planner truth: the time each save mode costs training, predicted by the planner, then measured.
 
-Anchor: the flush time of real ckptio saves (2 gloo ranks, each saving ``--mib-per-rank`` to the work disk,
-fsynced), median of several saves after a warm-up. ckptio figure: ``ckptio plan``'s flush time for the same
-job, from a ``ckptio probe`` profile of the same directory taken in the same run. Goal: within 20%.
+The job: ``--ranks`` gloo ranks (one torch thread each), each training its own MLP with Adam and all-reducing
+the loss every step (lockstep, like a job whose gradient sync runs on the accelerator fabric), saving its whole
+state (weights + both Adam moments, ``--mib-per-rank``) every ``--every`` steps to a store throttled to
+``--store-bandwidth`` shared by all ranks (:class:`~ckptio.testing.wrappers.ThrottledStorage`'s clock; DCP
+writes through the demo's ``ThrottledFileSystemWriter`` on the same clock). Backing directory: ``--dir``
+(default /dev/shm: the store is the throttle, and no disk writeback pollutes the host's CPU figures).
 
-    .venv/bin/python bench/bench_planner.py [--ranks 2] [--mib-per-rank 512] [--saves 4] [--dir DIR]
+The modes (:data:`ckptio.plan.background.MODES`): ``dcp.save``; default ``dcp.async_save`` (one in flight, own
+gloo group); DCP-best (PROCESS checkpointer, ``DefaultStager`` with shared memory and async staging; the loop
+waits for ``staging_completion`` before ``optimizer.step`` and for the previous upload before the next save);
+ckptio (``max_pending=1``, ``overflow="block"``).
+
+Prediction first, from measurements that never see a mode run: the writer's per-byte CPU costs on this host
+(:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
+per rank, and training's CPU use (one thread: 1 core). Then each mode runs.
+
+Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
+DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
+clean step); clean steps began with nothing in flight. Means, not medians: the other load of a shared host makes
+step times skewed, and a median-based excess would count that skew as the save's cost.
+
+Closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and ``POINTS lost_<mode>=(predicted −
+measured) ÷ (every × clean step) × 100`` (percentage points of the training time between saves). Goal: each
+within 0.8–1.2 or within ±3 points.
+
+    .venv/bin/python bench/bench_planner.py [--ranks 2] [--mib-per-rank 192] [--every 40] [--saves 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import RunSpec, median_figure, ratio_line, run_job
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.host import measure_copy_bandwidth
+from _common import quiet_dcp
+from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
+from ckptio.plan.budget import StorageModel, flush_times
+from ckptio.plan.host import measure_writer_costs
 from ckptio.plan.model import uniform_shape
-from ckptio.plan.probe import ProbeConfig, probe
 
 MIB = 1 << 20
+_LAYERS = 4
+
+
+# ---- the rank side ----------------------------------------------------------------------------------------------
+class _Trainer:
+    """An MLP with Adam; the state it saves is every parameter and both Adam moments, under rank-own keys."""
+
+    def __init__(self, rank: int, state_bytes: int) -> None:
+        import torch
+
+        torch.manual_seed(rank)
+        width = _width(state_bytes)
+        self.model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(_LAYERS)])
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
+        self.x = torch.randn(8, width)
+        self.rank = rank
+        self.step(lambda: None)  # creates the Adam moments: the state has its full size
+
+    def step(self, before_update: Callable[[], None]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.model(self.x).square().mean()
+        loss.backward()
+        dist.all_reduce(loss.detach().clone())  # lockstep with the other ranks
+        before_update()
+        with torch.no_grad():
+            self.opt.step()
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, p in self.model.named_parameters():
+            out[f"r{self.rank}.{name}"] = p
+            for moment in ("exp_avg", "exp_avg_sq"):
+                out[f"r{self.rank}.{name}.{moment}"] = self.opt.state[p][moment]
+        return out
+
+
+class _Saver:
+    """One mode behind save / done / before_update / drain / close."""
+
+    def __init__(self, mode: str, rank: int, store_dir: str, throttle_state: str, bandwidth: float) -> None:
+        import torch.distributed as dist
+
+        from ckptio.demo.store import ThrottleSpec
+
+        self.mode, self.rank = mode, rank
+        self.throttle = ThrottleSpec(bytes_per_s=bandwidth, state_path=throttle_state)
+        self.root = os.path.join(store_dir, mode)
+        self.pending: Any = None
+        self.staging: Any = None
+        self.group = dist.new_group(backend="gloo") if mode in ("dcp_async", "dcp_best") else None
+        self.ck: Any = None
+        self.stager: Any = None
+        if mode == "ckptio":
+            from ckptio import Checkpointer
+
+            self.ck = Checkpointer(root=self.throttle.posix(self.root), max_pending=1, overflow="block", keep_last=2)
+        elif mode == "dcp_best":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
+                                                       use_async_staging=True, use_non_blocking_copy=False))
+
+    def _writer(self, step: int) -> Any:
+        from ckptio.demo.store import ThrottledFileSystemWriter
+
+        return ThrottledFileSystemWriter(os.path.join(self.root, f"step-{step}"), throttle=self.throttle)
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        if self.mode == "ckptio":
+            self.pending = self.ck.save(step, state)
+            return
+        if self.mode == "dcp_sync":
+            dcp.save(state, storage_writer=self._writer(step))
+            return
+        self.drain()  # one save in flight
+        if self.mode == "dcp_async":
+            self.pending = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group)
+            return
+        response = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group,
+                                  async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager)
+        self.staging, self.pending = response.staging_completion, response.upload_completion
+
+    def before_update(self) -> None:
+        """DCP-best's rule: the staged copy must be complete before the optimizer mutates the state."""
+        if self.staging is not None:
+            staging, self.staging = self.staging, None
+            staging.result()
+
+    def done(self) -> bool:
+        return self.pending is None or self.pending.done()
+
+    def drain(self) -> None:
+        self.before_update()
+        if self.mode == "ckptio":
+            self.ck.wait()
+        elif self.pending is not None:
+            self.pending.result()
+        self.pending = None
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        self.drain()
+        if self.ck is not None:
+            self.ck.close()
+        if self.stager is not None:
+            self.stager.close()
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+
+
+def _schedstat() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread (Linux schedstat)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+            on_cpu, waiting = f.read().split()[:2]
+    except OSError:
+        return 0.0, 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    quiet_dcp()
+    trainer = _Trainer(rank, cfg["bytes_per_rank"])
+    saver = _Saver(cfg["mode"], rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"])
+    records: list[dict[str, Any]] = []
+    try:
+        saver.save(0, trainer.state())  # warm-up: writer booted, plans cached, staging memory allocated
+        saver.drain()
+        for _ in range(3):
+            trainer.step(saver.before_update)
+        dist.barrier()
+        for index in range(1, cfg["saves"] + 1):
+            began = time.perf_counter()
+            saver.save(index, trainer.state())
+            records.append({"save": index, "blocking_s": time.perf_counter() - began})
+            for _ in range(cfg["every"]):
+                in_flight = not saver.done()
+                began, sched = time.perf_counter(), _schedstat()
+                trainer.step(saver.before_update)
+                ran, waited = (b - a for a, b in zip(sched, _schedstat(), strict=True))
+                records.append({"save": index, "step_s": time.perf_counter() - began, "in_flight": in_flight,
+                                "cpu_s": ran, "runqueue_s": waited})
+        saver.drain()
+    finally:
+        saver.close()
+    with open(os.path.join(cfg["out_dir"], f"{cfg['mode']}.rank{rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(records, f)
+
+
+# ---- the launcher side ------------------------------------------------------------------------------------------
+def measured_lost(records: list[dict[str, Any]], saves: int) -> dict[str, float]:
+    """One rank's figures: time lost per save (and its blocking and contention parts), the mean clean step, the
+    clean steps' shares of time on a CPU and waiting for one, steps in flight per save."""
+    clean = [r for r in records if "step_s" in r and not r["in_flight"]]
+    mean_clean = statistics.fmean(r["step_s"] for r in clean)
+    blocking = sum(r["blocking_s"] for r in records if "blocking_s" in r) / saves
+    flight = [r["step_s"] for r in records if r.get("in_flight")]
+    contention = sum(s - mean_clean for s in flight) / saves
+    wall = sum(r["step_s"] for r in clean)
+    return {"lost": blocking + contention, "blocking": blocking, "contention": contention, "step": mean_clean,
+            "cpu_share": sum(r["cpu_s"] for r in clean) / wall, "rq_share": sum(r["runqueue_s"] for r in clean) / wall,
+            "flight": len(flight) / saves}
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:
+    """Run one mode on fresh ranks; :func:`measured_lost`'s figures averaged over ranks."""
+    from ckptio.testing.ranks import run_ranks
+
+    store_dir = os.path.join(workdir, "store")
+    os.makedirs(store_dir, exist_ok=True)
+    throttle_state = os.path.join(workdir, f"throttle-{mode}.state")
+    open(throttle_state, "wb").close()
+    cfg = {"mode": mode, "bytes_per_rank": args.mib_per_rank * MIB, "store_dir": store_dir,
+           "throttle_state": throttle_state, "bandwidth": args.store_bandwidth * MIB, "saves": args.saves,
+           "every": args.every, "out_dir": workdir}
+    run_ranks(args.ranks, _rank_main, cfg)
+    figures = []
+    for rank in range(args.ranks):
+        with open(os.path.join(workdir, f"{mode}.rank{rank}.json"), encoding="utf-8") as f:
+            figures.append(measured_lost(json.load(f), args.saves))
+    shutil.rmtree(store_dir, ignore_errors=True)
+    return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
+
+
+def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts,
+            cpu_share: float = 1.0) -> dict[str, ModeCost]:
+    """The planner's figures for this job; ``cpu_share`` is the host's load as the training thread felt it."""
+    shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
+    store_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
+    host = HostModel(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
+                     cpu_share=min(1.0, max(cpu_share, 1e-3)))
+    return predict_modes(bytes_per_rank=state_bytes, store_s=store_s, host=host, costs=costs)
+
+
+def _width(state_bytes: int) -> int:
+    """Width of the square layers whose weights and two Adam moments (3 fp32 copies) make ``state_bytes``."""
+    return max(64, int((state_bytes / 3 / 4 / _LAYERS) ** 0.5))
+
+
+def _state_bytes(mib_per_rank: int) -> int:
+    return 3 * 4 * _LAYERS * _width(mib_per_rank * MIB) ** 2
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--mib-per-rank", type=int, default=512)
-    parser.add_argument("--saves", type=int, default=4)
-    parser.add_argument("--probe-seconds", type=float, default=30.0)
-    parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
+    parser.add_argument("--mib-per-rank", type=int, default=192, help="state per rank (weights + Adam moments)")
+    parser.add_argument("--every", type=int, default=40, help="steps between saves")
+    parser.add_argument("--saves", type=int, default=3, help="timed saves per mode (after a warm-up save)")
+    parser.add_argument("--store-bandwidth", type=float, default=400.0, help="MiB/s shared by all ranks")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the modes")
+    parser.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                        help="parent of the store directory (default /dev/shm)")
     args = parser.parse_args()
+    quiet_dcp()
+    modes = [m for m in args.modes.split(",") if m]
     workdir = tempfile.mkdtemp(prefix="ckptio-bench-planner-", dir=args.dir)
     try:
-        bytes_per_rank = args.mib_per_rank * MIB
-        # 1. the store's profile, files shaped like the job's (one file per rank, all ranks at once)
-        config = ProbeConfig(writers=args.ranks, file_size_bytes=bytes_per_rank, files_per_writer=2,
-                             max_seconds=args.probe_seconds)
-        profile = probe(os.path.join(workdir, "probe"), config)
-        # 2. the plan for the job: each rank writes its state as one file
-        shape = uniform_shape(ranks=args.ranks, bytes_per_rank=bytes_per_rank)
-        storage = StorageModel(write_bytes_per_s=profile.write_bytes_per_s,
-                               per_writer_bytes_per_s=profile.per_writer_bytes_per_s,
-                               metadata_ops_per_s=profile.metadata_ops_per_s,
-                               serialize_bytes_per_s=profile.serialize_bytes_per_s or float("inf"))
-        copy = measure_copy_bandwidth()
-        plan = plan_burst(shape, storage, Schedule(interval_s=3600, d2h_bytes_per_s=copy))
-        plan_store_s = plan.flush_s - shape.bytes_per_rank_max / storage.serialize_bytes_per_s
-        # 3. the same burst, measured: saves far enough apart that each flush runs alone
-        interval = max(3.0 * plan.flush_s, 5.0)
-        spec = RunSpec(ranks=args.ranks, bytes_per_rank=bytes_per_rank, saves=args.saves, interval_s=interval,
-                       root=os.path.join(workdir, "ckpt"), events_dir=os.path.join(workdir, "events"))
-        saves = run_job(spec)
+        load_before = os.getloadavg()
+        costs = WriterCosts(**measure_writer_costs(directory=workdir))
+        state_bytes = _state_bytes(args.mib_per_rank)
+        quiet = predict(args, state_bytes, costs)
+        predicted: dict[str, ModeCost] = {}
+        print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
+              f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
+        print("writer costs (MiB per CPU-second): "
+              + ", ".join(f"{k.removesuffix('_bytes_per_s')} {v / MIB:,.0f}" for k, v in costs.to_json().items()))
+        print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
+              f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")
+        measured = {}
+        for mode in modes:
+            measured[mode] = run_mode(mode, args, workdir)
+            m = measured[mode]
+            # The host's other load, as the training thread felt it in the clean steps (no save in them).
+            share = m["cpu_share"] / (m["cpu_share"] + m["rq_share"]) if m["cpu_share"] > 0 else 1.0
+            p = predicted[mode] = predict(args, state_bytes, costs, share)[mode]
+            print(f"  {mode:<10} lost {m['lost'] * 1e3:7.1f} ms/save = blocking {m['blocking'] * 1e3:.1f} + "
+                  f"contention {m['contention'] * 1e3:.1f}; predicted {p.blocking_s * 1e3:.1f} + "
+                  f"{p.stolen_s * 1e3:.1f} (quiet host: {quiet[mode].lost_per_save_s * 1e3:.1f}); clean step "
+                  f"{m['step'] * 1e3:.1f} ms, on CPU {m['cpu_share']:.0%}, waiting for one {m['rq_share']:.0%} "
+                  f"(share {share:.2f}); {m['flight']:.1f} steps in flight/save; load {os.getloadavg()[0]:.2f}",
+                  flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    measured_commit, measured_flush = median_figure(saves, "commit_s"), median_figure(saves, "flush_s")
-    measured_block = median_figure(saves, "blocking_s")
-    print(f"probe profile: write {profile.write_bytes_per_s / MIB:.0f} MiB/s aggregate "
-          f"({profile.per_writer_bytes_per_s / MIB:.0f} MiB/s one writer), serialize "
-          f"{(profile.serialize_bytes_per_s or 0) / MIB:.0f} MiB/s per writer, {profile.seconds:.1f} s")
-    print(f"plan: flush {plan.flush_s:.2f} s = serialize {plan.flush_s - plan_store_s:.2f} s + store "
-          f"{plan_store_s:.2f} s ({plan.bottleneck})")
-    print(f"job: {args.ranks} ranks × {args.mib_per_rank} MiB, {args.saves} saves every {interval:.1f} s")
-    print(f"{'':34}{'measured (anchor)':>20}{'plan':>10}")
-    print(f"{'flush to commit (s, median)':34}{measured_commit:>20.2f}{plan.flush_s:>10.2f}")
-    print(f"{'flush as rank 0 reports it':34}{measured_flush:>20.2f}")
-    print(f"{'blocking (s, median)':34}{measured_block:>20.3f}{plan.blocking_s:>10.3f}")
-    commits = ", ".join(f"{s['commit_s']:.2f}" for s in saves)
-    print(f"per-save flush to commit (s): {commits}")
-    print(f"measured writer phases (median, slowest rank): serialize {median_figure(saves, 'serialize'):.2f} s, "
-          f"upload {median_figure(saves, 'upload'):.2f} s, "
-          f"retention after the commit {median_figure(saves, 'retention'):.2f} s")
-    ratio = plan.flush_s / measured_commit
-    verdict = "met" if 0.8 <= ratio <= 1.2 else "MISSED"
-    print(f"ratio plan/measured flush to commit: {ratio:.2f} (goal 0.80-1.20: {verdict})")
-    ratio_line(plan_over_measured_flush=ratio, plan_over_reported_flush=plan.flush_s / measured_flush)
+    return report(args, modes, predicted, measured)
+
+
+def report(args: argparse.Namespace, modes: list[str], predicted: dict[str, ModeCost],
+           measured: dict[str, dict[str, float]]) -> int:
+    print(f"{'mode':<10}{'predicted ms':>14}{'measured ms':>13}{'pred %':>9}{'meas %':>9}{'ratio':>8}{'points':>8}"
+          f"{'  goal'}")
+    ratios, points = {}, {}
+    for mode in modes:
+        pred, meas, step = predicted[mode].lost_per_save_s, measured[mode]["lost"], measured[mode]["step"]
+        between = args.every * step
+        ratios[mode] = pred / meas if meas > 0 else float("inf")
+        points[mode] = 100.0 * (pred - meas) / between
+        met = 0.8 <= ratios[mode] <= 1.2 or abs(points[mode]) <= 3.0
+        print(f"{mode:<10}{pred * 1e3:>14.1f}{meas * 1e3:>13.1f}{100 * pred / between:>9.1f}"
+              f"{100 * meas / between:>9.1f}{ratios[mode]:>8.2f}{points[mode]:>+8.1f}  {'met' if met else 'MISSED'}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("RATIOS " + " ".join(f"lost_{m}={ratios[m]:.3f}" for m in modes))
+    print("POINTS " + " ".join(f"lost_{m}={points[m]:+.2f}" for m in modes))
     return 0
 
 

@@ -181,3 +181,40 @@ def test_bad_storage_models(kwargs: dict[str, object]) -> None:
 def test_bad_schedules(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Schedule(**kwargs)  # type: ignore[arg-type]
+
+
+def test_restore_is_the_read_burst_of_every_rank_at_once() -> None:
+    shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
+    fast = StorageModel(write_bytes_per_s=10 * GB, read_bytes_per_s=4 * GB)
+    assert plan_burst(shape, fast, Schedule(interval_s=600)).restore_s == {"durable": pytest.approx(2.0)}
+    # Reads bound by metadata: 8 ranks × (1 file + index) + 3 objects, at 1 open/s.
+    slow_meta = StorageModel(write_bytes_per_s=10 * GB, read_bytes_per_s=4 * GB, metadata_ops_per_s=1.0)
+    assert plan_burst(shape, slow_meta, Schedule(interval_s=600)).restore_s["durable"] == pytest.approx(19.0)
+    unknown = StorageModel(write_bytes_per_s=10 * GB)
+    assert plan_burst(shape, unknown, Schedule(interval_s=600)).restore_s == {"durable": None}
+
+
+def test_the_budget_carries_every_modes_cost_and_a_faster_store_never_loses_more() -> None:
+    from ckptio.plan.background import MODES, HostModel
+
+    shape = uniform_shape(ranks=8, bytes_per_rank=4.0 * GB)
+    host = HostModel(cores_per_rank=1.0)
+    lost = []
+    for bandwidth in (1 * GB, 4 * GB, 16 * GB):
+        budget = plan_burst(shape, StorageModel(write_bytes_per_s=bandwidth), Schedule(interval_s=20), host=host)
+        assert sorted(budget.modes) == sorted(MODES)
+        lost.append({m: c["lost_per_save_s"] for m, c in budget.modes.items()})
+    for mode in MODES:
+        series = [run[mode] for run in lost]
+        assert series == sorted(series, reverse=True), mode
+    assert lost[0]["dcp_sync"] > lost[-1]["dcp_sync"]
+    assert lost[0]["ckptio"] > lost[-1]["ckptio"]  # 32 s of flush every 20 s: the next save waits for the slot
+
+
+def test_the_probes_serialize_rate_is_ckptios_checksum_cost() -> None:
+    shape = uniform_shape(ranks=2, bytes_per_rank=1.0 * GB)
+    schedule = Schedule(interval_s=600)
+    fast = plan_burst(shape, StorageModel(write_bytes_per_s=GB, serialize_bytes_per_s=100 * GB), schedule)
+    slow = plan_burst(shape, StorageModel(write_bytes_per_s=GB, serialize_bytes_per_s=0.5 * GB), schedule)
+    assert slow.modes["ckptio"]["background_cpu_s"] > fast.modes["ckptio"]["background_cpu_s"] + 1.5
+    assert slow.modes["dcp_async"] == pytest.approx(fast.modes["dcp_async"])

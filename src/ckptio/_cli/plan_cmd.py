@@ -1,7 +1,8 @@
 """``ckptio plan``: the burst budget of a job on a store, as a table and a verdict (or ``--json``).
 
-Owns the command's flags (contract, see ``ckptio plan --help``) and its human output. It must never measure
-storage: a profile comes from ``ckptio probe``.
+Owns the command's flags (contract, see ``ckptio plan --help``) and its human output. Without a store (no
+``--profile``, no ``--write-bandwidth``) it prints the store-free sizing plan, verdict ``unknown``. It must never
+measure storage: a profile comes from ``ckptio probe``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,23 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ckptio._cli.job_args import Job, add_job_arguments, add_storage_arguments, job_from_args
+from ckptio._cli.job_args import (
+    Job,
+    add_job_arguments,
+    add_storage_arguments,
+    checkpoint_model,
+    job_from_args,
+    schedule,
+)
+from ckptio.errors import ConfigError
+from ckptio.plan.background import MODES, HostModel
 from ckptio.plan.budget import BurstBudget, plan_burst
+from ckptio.plan.model import CheckpointModel, shape_checkpoint
+from ckptio.plan.sizing import SizingPlan, plan_sizes
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 
-_VERDICT_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
+_VERDICT_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red", "unknown": "bold"}
+_MODE_LABELS = {"dcp_sync": "dcp.save", "dcp_async": "dcp.async_save", "dcp_best": "DCP best", "ckptio": "ckptio"}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,23 +38,48 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "plan",
         help="burst budget of a job's checkpoints on a store",
         description="Size one checkpoint of the job and its burst on the store: blocking, flush, "
-        "whether the flush keeps up, overhead, Young/Daly intervals. Exit 0, or 2 for bad arguments.",
+        "whether the flush keeps up, overhead, Young/Daly intervals, each save mode's cost to the step, "
+        "restore time. Without a store: sizes and intervals, verdict unknown. Exit 0, or 2 for bad arguments.",
     )
     add_job_arguments(parser)
     add_storage_arguments(parser)
+    host = parser.add_argument_group("host (the background writer's cost to the step)")
+    host.add_argument("--cores-per-rank", default="8", help="CPU cores of a node ÷ ranks on it (8)")
+    host.add_argument("--train-cores", default="1",
+                      help="cores training keeps busy per rank (1: a GPU job's Python thread)")
     parser.add_argument("--mode", choices=("async", "sync"), default="async", help="how the job saves")
     parser.add_argument("--json", action="store_true", help="print the budget as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    host = HostModel(cores_per_rank=_cores(args.cores_per_rank, "--cores-per-rank"),
+                     train_cores=_cores(args.train_cores, "--train-cores"))
+    if not args.profile and not args.write_bandwidth:
+        model = checkpoint_model(args)
+        sizing = plan_sizes(shape_checkpoint(model), schedule(args, mode=args.mode))
+        if args.json:
+            print(json.dumps(sizing.to_json(), indent=2))
+        else:
+            print_sizing(Console(file=sys.stdout), model, sizing)
+        return 0
     job = job_from_args(args, mode=args.mode)
-    budget = plan_burst(job.shape, job.storage, job.schedule)
+    budget = plan_burst(job.shape, job.storage, job.schedule, host=host)
     if args.json:
         print(json.dumps(budget.to_json(), indent=2))
     else:
         print_budget(Console(file=sys.stdout), job, budget)
     return 0
+
+
+def _cores(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag} takes a number of cores, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{flag} must be a positive number of cores, got {text!r}")
+    return value
 
 
 def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
@@ -68,14 +106,64 @@ def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
         ("lost per failure", format_duration(b.expected_lost_work_s), "back to the newest committed save"),
         ("GPU-hours lost/day", f"{b.gpu_hours_lost_per_day:,.1f}", f"{b.waste_fraction:.2%} of the job"),
     ]
-    if b.restore_s is not None:
-        rows.append(("restore", format_duration(b.restore_s), "all ranks reading at once"))
+    if b.restore_s.get("durable") is not None:
+        rows.append(("restore (durable)", format_duration(b.restore_s["durable"] or 0.0), "all ranks reading at once"))
     for row in rows:
         table.add_row(*row)
     console.print(table)
     console.print()
+    console.print(modes_table(b))
+    console.print()
     style = _VERDICT_STYLE[b.verdict]
     console.print(f"[{style}]verdict: {b.verdict}[/]  {verdict_paragraph(b)}", highlight=False)
+
+
+def modes_table(b: BurstBudget) -> Table:
+    """What each save mode costs the training step (the background-cost model)."""
+    table = Table(title="cost to the step, per save mode (largest rank)", title_justify="left", box=None,
+                  pad_edge=False)
+    for header in ("mode", "blocks", "writer CPU", "step inflation", "lost per save", "of the interval"):
+        table.add_column(header, justify="left" if header == "mode" else "right")
+    for name in MODES:
+        m = b.modes[name]
+        inflation = "training waits" if m["step_inflation"] is None else f"×{m['step_inflation']:.3f}"
+        table.add_row(_MODE_LABELS[name], format_duration(m["blocking_s"]), format_duration(m["background_cpu_s"]),
+                      inflation, format_duration(m["lost_per_save_s"]), f"{m['lost_per_save_s'] / b.interval_s:.2%}")
+    return table
+
+
+def print_sizing(console: Console, model: CheckpointModel, p: SizingPlan) -> None:
+    """The store-free plan: sizes, objects, per-rank bytes, interval arithmetic, then the unknown verdict."""
+    table = Table(title="ckptio plan (no store)", show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column(justify="right")
+    table.add_column(style="dim")
+    par = model.parallelism
+    rows = [
+        ("model", f"{p.params / 1e9:,.2f} B params", f"{model.weights_dtype} + {model.optimizer}"),
+        ("ranks", f"{p.ranks:,}", f"TP {par.tp} × PP {par.pp} × DP {par.dp}, ZeRO-{par.zero}; {p.writers:,} write"),
+        ("checkpoint", format_bytes(p.checkpoint_bytes),
+         f"{p.objects_per_checkpoint:,} objects, {p.requests_per_checkpoint:,} PUT-class requests"),
+        ("largest rank", format_bytes(p.bytes_per_rank_max), "bytes one rank writes"),
+        ("blocking (async)", format_duration(p.blocking_s), "device-to-host copy of the largest rank"),
+        ("MTBF", format_duration(p.mtbf_s), "used for Young / Daly"),
+    ]
+    if p.young_interval_s is not None and p.optimal_interval_s is not None:
+        rows.append(("Young / Daly", f"{format_duration(p.young_interval_s)} / "
+                     f"{format_duration(p.optimal_interval_s)}", "from the blocking copy alone"))
+    if p.interval_s is not None:
+        steps = f"{p.interval_steps:,} steps, " if p.interval_steps else ""
+        rows.append(("interval", format_duration(p.interval_s), f"{steps}{p.interval_source}"))
+        rows.append(("saves per day", f"{p.saves_per_day:,.1f}", f"{format_bytes(p.bytes_per_day or 0.0)} per day"))
+        rows.append(("store must take", format_rate(p.write_bytes_per_s_to_keep_up or 0.0),
+                     "for one flush to end before the next save"))
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print()
+    console.print(f"[bold]verdict: {p.verdict}[/]  {p.reasons[0][0].upper()}{p.reasons[0][1:]}: give "
+                  "--profile FILE (from `ckptio probe --out`) or --write-bandwidth for the flush, the cost per "
+                  "save mode and a verdict.", highlight=False)
 
 
 def _store_note(job: Job) -> str:

@@ -15,10 +15,11 @@ flush time.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from ckptio.errors import ConfigError
+from ckptio.plan.background import HostModel, WriterCosts, predict_modes
 from ckptio.plan.fairshare import fair_share_flush_s
 from ckptio.plan.model import CheckpointShape
 from ckptio.plan.units import format_duration, format_rate
@@ -207,8 +208,12 @@ class BurstBudget:
     """PUT-class requests per second the burst needs to flush at bandwidth speed (object stores)."""
     put_rate_limit: float
     """Request rate the prefixes sustain."""
-    restore_s: float | None
-    """Time to read one checkpoint back, when the read bandwidth is known."""
+    restore_s: dict[str, float | None]
+    """Seconds to read one checkpoint back, per level, every rank reading at once (``durable``: None when the read
+    bandwidth is unknown). Levels other than ``durable`` join as they are planned."""
+    modes: dict[str, dict[str, Any]]
+    """Per save mode (:data:`ckptio.plan.background.MODES`): ``blocking_s``, ``background_cpu_s``, ``stolen_s``,
+    ``flush_s``, ``step_inflation`` (None for a synchronous save) and ``lost_per_save_s``."""
     verdict: str
     """``ok``, ``warn`` (works, with a cost worth fixing) or ``fail`` (the store cannot take the burst)."""
     reasons: list[str] = field(default_factory=list)
@@ -241,8 +246,27 @@ def serialize_s(shape: CheckpointShape, storage: StorageModel) -> float:
     return shape.bytes_per_rank_max / storage.serialize_bytes_per_s
 
 
-def plan_burst(shape: CheckpointShape, storage: StorageModel, schedule: Schedule) -> BurstBudget:
-    """The closed-form budget of ``shape``'s checkpoints on ``storage`` under ``schedule``."""
+def restore_s(shape: CheckpointShape, storage: StorageModel) -> float | None:
+    """Seconds for every rank to read its part back at once: the read burst at the fair share of the aggregate read
+    bandwidth, or the metadata operations (one open per object, POSIX), whichever is slower."""
+    if not storage.read_bytes_per_s:
+        return None
+    data_s = fair_share_flush_s([(c.count, c.bytes) for c in shape.classes], storage.read_bytes_per_s, math.inf)
+    metadata_s = shape.objects / storage.metadata_ops_per_s if storage.metadata_ops_per_s else 0.0
+    return max(data_s, metadata_s)
+
+
+def plan_burst(
+    shape: CheckpointShape,
+    storage: StorageModel,
+    schedule: Schedule,
+    *,
+    host: HostModel | None = None,
+    costs: WriterCosts | None = None,
+) -> BurstBudget:
+    """The closed-form budget of ``shape``'s checkpoints on ``storage`` under ``schedule``; ``host`` and ``costs``
+    feed the per-mode background cost (defaults: :class:`HostModel`, :class:`WriterCosts` with the store's measured
+    serialize rate as ckptio's checksum rate)."""
     blocking = (
         schedule.save_cost_s
         if schedule.save_cost_s is not None
@@ -290,7 +314,8 @@ def plan_burst(shape: CheckpointShape, storage: StorageModel, schedule: Schedule
         storage_kind=storage.kind,
         put_requests_per_s=shape.requests / max(data_s, metadata_s, 1e-9),
         put_rate_limit=storage.request_rate_limit,
-        restore_s=shape.total_bytes / storage.read_bytes_per_s if storage.read_bytes_per_s else None,
+        restore_s={"durable": restore_s(shape, storage)},
+        modes=_modes(shape, storage, (data_s, max(metadata_s, requests_s), blocking, interval), host, costs),
         verdict="ok",
     )
     findings = _findings(budget, storage, at_optimum.waste_fraction)
@@ -298,6 +323,21 @@ def plan_burst(shape: CheckpointShape, storage: StorageModel, schedule: Schedule
     budget.reasons = [message for _, message in findings]
     budget.verdict = "fail" if not budget.keeps_up else ("warn" if budget.reasons else "ok")
     return budget
+
+
+def _modes(shape: CheckpointShape, storage: StorageModel, times: tuple[float, float, float, float],
+           host: HostModel | None, costs: WriterCosts | None) -> dict[str, dict[str, Any]]:
+    """The background model's per-mode costs; ``times`` = (data, metadata/request, device copy, interval) s."""
+    data_s, ops_s, copy_s, interval = times
+    if costs is None:
+        costs = WriterCosts()
+        if math.isfinite(storage.serialize_bytes_per_s):  # the probe's figure: ckptio's framing + crc32c
+            costs = replace(costs, checksum_bytes_per_s=storage.serialize_bytes_per_s)
+    # The store's own part of the flush: the writers' CPU is the background model's to place.
+    store = max(data_s - serialize_s(shape, storage), ops_s)
+    modes = predict_modes(bytes_per_rank=shape.bytes_per_rank_max, store_s=store, host=host, costs=costs,
+                          interval_s=interval, device_copy_s=copy_s)
+    return {name: cost.to_json() for name, cost in modes.items()}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -136,3 +136,62 @@ def measure_copy_bandwidth() -> float:
         target.copy_(source)
         best = min(best, time.perf_counter() - began)
     return _COPY_PROBE_BYTES / max(best, 1e-9)
+
+
+_COST_PROBE_BYTES = 32 << 20
+_COST_REPEATS = 5
+
+
+def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | None = None) -> dict[str, float]:
+    """Bytes per CPU-second of one core for each piece of work a save does on this host (single thread).
+
+    Keys are :class:`ckptio.plan.background.WriterCosts`'s fields. Each figure is CPU time of the calling thread
+    (``time.thread_time``: user and kernel, page faults included), so other processes' load on a shared host
+    slows the wall clock but not the figure; the best of a few repeats. ``directory`` holds the page-cache and
+    ``torch.save`` sinks (default: the temp dir); they are removed. Runs in this process: ``torch.save`` here
+    keeps torch's zip CRC on, as DCP's writer does.
+    """
+    import tempfile
+
+    import crc32c
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the writers and the staging copies each run on one thread
+    source = torch.rand(max(nbytes // 4, 1))
+    target = torch.empty_like(source).copy_(source)  # touched: a reused staging slot
+    raw = source.numpy().data.cast("B")
+    try:
+        with tempfile.TemporaryFile(dir=directory) as sink:
+            # Each write goes to an emptied file, as every save writes new files: the kernel allocates its pages.
+            def page_cache_write() -> None:
+                sink.seek(0)
+                sink.truncate()
+                sink.write(raw)
+
+            def torch_save() -> None:
+                sink.seek(0)
+                sink.truncate()
+                torch.save(source, sink)
+
+            work = {
+                "copy_bytes_per_s": lambda: target.copy_(source),
+                "fresh_copy_bytes_per_s": lambda: torch.empty_like(source).copy_(source),
+                "checksum_bytes_per_s": lambda: crc32c.crc32c(raw),
+                "page_cache_bytes_per_s": page_cache_write,
+                "torch_save_bytes_per_s": torch_save,
+            }
+            return {name: raw.nbytes / _best_cpu_seconds(fn) for name, fn in work.items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _best_cpu_seconds(fn: object) -> float:
+    assert callable(fn)
+    fn()  # warm-up: first touch, allocator and file growth
+    best = float("inf")
+    for _ in range(_COST_REPEATS):
+        began = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - began)
+    return max(best, 1e-9)

@@ -1,0 +1,235 @@
+"""What a save costs the training step, per save mode: the blocking part, and the CPU the background writer takes.
+
+Owns the background-cost model of the planner (its derivation is in docs/planning.md, "What a save costs the
+step"): from the host's cores per rank, training's own CPU use, and the per-byte CPU costs of each piece of work a
+save does (:class:`WriterCosts`, measured by :func:`ckptio.plan.host.measure_writer_costs`), it predicts for each
+of :data:`MODES` the time ``save()`` blocks, the CPU the rest of the save takes while training goes on, how much
+of that CPU comes out of training's share of the cores, the step inflation while the flush runs, and the training
+time lost per save. It must never measure anything (``host`` does) and never touch storage: the store's part
+arrives as ``store_s``, the seconds the bytes take to reach it (``budget`` computes it).
+
+The modes:
+
+* ``dcp_sync`` — ``torch.distributed.checkpoint.save``: training waits for the whole write.
+* ``dcp_async`` — default ``dcp.async_save``: a blocking copy into freshly allocated memory, then a thread of the
+  training process writes with ``torch.save`` (zip CRC on) at the trainer's priority.
+* ``dcp_best`` — ``dcp.async_save`` with a PROCESS checkpointer and a ``DefaultStager`` (async staging into cached
+  shared memory): the copy runs in a staging thread of the training process, the write in a separate process,
+  both at the trainer's priority; ``save()`` itself blocks for next to nothing.
+* ``ckptio`` — the copy into a reused shared-memory slot blocks ``save()``; a writer process at ``writer_nice``
+  checksums (crc32c) and writes the slot's bytes zero-copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ckptio.errors import ConfigError
+
+MODES = ("dcp_sync", "dcp_async", "dcp_best", "ckptio")
+"""Save modes the planner predicts, in the order tables print them."""
+
+CKPTIO_WRITER_NICE = 10
+"""ckptio's default ``writer_nice`` (:class:`ckptio.config.CheckpointerConfig`)."""
+
+_NICE_0_WEIGHT = 1024.0
+"""Linux CFS weight of a nice-0 task; each nice level divides it by about 1.25 (``sched_prio_to_weight``)."""
+
+
+def cfs_weight(nice: int) -> float:
+    """The scheduler weight of a task at ``nice`` (CFS: 1024 at 0, ÷1.25 per level)."""
+    return _NICE_0_WEIGHT / 1.25**nice
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class WriterCosts:
+    """Bytes per CPU-second of one core, per piece of work a save does (``host.measure_writer_costs``).
+
+    The defaults were measured on a small 2-core cloud VM (2026) with ``ckptio.plan.host.measure_writer_costs``;
+    give the figures of the host the job runs on when they matter.
+    """
+
+    copy_bytes_per_s: float = 8e9
+    """Copy into memory already allocated and touched (ckptio's staging slot, DCP-best's cached shared memory)."""
+
+    fresh_copy_bytes_per_s: float = 1.7e9
+    """Copy into freshly allocated memory, page faults included (default ``async_save``'s stager)."""
+
+    checksum_bytes_per_s: float = 11e9
+    """crc32c over the bytes (ckptio's per-file checksum)."""
+
+    page_cache_bytes_per_s: float = 3.5e9
+    """``write()`` of new bytes into the page cache (the client side of a write; no fsync)."""
+
+    torch_save_bytes_per_s: float = 1.5e9
+    """``torch.save`` of a tensor into a new file, zip CRC32 on (what DCP's FileSystemWriter does per item)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ConfigError(f"writer cost {f.name} must be > 0, got {value!r}")
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, float]) -> WriterCosts:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in data.items() if k in known})
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class HostModel:
+    """The host as the background-cost model sees it, per rank."""
+
+    cores_per_rank: float = 8.0
+    """CPU cores of the host divided by the ranks on it (a GPU node: 8 GPUs, 64+ cores)."""
+
+    train_cores: float = 1.0
+    """Cores training keeps busy per rank while it steps: its threads' CPU time ÷ step time. A GPU job's Python
+    thread is about 1; a CPU job is its torch threads. What it does not use is the spare a writer can take."""
+
+    writer_nice: int = CKPTIO_WRITER_NICE
+    """Niceness of ckptio's writer process (DCP's writers run at the trainer's priority)."""
+
+    cpu_share: float = 1.0
+    """Share of a core a runnable thread of this rank gets: 1 on a host of its own; on a shared one, CPU time ÷
+    (CPU time + run-queue wait) of the training thread (Linux ``/proc/thread-self/schedstat``). CPU work on the
+    training thread takes 1/share longer in wall time."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.cpu_share, (int, float)) and 0 < self.cpu_share <= 1):
+            raise ConfigError(f"cpu_share must be within (0, 1], got {self.cpu_share!r}")
+        for name in ("cores_per_rank", "train_cores"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        if not 0 <= self.writer_nice <= 19:
+            raise ConfigError(f"writer_nice must be within 0..19, got {self.writer_nice}")
+
+    @property
+    def spare_cores(self) -> float:
+        """Cores per rank training leaves idle: where a background writer runs for free."""
+        return max(0.0, self.cores_per_rank - self.train_cores)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModeCost:
+    """One mode's predicted cost per save, for the largest rank (``plan --json``'s ``modes[mode]``)."""
+
+    blocking_s: float
+    """Seconds ``save()`` holds the training thread."""
+
+    background_cpu_s: float
+    """CPU seconds of the save's work after ``save()`` returns (copy thread, writer), on one core."""
+
+    stolen_s: float
+    """Training seconds that background work takes: its CPU that does not fit in the spare cores."""
+
+    flush_s: float
+    """``save()`` return → the bytes on the store: the slower of the store and the writer's CPU at its share."""
+
+    step_inflation: float | None
+    """Step time while the flush runs ÷ step time without one; None when training waits (synchronous)."""
+
+    lost_per_save_s: float
+    """Training time lost per save: blocking + stolen (+ waiting for the one slot when a flush runs past the next
+    save)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class _Background:
+    cpu_s: float
+    nice: int
+
+
+def predict_modes(
+    *,
+    bytes_per_rank: float,
+    store_s: float,
+    host: HostModel | None = None,
+    costs: WriterCosts | None = None,
+    interval_s: float | None = None,
+    device_copy_s: float | None = None,
+) -> dict[str, ModeCost]:
+    """Each of :data:`MODES`' cost per save for a rank writing ``bytes_per_rank`` whose bytes take ``store_s``
+    to reach the store (all ranks writing at once), saving every ``interval_s`` seconds of compute (None: far
+    enough apart that a flush never delays the next save).
+
+    ``device_copy_s``: seconds to copy the rank's state off the accelerator (a DMA: it blocks, or for DCP-best
+    overlaps, but costs the host's cores nothing); None for a CPU job, whose copies are memcpys at ``costs``.
+    The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
+    """
+    if bytes_per_rank < 0 or store_s < 0 or (device_copy_s is not None and device_copy_s < 0):
+        raise ConfigError(f"bytes and times must be >= 0, got {bytes_per_rank}, {store_s} and {device_copy_s}")
+    host = host or HostModel()
+    costs = costs or WriterCosts()
+    b = float(bytes_per_rank)
+    torch_save = b / costs.torch_save_bytes_per_s
+    # CPU work on the training thread runs at the share of a core the host gives it; a DMA does not.
+    slow = 1.0 / host.cpu_share
+    copy = b / costs.copy_bytes_per_s * slow if device_copy_s is None else device_copy_s
+    fresh_copy = b / costs.fresh_copy_bytes_per_s * slow if device_copy_s is None else device_copy_s
+    staging_cpu = b / costs.copy_bytes_per_s if device_copy_s is None else 0.0
+    return {
+        # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
+        "dcp_sync": _sync((device_copy_s or 0.0) + max(store_s, torch_save * slow)),
+        "dcp_async": _background(
+            blocking_s=fresh_copy,
+            work=_Background(cpu_s=torch_save, nice=0),
+            store_s=store_s, host=host, interval_s=interval_s,
+        ),
+        "dcp_best": _background(
+            blocking_s=0.0,
+            work=_Background(cpu_s=staging_cpu + torch_save, nice=0),
+            store_s=store_s, host=host, interval_s=interval_s,
+        ),
+        "ckptio": _background(
+            blocking_s=copy,
+            work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / costs.page_cache_bytes_per_s,
+                             nice=host.writer_nice),
+            store_s=store_s, host=host, interval_s=interval_s,
+        ),
+    }
+
+
+def _sync(stall_s: float) -> ModeCost:
+    return ModeCost(blocking_s=stall_s, background_cpu_s=0.0, stolen_s=0.0, flush_s=0.0, step_inflation=None,
+                    lost_per_save_s=stall_s)
+
+
+def writer_rate(host: HostModel, nice: int) -> tuple[float, float]:
+    """(cores a one-thread background writer gets, the part of them taken from training).
+
+    It gets the spare cores first (up to one: it is one thread), shared there only with the host's other load;
+    on a core training also wants, the scheduler splits time by weight between the writer, training's thread and
+    the other load (``1/cpu_share - 1`` nice-0 threads' worth).
+    """
+    spare = min(host.spare_cores, 1.0)
+    weight = cfs_weight(nice)
+    others = _NICE_0_WEIGHT * (1.0 / host.cpu_share - 1.0)
+    contended = (1.0 - spare) * weight / (weight + _NICE_0_WEIGHT + others)
+    return spare * weight / (weight + others) + contended, contended
+
+
+def _background(*, blocking_s: float, work: _Background, store_s: float, host: HostModel,
+                interval_s: float | None) -> ModeCost:
+    rate, from_training = writer_rate(host, work.nice)
+    # CPU the writer takes while training wants the core. Training's thread loses exactly that in wall time,
+    # whatever the other load (it takes its slices from all runnable threads in proportion, and training's were
+    # already its share); a training that spreads over several cores loses it spread over them.
+    stolen = work.cpu_s * from_training / rate
+    delay = stolen / max(1.0, host.train_cores)
+    # The writer's CPU and the transfer overlap (a file's bytes go out while the next is prepared, and a paced
+    # store sleeps out the rest), so the slower of the two sets the flush.
+    flush = max(store_s, work.cpu_s / rate)
+    wait = max(0.0, flush - interval_s) if interval_s is not None else 0.0
+    inflation = 1.0 + delay / flush if flush > 0 else 1.0
+    return ModeCost(blocking_s=blocking_s, background_cpu_s=work.cpu_s, stolen_s=delay, flush_s=flush,
+                    step_inflation=inflation, lost_per_save_s=blocking_s + delay + wait)

@@ -1,0 +1,130 @@
+"""The background-cost model: what each save mode costs the step, and how that moves with cores and the store.
+
+Pure arithmetic on figures given here (no timing is measured or asserted): the model's directions must hold for
+every mode, and its special cases must say what the module docstring says.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ckptio.errors import ConfigError
+from ckptio.plan.background import MODES, HostModel, WriterCosts, cfs_weight, predict_modes, writer_rate
+
+GIB = float(1 << 30)
+COSTS = WriterCosts()
+
+
+def _lost(**kw: object) -> dict[str, float]:
+    modes = predict_modes(bytes_per_rank=GIB, costs=COSTS, **kw)  # type: ignore[arg-type]
+    return {name: cost.lost_per_save_s for name, cost in modes.items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_more_cores_never_inflate_more_and_spare_cores_hide_the_writer(mode: str) -> None:
+    cores = [0.5, 1.0, 1.25, 1.5, 2.0, 4.0]
+    runs = [predict_modes(bytes_per_rank=GIB, store_s=2.0, host=HostModel(cores_per_rank=c, train_cores=1.0))[mode]
+            for c in cores]
+    lost = [r.lost_per_save_s for r in runs]
+    assert lost == sorted(lost, reverse=True)
+    if mode == "dcp_sync":  # training waits: cores do not enter
+        assert len(set(lost)) == 1 and runs[0].step_inflation is None
+        return
+    inflation = [r.step_inflation for r in runs]
+    assert inflation == sorted(inflation, reverse=True)  # type: ignore[type-var]
+    # From 1 core to 1.5 cores per rank, some of the writer's CPU moves to the spare half core.
+    assert runs[1].stolen_s > runs[3].stolen_s
+    # A whole spare core takes the one-thread writer entirely: training loses only the blocking part.
+    assert runs[-1].stolen_s == 0.0 and runs[-1].step_inflation == 1.0
+    assert runs[-1].lost_per_save_s == pytest.approx(runs[-1].blocking_s)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_faster_store_never_loses_more(mode: str) -> None:
+    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
+    # A flush longer than the interval makes the next save wait for the one slot (async modes).
+    lost = [_lost(store_s=s, host=host, interval_s=10.0)[mode] for s in (40.0, 20.0, 10.0, 5.0, 1.0)]
+    assert lost == sorted(lost, reverse=True)
+    assert lost[0] > lost[-1]
+
+
+def test_with_no_spare_core_every_background_byte_is_paid_by_training() -> None:
+    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
+    modes = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=host, costs=COSTS)
+    for name in ("dcp_async", "dcp_best", "ckptio"):
+        assert modes[name].stolen_s == pytest.approx(modes[name].background_cpu_s)
+    # Priority only spreads it: ckptio's niced writer inflates each step less, over a longer flush.
+    assert modes["ckptio"].step_inflation < modes["dcp_best"].step_inflation  # type: ignore[operator]
+    assert modes["ckptio"].flush_s > modes["ckptio"].background_cpu_s
+
+
+def test_a_niced_writer_takes_idle_time_first() -> None:
+    host = HostModel(cores_per_rank=1.2, train_cores=1.0)  # a fifth of a core idle
+    niced_rate, niced_from_training = writer_rate(host, 10)
+    equal_rate, equal_from_training = writer_rate(host, 0)
+    assert niced_from_training / niced_rate < equal_from_training / equal_rate
+    assert cfs_weight(0) == 1024.0 and cfs_weight(10) < cfs_weight(0) / 9
+
+
+def test_per_mode_work_follows_the_costs() -> None:
+    costs = WriterCosts(copy_bytes_per_s=1e9, fresh_copy_bytes_per_s=0.5e9, checksum_bytes_per_s=2e9,
+                        page_cache_bytes_per_s=2e9, torch_save_bytes_per_s=0.25e9)
+    modes = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=HostModel(cores_per_rank=1.0))
+    assert modes["dcp_sync"].lost_per_save_s == pytest.approx(4.0)  # the write is slower than the store
+    assert modes["dcp_async"].blocking_s == pytest.approx(2.0)  # fresh allocation + copy
+    assert modes["dcp_best"].blocking_s == 0.0
+    assert modes["dcp_best"].background_cpu_s == pytest.approx(1.0 + 4.0)  # staging thread + writer process
+    assert modes["ckptio"].blocking_s == pytest.approx(1.0)
+    assert modes["ckptio"].background_cpu_s == pytest.approx(0.5 + 0.5)  # crc32c + page cache
+
+
+def test_a_device_copy_is_dma() -> None:
+    modes = predict_modes(bytes_per_rank=GIB, store_s=1.0, device_copy_s=0.3, host=HostModel(cores_per_rank=1.0))
+    assert modes["ckptio"].blocking_s == modes["dcp_async"].blocking_s == 0.3
+    assert modes["dcp_best"].background_cpu_s == pytest.approx(GIB / COSTS.torch_save_bytes_per_s)
+    assert modes["dcp_sync"].lost_per_save_s == pytest.approx(0.3 + max(1.0, GIB / COSTS.torch_save_bytes_per_s))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"cores_per_rank": 0}, {"train_cores": -1.0}, {"cores_per_rank": float("nan")}, {"writer_nice": 20}],
+)
+def test_bad_host_figures_are_named_errors(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        HostModel(**bad)  # type: ignore[arg-type]
+
+
+def test_bad_costs_are_named_errors() -> None:
+    with pytest.raises(ConfigError, match="torch_save_bytes_per_s"):
+        WriterCosts(torch_save_bytes_per_s=0.0)
+    with pytest.raises(ConfigError):
+        predict_modes(bytes_per_rank=-1.0, store_s=0.0)
+
+
+def test_costs_round_trip_through_json() -> None:
+    costs = WriterCosts(copy_bytes_per_s=3e9)
+    assert WriterCosts.from_json({**costs.to_json(), "unknown": 1.0}) == costs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_busier_host_never_costs_less(mode: str) -> None:
+    shares = [1.0, 0.5, 0.25]
+    lost = [predict_modes(bytes_per_rank=GIB, store_s=0.1,
+                          host=HostModel(cores_per_rank=1.0, cpu_share=s))[mode].lost_per_save_s for s in shares]
+    assert all(later >= earlier * (1 - 1e-12) for earlier, later in itertools.pairwise(lost))
+
+
+def test_host_load_slows_work_on_the_training_thread_not_a_dma() -> None:
+    quiet = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=HostModel(cores_per_rank=1.0))
+    busy = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=HostModel(cores_per_rank=1.0, cpu_share=0.25))
+    assert busy["ckptio"].blocking_s == pytest.approx(4 * quiet["ckptio"].blocking_s)
+    assert busy["dcp_sync"].lost_per_save_s == pytest.approx(4 * quiet["dcp_sync"].lost_per_save_s)
+    # What the writer takes from training on its core stays its CPU time: training was already at its share.
+    assert busy["dcp_best"].stolen_s == pytest.approx(quiet["dcp_best"].stolen_s)
+    dma = predict_modes(bytes_per_rank=GIB, store_s=0.0, device_copy_s=0.2,
+                        host=HostModel(cores_per_rank=1.0, cpu_share=0.25))
+    assert dma["ckptio"].blocking_s == 0.2
+    with pytest.raises(ConfigError):
+        HostModel(cpu_share=0.0)
