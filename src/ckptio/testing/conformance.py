@@ -33,8 +33,8 @@ import pytest
 from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionError
 from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, PutMode, Storage, hashed_key
 from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
-from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
 from ckptio.storage.posix import PosixStorage
+from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
 from ckptio.testing.spawned import aws_env, create_at, put_through, warm_up, write_and_read
 
 __all__ = ["StoreTests", "WrapperTests", "put_through", "pytest_configure", "requires_capability", "spawn_pool"]
