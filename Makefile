@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Development pins torch to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv sysdeps demo test lint typecheck unit bench clean
+.PHONY: venv sysdeps s3rver demo test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,16 @@ sysdeps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fio >/dev/null; }
 
+# s3rver (npm, pinned by package.json + package-lock.json) is the test session's second S3 implementation: one
+# that ignores conditional writes (tests/conftest.py starts it). Without Node.js the tests that need it skip.
+S3RVER_STAMP := node_modules/.s3rver-installed
+$(S3RVER_STAMP): package.json package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --no-audit --no-fund --ignore-scripts --silent && touch $(S3RVER_STAMP); \
+	else echo "npm not found: tests that need s3rver will skip"; fi
+
+s3rver: $(S3RVER_STAMP)
+
 demo: venv sysdeps
 	$(BIN)/ckptio demo $(ARGS)
 
@@ -31,7 +41,7 @@ lint: venv
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
-unit: venv sysdeps
+unit: venv sysdeps s3rver
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 test: lint unit
@@ -40,4 +50,4 @@ bench: venv sysdeps
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) ckptio-demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) ckptio-demo .pytest_cache .mypy_cache .ruff_cache node_modules

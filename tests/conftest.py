@@ -3,6 +3,11 @@
 The S3 fixtures start one real S3-protocol server (moto) for the whole session on 127.0.0.1 and a free port
 (a fixed port deadlocks under xdist), put fake credentials in the environment so every boto3 client of the
 session (and of the processes it spawns) talks to it, and create buckets in given regions, public or private.
+
+A second, independent S3 implementation, s3rver (npm; installed by ``make s3rver``), is started on first use for
+the rest of the session: a store that ignores conditional writes and has no public-access or region API. Tests
+that use it skip only where Node.js is absent; where Node.js is present and s3rver is not installed they fail,
+saying how to install it.
 """
 
 from __future__ import annotations
@@ -98,3 +103,34 @@ def make_bucket(s3_endpoint: str) -> Callable[..., str]:
 def s3_bucket(make_bucket: Callable[..., str]) -> str:
     """A fresh private bucket in us-east-1."""
     return make_bucket()
+
+
+@pytest.fixture(scope="session")
+def s3rver_endpoint(s3_endpoint: str) -> Iterator[str]:
+    """URL of the session's s3rver (127.0.0.1, a free port, a temp directory, silent; any credentials).
+
+    Depends on ``s3_endpoint`` for the fake credentials in the environment (s3rver accepts any); clients of
+    s3rver name its endpoint explicitly, since AWS_ENDPOINT_URL points at moto.
+    """
+    from ckptio.testing.s3rver import node_missing_reason, run_s3rver
+
+    reason = node_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_s3rver() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def make_s3rver_bucket(s3rver_endpoint: str) -> Callable[[], str]:
+    """``make_s3rver_bucket() -> name``: a fresh bucket on the session's s3rver."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3rver_endpoint, region_name="us-east-1")
+
+    def make() -> str:
+        name = f"ckptio-s3rver-{next(_bucket_numbers)}-{os.getpid()}"
+        client.create_bucket(Bucket=name)
+        return name
+
+    return make

@@ -46,6 +46,9 @@ class CheckpointerOptions(TypedDict, total=False):
     fsync: bool
     residency: Residency | None
     residency_recheck_s: float
+    commit: Literal["conditional", "lease"]
+    allow_public: bool
+    store_private: bool
     volume_check: Literal["off", "warn", "error"]
     data_dirs: tuple[str, ...] | list[str]
     events_path: str | None
@@ -192,6 +195,22 @@ class CheckpointerConfig:
     residency_recheck_s: float = 300.0
     """How often the writer repeats the residency check during a run."""
 
+    commit: Literal["conditional", "lease"] = "conditional"
+    """How a step is committed. ``"conditional"``: the manifest is written create-only and ``latest`` moves by
+    compare-and-swap; a store that does not honour these conditional writes is refused at construction with
+    :class:`~ckptio.errors.StoreCapabilityError`. ``"lease"``: an explicit opt-in for such stores, relying on the
+    ownership lease (``lease_s`` > 0) and a read-after-write check of the manifest; it no longer guarantees that
+    of two racing committers exactly one wins (docs/s3.md, "Lease mode")."""
+
+    allow_public: bool = False
+    """Allow a public bucket (by policy or ACL). Off by default, with or without ``residency``: an ``s3://`` root
+    whose bucket is public is refused before anything is written."""
+
+    store_private: bool = False
+    """Declare the store private where it has no API to say so (no public-access block, policy status or ACL
+    API: s3rver, most on-prem gateways). Without it such a store is refused with
+    :class:`~ckptio.errors.StoreCapabilityError`; a store whose API says it is public is refused either way."""
+
     volume_check: Literal["off", "warn", "error"] = "warn"
     """At start, check the root against $HOME and ``data_dirs`` (same device, home directory)."""
 
@@ -230,8 +249,14 @@ class CheckpointerConfig:
     """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
 
     def writer_config(self) -> WriterConfig:
-        """The part of this config the writer process reads (same field names: a projection, never a copy)."""
-        return WriterConfig(**{f.name: getattr(self, f.name) for f in fields(WriterConfig)})
+        """The part of this config the writer process reads (same field names: a projection, never a copy). Its
+        residency is the one in force (:func:`~ckptio.policy.residency.resolve_residency`: never None)."""
+        from ckptio.policy.residency import resolve_residency
+
+        projected = {f.name: getattr(self, f.name) for f in fields(WriterConfig)}
+        projected["residency"] = resolve_residency(self.residency, allow_public=self.allow_public,
+                                                   store_private=self.store_private)
+        return WriterConfig(**projected)
 
     def __post_init__(self) -> None:
         check_option_types(self)  # first: the range checks below compare numbers
@@ -246,6 +271,8 @@ class CheckpointerConfig:
             (self.upload_concurrency < 1, f"upload_concurrency must be >= 1, got {self.upload_concurrency}"),
             (self.commit_timeout_s <= 0, f"commit_timeout_s must be > 0, got {self.commit_timeout_s}"),
             (self.lease_s < 0, f"lease_s must be >= 0, got {self.lease_s}"),
+            (self.commit == "lease" and self.lease_s == 0,
+             'commit="lease" relies on the ownership lease: lease_s must be > 0'),
             (not 0 <= self.writer_nice <= 19, f"writer_nice must be within 0..19, got {self.writer_nice}"),
             (self.local_capacity_bytes is not None and self.local_capacity_bytes <= 0,
              "local_capacity_bytes must be positive"),
@@ -280,6 +307,9 @@ class WriterConfig:
 
     residency_recheck_s: float
     """Seconds between the writer's residency checks."""
+
+    commit: Literal["conditional", "lease"]
+    """``"lease"``: the committer verifies the manifest by reading it back after writing it."""
 
     local_capacity_bytes: int | None
     """Byte budget of the local tier (None: whatever the filesystem holds)."""

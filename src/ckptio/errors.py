@@ -14,7 +14,9 @@
     │   ├── NotFoundError      (FileNotFoundError)
     │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
     │   ├── PreconditionError                  If-Match compare-and-swap lost
-    │   └── StorageFullError                   ENOSPC, or the local tier's byte budget is spent
+    │   ├── StorageFullError                   ENOSPC, or the local tier's byte budget is spent
+    │   └── StoreCapabilityError               the store lacks a guarantee or API ckptio relies on (conditional
+    │                                          writes, public-access/region APIs); says what it means and the options
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
     ├── RootInUseError                         another live job owns this checkpoint root
@@ -49,6 +51,7 @@ __all__ = [
     "RootInUseError",
     "StorageError",
     "StorageFullError",
+    "StoreCapabilityError",
     "StructureMismatchError",
     "UnsupportedStateError",
     "VolumePolicyError",
@@ -145,6 +148,12 @@ class PreconditionError(StorageError):
 
 class StorageFullError(StorageError):
     """No space left (ENOSPC), or the local tier's byte budget is spent."""
+
+
+class StoreCapabilityError(StorageError):
+    """The store does not honour a guarantee ckptio relies on (create-only or compare-and-swap writes, multipart
+    uploads, ranged reads), or lacks an API a check needs (bucket public-access status, region). Raised before
+    anything is written; the message says what is missing, what that means, and the options (docs/s3.md)."""
 
 
 class CommitError(CkptError):

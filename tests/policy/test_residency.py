@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ckptio.errors import ConfigError, ResidencyError
-from ckptio.policy.residency import Residency, check_residency
+from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
+from ckptio.policy.residency import Residency, check_residency, resolve_residency
 from ckptio.storage import PosixStorage
 from ckptio.storage.s3 import S3Storage
 from ckptio.testing.wrappers import FaultStorage, LatencyStorage
@@ -113,3 +113,35 @@ def test_posix_region_labels(tmp_path: Path) -> None:
 def test_bad_residency_is_a_config_error(bad: Any) -> None:
     with pytest.raises(ConfigError):
         Residency(allowed_regions=bad)
+
+
+@pytest.mark.s3
+def test_a_store_without_placement_apis_is_a_named_error_unless_declared_private(
+    make_s3rver_bucket: Callable[[], str], s3rver_endpoint: str
+) -> None:
+    # s3rver answers 501 NotImplemented to the public-access block, policy status and ACL calls.
+    storage = S3Storage(make_s3rver_bucket(), "ckpt", endpoint_url=s3rver_endpoint)
+    with pytest.raises(StoreCapabilityError) as info:
+        check_residency(storage, Residency())
+    message = str(info.value)
+    assert "does not implement" in message and "store_private=True" in message
+    check_residency(storage, Residency(store_private=True))  # the documented declaration
+    check_residency(storage, Residency(allow_public=True))
+    # A private declaration says nothing about where the bytes are: a region rule still needs the region API.
+    with pytest.raises(StoreCapabilityError, match="region"):
+        check_residency(storage, Residency(allowed_regions=["eu-west-1"], store_private=True))
+
+
+@pytest.mark.s3
+def test_declaring_private_never_overrides_a_store_that_says_public(make_bucket: Callable[..., str]) -> None:
+    with pytest.raises(ResidencyError, match="public"):
+        check_residency(S3Storage(make_bucket(public="policy")), Residency(store_private=True))
+
+
+def test_resolve_residency_adds_the_separate_declarations() -> None:
+    assert resolve_residency(None) == Residency()
+    assert resolve_residency(None, allow_public=True).allow_public
+    explicit = Residency(allowed_regions=["eu-west-1"], allow_public=True)
+    resolved = resolve_residency(explicit, store_private=True)
+    assert (resolved.allowed_regions, resolved.allow_public, resolved.store_private) == (("eu-west-1",), True, True)
+    assert explicit.store_private is False  # the caller's object is not changed

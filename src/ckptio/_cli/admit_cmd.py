@@ -3,6 +3,9 @@
 Owns the command's flags and output, written for a Slurm prolog or a Kubernetes init container: the first
 line says ADMIT or REFUSE, each following line one reason (``refuse:``) or warning (``warn:``). The rules
 themselves are :mod:`ckptio.plan.admit`'s.
+
+With ``--probe`` the root's residency and capabilities are checked before the probe writes anything: a root
+that breaks residency is refused without being probed (no plan is made then).
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ import json
 
 from ckptio._cli.job_args import add_job_arguments, add_storage_arguments, job_from_args
 from ckptio._proc import sigterm_as_interrupt
-from ckptio.errors import ConfigError
-from ckptio.plan.admit import AdmissionPolicy, admit
+from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
+from ckptio.plan.admit import Admission, AdmissionPolicy, admit
 from ckptio.plan.budget import plan_burst
-from ckptio.plan.probe import ProbeConfig, probe
+from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.units import format_duration, parse_duration
 from ckptio.policy.residency import Residency
 
@@ -44,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--allowed-region", action="append", default=None,
                         help="a region checkpoints may live in (repeat); a POSIX root needs --root-region")
     parser.add_argument("--allow-public", action="store_true", help="accept a public bucket (refused by default)")
+    parser.add_argument("--store-private", action="store_true",
+                        help="declare the store private where it has no public-access API (on-prem stores)")
+    parser.add_argument("--commit", choices=("conditional", "lease"), default="conditional",
+                        help="the job's commit mode: lease accepts a store without conditional writes (docs/s3.md)")
     parser.add_argument("--root-region", help="the region label of a POSIX root, for --allowed-region")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.set_defaults(func=run)
@@ -55,30 +62,44 @@ def run(args: argparse.Namespace) -> int:
         max_stall_s=parse_duration(args.max_stall, what="--max-stall") if args.max_stall else None,
         split_volumes_above=args.split_volumes_above,
     )
-    profile = None
+    residency = None
+    if args.allowed_region or args.allow_public or args.store_private:
+        residency = Residency(allowed_regions=args.allowed_region, allow_public=args.allow_public,
+                              store_private=args.store_private)
+    profile, caps = None, None
     if args.probe:
         if not args.root:
             raise ConfigError("--probe needs --root: the probe measures the checkpoint root")
         seconds = parse_duration(args.probe_seconds, what="--probe-seconds")
+        try:  # residency before the probe writes anything
+            caps = target_capabilities(args.root, residency)
+        except (ResidencyError, StoreCapabilityError) as exc:
+            return _report(args, Admission(admitted=False, reasons=[f"residency: {exc.message}"], root=args.root),
+                           "not probed")
         with sigterm_as_interrupt():
-            profile = probe(args.root, ProbeConfig(max_seconds=seconds, file_size_bytes=64 << 20))
+            profile = probe(args.root, ProbeConfig(max_seconds=seconds, file_size_bytes=64 << 20),
+                            residency=residency)
     job = job_from_args(args, mode=args.mode, profile=profile)
     budget = plan_burst(job.shape, job.storage, job.schedule)
-    residency = None
-    if args.allowed_region or args.allow_public:
-        residency = Residency(allowed_regions=args.allowed_region, allow_public=args.allow_public)
     result = admit(budget, root=args.root, data_dirs=args.data_dir, policy=policy, residency=residency,
-                   root_region=args.root_region)
+                   root_region=args.root_region, capabilities=caps, commit=args.commit)
+    summary = (f"{budget.ranks:,} ranks, flush {format_duration(budget.flush_s)} every "
+               f"{format_duration(budget.interval_s)}")
+    return _report(args, result, summary)
+
+
+def _report(args: argparse.Namespace, result: Admission, summary: str) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         verdict = "ADMIT" if result.admitted else f"REFUSE ({len(result.reasons)} reason(s))"
-        print(
-            f"ckptio admit: {verdict}: {budget.ranks:,} ranks, flush {format_duration(budget.flush_s)} "
-            f"every {format_duration(budget.interval_s)}"
-        )
+        print(f"ckptio admit: {verdict}: {summary}")
         for reason in result.reasons:
             print(f"refuse: {reason}")
         for warning in result.warnings:
             print(f"warn: {warning}")
+        for name, check in (result.capabilities or {}).items():
+            if isinstance(check, dict):
+                verdict = {True: "yes", False: "NO", None: "unknown"}[check["ok"]]
+                print(f"store: {name.replace('_', ' ')}: {verdict}: {check['detail']}")
     return 0 if result.admitted else 1

@@ -3,6 +3,10 @@
 Owns the command's flags, its progress bar and its output (a table, ``--json``, ``--out profile.json``). A
 SIGTERM (a scheduler ending the job) is turned into the same clean exit as Ctrl-C, so the probe's files are
 removed either way. Measuring is :mod:`ckptio.plan.probe`'s job, not this module's.
+
+A store (``s3://``) is checked before anything is written: residency (a public bucket is refused unless
+``--allow-public``; a store with no API to tell is refused unless ``--store-private``), then its capabilities,
+which the output lists (``capabilities`` in ``--json``; the ``--out`` profile file is unchanged).
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ckptio._proc import sigterm_as_interrupt
-from ckptio.plan.probe import ProbeConfig, probe
+from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.probe import Progress as ProgressFn
 from ckptio.plan.profile import StorageProfile
 from ckptio.plan.units import format_duration, format_rate, parse_duration, parse_size
+from ckptio.policy.residency import Residency
+from ckptio.storage.capabilities import StoreCapabilities
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fio", action="store_true", help="also run fio in the same directory (anchor)")
     parser.add_argument("--out", help="write the storage profile here (read by plan, admit, simulate)")
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.add_argument("--allow-public", action="store_true", help="probe a public bucket (refused by default)")
+    parser.add_argument("--store-private", action="store_true",
+                        help="declare the store private where it has no public-access API (on-prem stores)")
     parser.set_defaults(func=run)
 
 
@@ -59,14 +68,18 @@ def probe_config(args: argparse.Namespace) -> ProbeConfig:
 def run(args: argparse.Namespace) -> int:
     config = probe_config(args)
     err = Console(file=sys.stderr)
+    residency = Residency(allow_public=args.allow_public, store_private=args.store_private)
     with sigterm_as_interrupt(), _progress_bar(err, enabled=not args.json) as progress:
-        profile = probe(args.target, config, progress=progress, fio=args.fio)
+        profile = probe(args.target, config, progress=progress, fio=args.fio, residency=residency)
+    caps = target_capabilities(args.target, residency)  # found before the probe wrote; cached
     if args.out:
         profile.save(args.out)
     if args.json:
-        print(json.dumps(profile.to_json(), indent=2))
+        print(json.dumps({**profile.to_json(), "capabilities": caps.to_json() if caps else None}, indent=2))
     else:
         print_profile(Console(file=sys.stdout), profile)
+        if caps is not None:
+            print_capabilities(Console(file=sys.stdout), caps)
         if args.out:
             print(f"profile written to {args.out}")
     return 0
@@ -109,3 +122,19 @@ def print_profile(console: Console, p: StorageProfile) -> None:
         )
     note = " (time bound reached: figures from fewer bytes)" if p.truncated else ""
     console.print(f"took {format_duration(p.seconds or 0.0)}{note}", highlight=False)
+
+
+def print_capabilities(console: Console, caps: StoreCapabilities) -> None:
+    """One line per capability: yes / NO / unknown, and what was seen."""
+    console.print(f"store capabilities of {caps.url}:", highlight=False)
+    for check in caps.checks:
+        verdict = {True: "yes", False: "NO", None: "unknown"}[check.ok]
+        console.print(f"  {check.name.replace('_', ' '):<18} {verdict:<8} {check.detail}", highlight=False,
+                      soft_wrap=True)
+    if not caps.conditional_writes:
+        console.print(
+            "  conditional writes are missing: a default Checkpointer refuses this store (StoreCapabilityError); "
+            'commit="lease" is the documented, weaker opt-in (docs/s3.md)',
+            highlight=False,
+            soft_wrap=True,
+        )

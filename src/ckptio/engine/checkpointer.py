@@ -166,14 +166,14 @@ class Checkpointer:
         return metrics
 
     def _check_policies(self) -> None:
-        """Residency and volume checks on rank 0, before any byte is written; the verdict is shared."""
+        """Residency, store capabilities and volume checks on rank 0, before any byte is written; the verdict is
+        shared."""
         error: CkptError | None = None
         if self.rank == 0:
             try:
-                if self.config.residency is not None:
-                    from ckptio.policy.residency import check_residency
+                from ckptio.engine.preflight import check_store
 
-                    check_residency(self.storage, self.config.residency)
+                check_store(self.storage, self.config)  # residency (on by default), then store capabilities
                 self._check_volumes()
                 self._check_writable()
                 if self.config.lease_s > 0:

@@ -150,7 +150,7 @@ class Committer:
                             total_bytes=sum(f.size for f in files.values()), versions=versions(),
                             metadata_crc32c=checksum([raw_metadata]))
         t2 = time.monotonic()
-        write_manifest(durable, manifest)
+        write_manifest(durable, manifest, verify=self.start.config.commit == "lease")
         t3 = time.monotonic()
         self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t2 - t1, bytes=0, tier="durable",
                        waited_s=t1 - t0)

@@ -46,12 +46,20 @@ def read_failures(storage: Storage, step: int, save_id: int) -> list[str]:
     return out
 
 
-def write_manifest(storage: Storage, manifest: Manifest) -> None:
-    """Create-only write of the manifest: the commit point."""
+def write_manifest(storage: Storage, manifest: Manifest, *, verify: bool = False) -> None:
+    """Create-only write of the manifest: the commit point.
+
+    ``verify`` (``commit="lease"``, for stores that ignore create-only writes): read the manifest back after
+    writing it and raise CommitError unless it is this save's. That catches a writer that overwrote ours before
+    the read; it cannot stop a writer that overwrites ours after it (the ownership lease is what keeps others
+    out of the root), which is why lease mode is weaker than a store that honours If-None-Match.
+    """
     key = manifest_key(manifest.step)
     body = manifest.to_json()
     try:
         storage.put(key, body, mode="create")
+        if verify:
+            _verify_manifest(storage, manifest, key)
     except AlreadyExistsError as exc:
         # A retried create may find its own earlier write: same save_id means it is ours.
         try:
@@ -63,6 +71,18 @@ def write_manifest(storage: Storage, manifest: Manifest) -> None:
         raise CommitError(
             "step is already committed by another save", root=storage.url, step=manifest.step, path=key
         ) from exc
+
+
+def _verify_manifest(storage: Storage, manifest: Manifest, key: str) -> None:
+    """Read-after-write check of lease mode: the manifest at ``key`` is this save's, or CommitError."""
+    try:
+        stored = Manifest.from_json(storage.get(key), key=key)
+    except (StorageError, CorruptCheckpointError) as exc:
+        raise CommitError(f"the manifest just written cannot be read back ({exc}); commit='lease' cannot confirm "
+                          "the commit", root=storage.url, step=manifest.step, path=key) from exc
+    if stored.save_id != manifest.save_id:
+        raise CommitError("another writer replaced this step's manifest right after it was written (read-after-write "
+                          "check of commit='lease')", root=storage.url, step=manifest.step, path=key)
 
 
 def read_manifest(storage: Storage, step: int) -> Manifest:

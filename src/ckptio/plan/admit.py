@@ -8,22 +8,27 @@ Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one lin
 * the burst needs more PUT requests per second than the prefixes sustain (object stores);
 * checkpoints share the dataset's volume and the gang is larger than ``split_volumes_above`` ranks;
 * the root is under $HOME;
-* the root breaks residency (:mod:`ckptio.policy.residency`: a public bucket, a region outside the list).
+* the root breaks residency (:mod:`ckptio.policy.residency`: a public bucket, a region outside the list), or its
+  store has no API to tell and is not declared private (``store_private``);
+* the store lacks a capability the job needs (:mod:`ckptio.storage.capabilities`: conditional writes unless
+  ``commit="lease"``, multipart uploads, ranged reads), when its capabilities are known (``--probe``).
 
-It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.probe`, which cleans up).
+It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.probe`, which checks
+residency first and cleans up).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ckptio.errors import AdmissionError, ConfigError, ResidencyError
+from ckptio.errors import AdmissionError, ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.plan.budget import BurstBudget
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.policy.volumes import check_volumes, volume_of
+from ckptio.storage.capabilities import StoreCapabilities, capability_problems
 from ckptio.storage.root import PosixRoot, RootSpec, S3Root, parse_root
 
 DEFAULT_STALL_SHARE = 0.10
@@ -79,6 +84,9 @@ class Admission:
     plan: BurstBudget | None = None
     """The planner's budget the decision rests on."""
 
+    capabilities: dict[str, Any] | None = None
+    """What the store honours (:meth:`StoreCapabilities.to_json`), when it was probed (``--probe``)."""
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -97,15 +105,21 @@ def admit(
     home: str | None = None,
     residency: Residency | None = None,
     root_region: str | None = None,
+    capabilities: StoreCapabilities | None = None,
+    commit: Literal["conditional", "lease"] = "conditional",
 ) -> Admission:
     """Decide whether the job ``budget`` describes may start with its checkpoints at ``root``.
 
     ``residency`` is checked against the root (an ``s3://`` root always: by default a public bucket is
-    refused); ``root_region`` labels a POSIX root for an ``allowed_regions`` rule.
+    refused); ``root_region`` labels a POSIX root for an ``allowed_regions`` rule. ``capabilities`` (from the
+    probe) refuse a store that lacks what the job's ``commit`` mode needs.
     """
     policy = policy or AdmissionPolicy()
     result = Admission(admitted=True, root=root, plan=budget)
     result.reasons.extend(_burst_reasons(budget, policy))
+    if capabilities is not None:
+        result.capabilities = capabilities.to_json()
+        result.reasons.extend(f"store: {problem}" for problem in capability_problems(capabilities, commit=commit))
     spec = parse_root(root) if root is not None else None
     if spec is not None and (residency is not None or isinstance(spec, S3Root)):
         _check_residency(result, spec, residency or Residency(), root_region)
@@ -153,7 +167,7 @@ def _check_residency(result: Admission, root: RootSpec, residency: Residency, re
     storage = open_storage(root, **options)
     try:
         check_residency(storage, residency)
-    except ResidencyError as exc:
+    except (ResidencyError, StoreCapabilityError) as exc:
         result.reasons.append(f"residency: {exc.message}")
     finally:
         storage.close()

@@ -11,6 +11,11 @@ A POSIX directory is probed with plain system calls (so writes can stop mid-file
 cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://``, or a wrapped
 store in tests) through the storage protocol, one object per file. The writers' serialize rate is measured on
 this host too (:mod:`ckptio.plan.host`): it is the stage before the store.
+
+Before it writes anything to a store, the probe checks residency (a public bucket is refused unless the given
+:class:`~ckptio.policy.residency.Residency` allows it) and then the store's capabilities
+(:mod:`ckptio.storage.capabilities`: conditional writes, multipart, ranged reads), which
+:func:`target_capabilities` returns afterwards without asking the store again.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ from ckptio.plan.fio import run_fio
 from ckptio.plan.host import serialize_bytes_per_s
 from ckptio.plan.probe_targets import PosixTarget, ProbeTarget, StorageTarget
 from ckptio.plan.profile import ConcurrencyPoint, StorageProfile
+from ckptio.policy.residency import Residency, check_residency
 from ckptio.storage import PosixRoot, open_storage, parse_root
 from ckptio.storage.base import Storage
+from ckptio.storage.capabilities import StoreCapabilities, detect_capabilities
 
 CHUNK_BYTES = 16 << 20
 """Write/read unit: the time bound is checked between chunks."""
@@ -138,10 +145,18 @@ def probe(
     *,
     progress: Progress | None = None,
     fio: bool = False,
+    residency: Residency | None = None,
 ) -> StorageProfile:
-    """Measure ``target`` (a directory or a storage) and return its profile; leaves nothing behind."""
+    """Measure ``target`` (a directory or a storage) and return its profile; leaves nothing behind.
+
+    A store (not a POSIX directory) is checked first, before anything is written: ``residency`` (default: a
+    public bucket is refused, ResidencyError), then its capabilities (cached: :func:`target_capabilities`).
+    """
     config = config or ProbeConfig()
-    run = _ProbeRun(_open_target(target, config), config, Clock(config.max_seconds, progress), fio=fio)
+    probe_target = _open_target(target, config)
+    if isinstance(probe_target, StorageTarget):
+        check_store_target(probe_target.storage, residency)
+    run = _ProbeRun(probe_target, config, Clock(config.max_seconds, progress), fio=fio)
     try:
         run.target.setup()
         run.check_space()
@@ -153,6 +168,30 @@ def probe(
         run.target.cleanup()
     run.clock.report("done")
     return run.profile()
+
+
+def check_store_target(storage: Storage, residency: Residency | None = None) -> StoreCapabilities | None:
+    """Residency, then capabilities, of a store about to be probed (None for a POSIX storage). Raises
+    ResidencyError or StoreCapabilityError (a store without the APIs residency needs) before any write."""
+    check_residency(storage, residency or Residency())
+    return None if storage.is_posix else detect_capabilities(storage)
+
+
+def target_capabilities(
+    target: str | os.PathLike[str] | Storage, residency: Residency | None = None
+) -> StoreCapabilities | None:
+    """What the store at ``target`` honours (cached in this process: free after :func:`probe` of it); None for
+    a POSIX directory. Checks residency first, like the probe."""
+    if isinstance(target, Storage):
+        return check_store_target(target, residency)
+    root = parse_root(target)
+    if isinstance(root, PosixRoot):
+        return None
+    storage = open_storage(root)
+    try:
+        return check_store_target(storage, residency)
+    finally:
+        storage.close()
 
 
 def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) -> ProbeTarget:

@@ -7,6 +7,10 @@ change a bucket setting.
 Public means: the bucket's public-access block is absent or not fully on, AND either its policy status says
 ``IsPublic`` or its ACL grants to AllUsers/AuthenticatedUsers. A setting that cannot be read raises
 :class:`~ckptio.errors.StorageError` ("cannot read the … of bucket …"): the caller decides what an unknown means.
+A store that does not implement the API at all (501 NotImplemented, 405, or a HeadBucket without the region
+header: s3rver, many appliances and on-prem gateways) raises its subclass
+:class:`~ckptio.errors.StoreCapabilityError`, so the caller can tell "this store has no such thing" from "this
+identity may not read it".
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ckptio.errors import StorageError
+from ckptio.errors import StorageError, StoreCapabilityError
 from ckptio.storage.base import Exposure
 from ckptio.storage.s3_options import status_code
 
@@ -23,6 +27,9 @@ _PUBLIC_GROUPS = (
     "http://acs.amazonaws.com/groups/global/AuthenticatedUsers",
 )
 _BLOCK_FLAGS = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
+# How a server says it has no such API (as opposed to "no permission" or "no such setting").
+_UNSUPPORTED_STATUS = frozenset({501, 405})
+_UNSUPPORTED_CODES = frozenset({"NotImplemented", "MethodNotAllowed"})
 
 
 class Bucket(Protocol):
@@ -49,6 +56,11 @@ def read_region(store: Bucket) -> str:
         headers = getattr(exc.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
         if "x-amz-bucket-region" not in headers:
             raise
+    if "x-amz-bucket-region" not in headers:
+        raise StoreCapabilityError(
+            f"the store does not report the region of bucket {store.bucket!r} (its HeadBucket answer has no "
+            "x-amz-bucket-region header)", root=store.url,
+        )
     return str(headers["x-amz-bucket-region"])
 
 
@@ -83,8 +95,14 @@ def _read(
     try:
         return store._call("", call)
     except StorageError as exc:
-        if status_code(exc.__cause__)[1] in missing:
+        status, code = status_code(exc.__cause__)
+        if code in missing:
             return None
+        if status in _UNSUPPORTED_STATUS or code in _UNSUPPORTED_CODES:
+            raise StoreCapabilityError(
+                f"the store does not implement the {what} API of bucket {store.bucket!r} ({code or status})",
+                root=store.url,
+            ) from exc
         raise StorageError(
             f"cannot read the {what} of bucket {store.bucket!r} ({exc.message})", root=store.url
         ) from exc

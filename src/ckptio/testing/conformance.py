@@ -4,8 +4,15 @@ A backend's test module subclasses :class:`StoreTests` and provides a ``storage`
 key space (zarr-python's ``StoreTests`` habit); a wrapper's subclasses :class:`WrapperTests` and defines
 ``wrap``, which adds the check that every capability of the inner storage shows through the wrapper. The
 module is also a pytest plugin: load it with ``pytest_plugins = ["ckptio.testing.conformance"]`` in a
-``conftest.py`` to get the ``spawn_pool`` fixture the cross-process tests use. The suite never looks behind the
-protocol: what it checks is what commit, retention, restore and probe rely on.
+``conftest.py`` to get the ``spawn_pool`` fixture the cross-process tests use (and the ``requires_capability``
+marker). The suite never looks behind the protocol: what it checks is what commit, retention, restore and probe
+rely on.
+
+Not every store honours every guarantee (s3rver ignores conditional writes). A backend declares what it honours
+in the class attribute ``capabilities`` (names from :mod:`ckptio.storage.capabilities`); a test that needs a
+capability is marked ``@requires_capability(name)`` and skips, with the reason, for a backend that declares it
+lacks it; and ``test_capabilities_are_detected_as_declared`` asserts the capability probe finds exactly what
+the backend declares, so a declaration can neither hide a missing guarantee nor invent one.
 """
 
 from __future__ import annotations
@@ -25,17 +32,18 @@ import pytest
 
 from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionError
 from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, PutMode, Storage, hashed_key
+from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
 from ckptio.storage.posix import PosixStorage
+from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
 from ckptio.testing.spawned import aws_env, create_at, put_through, warm_up, write_and_read
 
-__all__ = ["StoreTests", "WrapperTests", "put_through", "spawn_pool"]
+__all__ = ["StoreTests", "WrapperTests", "put_through", "pytest_configure", "requires_capability", "spawn_pool"]
 
 CONCURRENT_CREATORS = 6
 # Each spawned worker imports torch (through ckptio) once; on a 2-core machine four is what the suite affords.
 CONCURRENT_PROCESSES = 4
 
-
-class StoreTests:
+class StoreTests(CapabilityTests):
     """Subclass and define a ``storage`` fixture returning an empty storage (function scope)."""
 
     # Sizes large enough to take a backend's multi-part path when the subclass configures a small threshold.
@@ -200,6 +208,7 @@ class StoreTests:
         assert storage.delete_prefix("absent") == 0
 
     # ---- create-only and compare-and-swap ------------------------------------------------------------------
+    @requires_capability(CONDITIONAL_CREATE)
     def test_create_only(self, storage: Storage) -> None:
         storage.put("manifest.json", b"first", mode="create")
         with pytest.raises(AlreadyExistsError) as info:
@@ -207,6 +216,7 @@ class StoreTests:
         assert isinstance(info.value, FileExistsError)
         assert storage.get("manifest.json") == b"first"
 
+    @requires_capability(CONDITIONAL_CREATE)
     def test_create_only_large(self, storage: Storage) -> None:
         payload = os.urandom(self.large_size)
         storage.put("big", payload, mode="create")
@@ -216,6 +226,7 @@ class StoreTests:
             storage.put("big", os.urandom(self.large_size), mode="create")
         assert storage.get("big") == payload
 
+    @requires_capability(CONDITIONAL_CREATE)
     def test_concurrent_creators_threads_one_wins(self, storage: Storage) -> None:
         barrier = threading.Barrier(CONCURRENT_CREATORS)
 
@@ -234,6 +245,7 @@ class StoreTests:
         assert storage.get("race") == winners[0].encode()
 
     @pytest.mark.multiproc
+    @requires_capability(CONDITIONAL_CREATE)
     def test_concurrent_creators_processes_one_wins(self, storage: Storage, spawn_pool: Executor) -> None:
         start_at = time.time() + 1.0
         futures = [
@@ -246,6 +258,7 @@ class StoreTests:
         winner = outcomes.index("won")
         assert storage.get("race") == f"proc-{winner}".encode()
 
+    @requires_capability(COMPARE_AND_SWAP)
     def test_if_match_compare_and_swap(self, storage: Storage) -> None:
         first = storage.put("latest", b"100")
         second = storage.put("latest", b"200", mode=IfMatch(first.etag))
@@ -256,6 +269,7 @@ class StoreTests:
         storage.put("latest", b"400", mode=IfMatch(second.etag))
         assert storage.get("latest") == b"400"
 
+    @requires_capability(COMPARE_AND_SWAP)
     def test_if_match_on_missing_key_loses(self, storage: Storage) -> None:
         with pytest.raises(PreconditionError):
             storage.put("nothing", b"x", mode=IfMatch("0123456789abcdef"))
@@ -276,6 +290,7 @@ class StoreTests:
             assert info.size == size
             assert storage.get(f"files/{name}") == payload
 
+    @requires_capability(CONDITIONAL_CREATE)
     def test_put_file_create_only(self, storage: Storage, tmp_path: Any) -> None:
         path = tmp_path / "f"
         path.write_bytes(b"content")
@@ -330,12 +345,6 @@ class StoreTests:
         if storage.is_posix:
             with open(storage.local_path(data_key), "rb") as f:
                 assert f.read() == b"data"
-
-    def test_placement_is_readable(self, storage: Storage) -> None:
-        region = storage.region
-        assert region is None or (isinstance(region, str) and region)
-        exposure = storage.public_exposure()
-        assert isinstance(exposure, Exposure) and exposure.detail
 
 
 class _Placed(Storage):

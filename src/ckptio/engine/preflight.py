@@ -1,0 +1,41 @@
+"""The checks a Checkpointer runs on its durable root before it writes anything: residency, then capabilities.
+
+Owns the order and the verdict: residency first (reads only; on by default, so a public bucket is refused
+unless ``allow_public=True``), then the store's capabilities (:mod:`ckptio.storage.capabilities`, which writes
+only its own sentinel objects and removes them). A store that does not honour the conditional writes the commit
+rests on is refused with :class:`~ckptio.errors.StoreCapabilityError` unless the config opts into
+``commit="lease"``; there is no silent downgrade. Runs on rank 0 only (the Checkpointer shares the verdict).
+It must never write a checkpoint byte, and never change a store setting.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ckptio.config import CheckpointerConfig
+from ckptio.errors import StoreCapabilityError
+from ckptio.policy.residency import check_residency, resolve_residency
+from ckptio.storage.base import Storage
+from ckptio.storage.capabilities import StoreCapabilities, capability_problems, detect_capabilities
+
+log = logging.getLogger("ckptio")
+
+
+def check_store(storage: Storage, config: CheckpointerConfig) -> StoreCapabilities | None:
+    """Raise ResidencyError or StoreCapabilityError when ``storage`` may not take this job's checkpoints.
+
+    Returns the store's capabilities (None for a POSIX directory, whose create-only and compare-and-swap writes
+    are system calls the backend itself makes atomic: there is nothing to detect).
+    """
+    check_residency(storage, resolve_residency(config.residency, allow_public=config.allow_public,
+                                               store_private=config.store_private))
+    if storage.is_posix:
+        return None
+    caps = detect_capabilities(storage)
+    problems = capability_problems(caps, commit=config.commit)
+    if problems:
+        raise StoreCapabilityError(" ".join(problems), root=storage.url)
+    if not caps.conditional_writes:
+        log.warning("ckptio: %s ignores conditional writes; commit='lease' relies on the ownership lease and a "
+                    "read-after-write check of each manifest (docs/s3.md, 'Lease mode')", storage.url)
+    return caps
