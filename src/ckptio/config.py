@@ -230,10 +230,11 @@ class CheckpointerConfig:
     reach (docs/security.md). Off: ``.metadata`` admits DCP's metadata classes only, and values load with
     ``torch.load(weights_only=True)`` plus ``safe_globals``; anything else is UntrustedCheckpointError."""
 
-    safe_globals: tuple[Any, ...] = ()
+    safe_globals: tuple[Any, ...] | list[Any] = ()
     """Classes and functions (the objects, or ``(obj, "module.name")`` pairs) that non-tensor values may reference
     on restore, on top of what ``torch.load(weights_only=True)`` admits: ``torch.serialization.safe_globals``
-    semantics. Each one is code that a writer of the store may call with arguments it chooses."""
+    semantics. Each one is code that a writer of the store may call with arguments it chooses. A list is stored as
+    a tuple."""
 
     def writer_config(self) -> WriterConfig:
         """The part of this config the writer process reads (same field names: a projection, never a copy)."""

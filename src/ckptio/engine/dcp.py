@@ -223,6 +223,7 @@ class CkptioStorageReader(StorageReader):
         self.trust_pickles = trust_pickles
         self.safe_globals = tuple(safe_globals)
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        self._metadata: Metadata | None = None
         #: files served from the local tier in the last read_data (for reports and tests)
         self.local_hits: list[str] = []
 
@@ -234,13 +235,20 @@ class CkptioStorageReader(StorageReader):
         return False
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checked metadata, read once: restore reads it before ``dcp.load`` so that a refusal surfaces as
+        ckptio's own error rather than inside DCP's wrapping."""
+        if self._metadata is not None:
+            return self._metadata
         name = ".metadata"
         key = join_key(step_dir(self.step), name)
         raw = self.storage.get(key)
         if self.manifest.metadata_crc32c:
             check_file(self.storage, self.step, name, raw,
                        FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
-        metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
+        try:
+            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
+        except CorruptCheckpointError as exc:
+            raise self._located(exc) from exc.__cause__
         problems = metadata_problems(metadata, self.manifest)
         if problems:
             # Reads must stay inside the files the manifest lists (and checksums): never a KeyError or a short read.
@@ -248,7 +256,12 @@ class CkptioStorageReader(StorageReader):
                                          root=self.storage.url, step=self.step, path=key)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
+        self._metadata = metadata
         return metadata
+
+    def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
+        exc.root, exc.step = exc.root or self.storage.url, self.step
+        return exc
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage_data = metadata.storage_data
@@ -315,7 +328,10 @@ class CkptioStorageReader(StorageReader):
         if self.trust_pickles:
             planner.load_bytes(req, io.BytesIO(blob))
             return
-        value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
+        try:
+            value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
+        except CorruptCheckpointError as exc:
+            raise self._located(exc) from exc.__cause__
         if isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
             # What DefaultLoadPlanner.load_bytes does after its torch.load(weights_only=False).
             if planner.flatten_state_dict:

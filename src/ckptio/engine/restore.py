@@ -62,6 +62,7 @@ def restore_step(
         return None
     reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency,
                                  trust_pickles=trust_pickles, safe_globals=safe_globals)
+    reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised here, not wrapped by DCP
     try:
         with warnings.catch_warnings():
             # One process without a process group is a supported mode here, not a mistake worth a warning.

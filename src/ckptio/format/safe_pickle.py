@@ -92,12 +92,14 @@ def load_object(blob: bytes | memoryview, *, safe_globals: Sequence[Any] = (), t
         with torch.serialization.safe_globals(list(safe_globals)):
             return torch.load(stream, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        # torch's weights-only unpickler refuses a global it does not know with UnpicklingError.
+        # torch's weights-only unpickler refuses a global it does not admit with "... GLOBAL module.name ...";
+        # any other UnpicklingError is damage, handled below.
         named = re.search(r"GLOBAL (\S+)", str(exc))
-        what = named.group(1) if named else "unknown"
+        if named is None:
+            raise CorruptCheckpointError(f"value {path!r} is unreadable: {exc}", path=path or None) from exc
         raise UntrustedCheckpointError(
-            f"value {path!r} references {what}, which is outside the allowlist; if you trust it, add it to "
-            "safe_globals, or opt in to trust_pickles (docs/security.md)", path=path or None) from exc
+            f"value {path!r} references {named.group(1)}, which is outside the allowlist; if you trust it, add it "
+            "to safe_globals, or opt in to trust_pickles (docs/security.md)", path=path or None) from exc
     except Exception as exc:  # a damaged zip or pickle raises anything
         raise CorruptCheckpointError(f"value {path!r} is unreadable: {type(exc).__name__}: {exc}",
                                      path=path or None) from exc
