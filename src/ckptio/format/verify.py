@@ -23,6 +23,8 @@ from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum
 from ckptio.format.safe_pickle import load_metadata
 from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
 
+_MAX_HASH_DIRS_SCANNED = 256
+
 
 @dataclass(kw_only=True, slots=True)
 class VerifyResult:
@@ -119,11 +121,15 @@ def _orphans(storage: Storage, manifest: Manifest) -> list[str]:
     listed = {record_key(manifest.step, rec) for rec in manifest.files.values()}
     known = {join_key(base, MANIFEST), join_key(base, METADATA)}
     keys = [i.key for i in storage.list(base + "/")]
-    if hash_prefix_enabled(storage):
-        for top in storage.list_dirs(""):
-            if top.startswith(HASHED_DIR_PREFIX):
-                keys += [i.key for i in storage.list(join_key(top, base) + "/")]
     out = []
+    if hash_prefix_enabled(storage):
+        tops = [top for top in storage.list_dirs("") if top.startswith(HASHED_DIR_PREFIX)]
+        if len(tops) > _MAX_HASH_DIRS_SCANNED:
+            # One LIST per hash directory per step: past this many, only the step directory is checked.
+            out.append(f"{len(tops)} hash directories: orphaned hashed data of this step not checked")
+            tops = []
+        for top in tops:
+            keys += [i.key for i in storage.list(join_key(top, base) + "/")]
     for key in sorted(keys):
         rest = key[len(base) + 1:] if key.startswith(base + "/") else ""
         bookkeeping = rest.startswith((RANKS_DIR + "/", FAILED_DIR + "/")) and rest.count("/") == 1
