@@ -60,6 +60,8 @@ class CheckpointerOptions(TypedDict, total=False):
     lease_s: float
     job_id: str | None
     storage_options: dict[str, Any]
+    trust_pickles: bool
+    safe_globals: tuple[Any, ...] | list[Any]
 
 
 def unknown_option_error(name: str, valid: list[str]) -> ConfigError:
@@ -248,6 +250,18 @@ class CheckpointerConfig:
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
 
+    trust_pickles: bool = False
+    """Let restore unpickle ``.metadata`` and non-tensor values without an allowlist. Anyone who can write to the
+    root can then run code in every process that restores from it: only for roots that only trusted writers
+    reach (docs/security.md). Off: ``.metadata`` admits DCP's metadata classes only, and values load with
+    ``torch.load(weights_only=True)`` plus ``safe_globals``; anything else is UntrustedCheckpointError."""
+
+    safe_globals: tuple[Any, ...] | list[Any] = ()
+    """Classes and functions (the objects, or ``(obj, "module.name")`` pairs) that non-tensor values may reference
+    on restore, on top of what ``torch.load(weights_only=True)`` admits: ``torch.serialization.safe_globals``
+    semantics. Each one is code that a writer of the store may call with arguments it chooses. A list is stored as
+    a tuple."""
+
     def writer_config(self) -> WriterConfig:
         """The part of this config the writer process reads (same field names: a projection, never a copy). Its
         residency is the one in force (:func:`~ckptio.policy.residency.resolve_residency`: never None)."""
@@ -283,6 +297,12 @@ class CheckpointerConfig:
             if bad:
                 raise ConfigError(message)
         self.data_dirs = tuple(os.fspath(d) for d in self.data_dirs)
+        self.safe_globals = tuple(self.safe_globals)
+        for entry in self.safe_globals:  # torch.serialization.safe_globals' shape, checked before any restore
+            pair = isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str)
+            if not callable(entry[0] if pair else entry):
+                raise ConfigError(f"safe_globals entries must be classes or functions (or (obj, 'module.name') "
+                                  f"pairs), got {entry!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,7 +9,8 @@
     ├── StructureMismatchError (ValueError)    restore target does not match the checkpoint
     ├── CheckpointNotFoundError(LookupError)   no such committed step
     ├── CorruptCheckpointError                 manifest/index/metadata (or an event file) unreadable or inconsistent
-    │   └── ChecksumError                      a file's bytes do not match the recorded checksum
+    │   ├── ChecksumError                      a file's bytes do not match the recorded checksum
+    │   └── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
     ├── StorageError           (OSError)       a storage operation failed (after retries)
     │   ├── NotFoundError      (FileNotFoundError)
     │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
@@ -54,6 +55,7 @@ __all__ = [
     "StoreCapabilityError",
     "StructureMismatchError",
     "UnsupportedStateError",
+    "UntrustedCheckpointError",
     "VolumePolicyError",
     "WriterDiedError",
 ]
@@ -122,6 +124,12 @@ class CorruptCheckpointError(CkptError):
 
 class ChecksumError(CorruptCheckpointError):
     """A data file's bytes do not match the checksum recorded when it was written."""
+
+
+class UntrustedCheckpointError(CorruptCheckpointError):
+    """A pickle read from the store (``.metadata`` or a non-tensor value) references a class or function outside
+    the allowlist. Restore refuses it rather than run code chosen by whoever can write to the store; see
+    docs/security.md for ``safe_globals`` and ``trust_pickles``."""
 
 
 class StorageError(CkptError, OSError):

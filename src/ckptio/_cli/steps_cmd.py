@@ -1,4 +1,9 @@
-"""``ckptio ls ROOT`` and ``ckptio verify ROOT [--step N]``: what is on a checkpoint root, and is it intact."""
+"""``ckptio ls ROOT`` and ``ckptio verify ROOT [--step N] [--strict]``: what is on a checkpoint root, and is it intact.
+
+Neither command executes anything from the store: ``ls`` reads only JSON (manifests, ``latest``), and ``verify``
+reads ``.metadata`` with the restricted unpickler only (DCP's metadata classes; see docs/security.md) and never
+unpickles values. Exit codes: ``verify`` 0 intact, 1 a problem (or, with ``--strict``, a warning), 2 usage.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 from typing import Any
 
 from ckptio import format as fmt
-from ckptio.errors import CkptError
+from ckptio.errors import CkptError, CorruptCheckpointError
 from ckptio.storage import open_storage
 
 
@@ -20,6 +25,8 @@ def register(sub: Any) -> None:
     verify.add_argument("root", help="checkpoint root (path or s3://bucket/prefix)")
     verify.add_argument("--step", type=int, default=None, help="verify only this step")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
+    verify.add_argument("--strict", action="store_true",
+                        help="fail (exit 1) on warnings too: orphaned files, stale or missing rank indexes")
     verify.set_defaults(func=cmd_verify)
 
 
@@ -31,6 +38,10 @@ def _step_rows(root: str) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"step": step, "committed": False, "latest": step == latest}
         try:
             manifest = fmt.read_manifest(storage, step)
+        except CorruptCheckpointError as exc:
+            row.update(committed=True, corrupt=str(exc))  # the manifest exists, and fails its checks
+            rows.append(row)
+            continue
         except CkptError:
             rows.append(row)
             continue
@@ -53,7 +64,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right" if col != "state" else "left")
     for r in rows:
         state = ("committed" + (" (latest)" if r["latest"] else "")) if r["committed"] else "uncommitted"
-        table.add_row(str(r["step"]), state, f"{r.get('bytes', 0):,}" if r["committed"] else "-",
+        state = "corrupt manifest (run verify)" if "corrupt" in r else state
+        table.add_row(str(r["step"]), state, f"{r['bytes']:,}" if "bytes" in r else "-",
                       str(r.get("files", "-")), str(r.get("world_size", "-")))
     Console().print(table)
     return 0
@@ -63,15 +75,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     storage = open_storage(args.root)
     steps = [args.step] if args.step is not None else fmt.committed_steps(storage)
     results = [fmt.verify_step(storage, s) for s in steps]
-    ok = bool(results) and all(r.ok for r in results)
+    ok = bool(results) and all(r.ok and not (args.strict and r.warnings) for r in results)
     if args.json:
-        print(json.dumps({"root": args.root, "ok": ok, "steps": [r.as_dict() for r in results]}, indent=1))
+        print(json.dumps({"root": args.root, "ok": ok, "strict": args.strict,
+                          "steps": [r.as_dict() for r in results]}, indent=1))
     else:
         if not results:
             print(f"no committed steps under {args.root}")
         for r in results:
             status = "ok" if r.ok else "FAILED"
+            status += f", {len(r.warnings)} warning(s)" if r.warnings else ""
             print(f"step {r.step}: {status} ({r.files} files, {r.bytes:,} bytes)")
             for p in r.problems:
                 print(f"  {p}")
+            for w in r.warnings:
+                print(f"  warning: {w}")
     return 0 if ok else 1

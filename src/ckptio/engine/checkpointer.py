@@ -406,7 +406,8 @@ class Checkpointer:
         """Load the newest committed step (or ``step``) into ``state`` in place; None when there is none."""
         self._check_open()
         return restore_step(self.storage, state, step=step, local=self.local, group=self.group,
-                            concurrency=self.config.upload_concurrency)
+                            concurrency=self.config.upload_concurrency, trust_pickles=self.config.trust_pickles,
+                            safe_globals=self.config.safe_globals)
 
     def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""

@@ -20,7 +20,8 @@ from typing import Any, cast
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
@@ -37,8 +38,10 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from ckptio.engine.group import SideGroup
-from ckptio.errors import StructureMismatchError, UnsupportedStateError
+from ckptio.errors import CorruptCheckpointError, StructureMismatchError, UnsupportedStateError
 from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, step_dir
+from ckptio.format.crosscheck import metadata_problems
+from ckptio.format.safe_pickle import load_metadata, load_object
 from ckptio.storage.base import Storage, join_key
 
 # ---- save planning ------------------------------------------------------------------------------------------------
@@ -228,6 +231,10 @@ class CkptioStorageReader(StorageReader):
 
     ``torch.distributed.checkpoint.load(sd, storage_reader=CkptioStorageReader(storage, step))`` reads a ckptio
     checkpoint from POSIX or S3 at any world size.
+
+    It runs no code from the store: ``.metadata`` is unpickled with an allowlist of DCP's metadata classes, every
+    item must lie inside a file the manifest lists, and non-tensor values load with ``weights_only`` semantics
+    plus ``safe_globals`` (``trust_pickles=True`` is the explicit opt-in to arbitrary pickles; docs/security.md).
     """
 
     def __init__(
@@ -238,6 +245,8 @@ class CkptioStorageReader(StorageReader):
         manifest: Manifest | None = None,
         local: Storage | None = None,
         concurrency: int = 4,
+        trust_pickles: bool = False,
+        safe_globals: Sequence[Any] = (),
     ) -> None:
         from ckptio.format import read_manifest
 
@@ -246,7 +255,10 @@ class CkptioStorageReader(StorageReader):
         self.manifest = manifest or read_manifest(storage, step)
         self.local = local
         self.concurrency = concurrency
+        self.trust_pickles = trust_pickles
+        self.safe_globals = tuple(safe_globals)
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        self._metadata: Metadata | None = None
         #: files served from the local tier in the last read_data (for reports and tests)
         self.local_hits: list[str] = []
 
@@ -258,15 +270,33 @@ class CkptioStorageReader(StorageReader):
         return False
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checked metadata, read once: restore reads it before ``dcp.load`` so that a refusal surfaces as
+        ckptio's own error rather than inside DCP's wrapping."""
+        if self._metadata is not None:
+            return self._metadata
         name = ".metadata"
-        raw = self.storage.get(join_key(step_dir(self.step), name))
+        key = join_key(step_dir(self.step), name)
+        raw = self.storage.get(key)
         if self.manifest.metadata_crc32c:
             check_file(self.storage, self.step, name, raw,
                        FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
-        metadata = cast(Metadata, pickle.loads(raw))
+        try:
+            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
+        except CorruptCheckpointError as exc:
+            raise self._located(exc) from exc.__cause__
+        problems = metadata_problems(metadata, self.manifest)
+        if problems:
+            # Reads must stay inside the files the manifest lists (and checksums): never a KeyError or a short read.
+            raise CorruptCheckpointError(f".metadata disagrees with the manifest: {problems[0]}",
+                                         root=self.storage.url, step=self.step, path=key)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
+        self._metadata = metadata
         return metadata
+
+    def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
+        exc.root, exc.step = exc.root or self.storage.url, self.step
+        return exc
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage_data = metadata.storage_data
@@ -313,7 +343,7 @@ class CkptioStorageReader(StorageReader):
             info = self.storage_data[req.storage_index]
             blob = data[info.offset : info.offset + info.length]
             if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(blob))
+                self._load_object(req, blob, planner)
                 continue
             tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
@@ -327,3 +357,26 @@ class CkptioStorageReader(StorageReader):
                 )
             target.copy_(tensor)
             planner.commit_tensor(req, target)
+
+    def _load_object(self, req: Any, blob: memoryview, planner: LoadPlanner) -> None:
+        """A non-tensor value: loaded here with the allowlist, never by DCP's planner (which unpickles anything)."""
+        if self.trust_pickles:
+            planner.load_bytes(req, io.BytesIO(blob))
+            return
+        try:
+            value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
+        except CorruptCheckpointError as exc:
+            raise self._located(exc) from exc.__cause__
+        if isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
+            # What DefaultLoadPlanner.load_bytes does after its torch.load(weights_only=False).
+            if planner.flatten_state_dict:
+                set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
+            else:
+                planner.state_dict[req.dest_index.fqn] = value
+            return
+        # A custom planner loads bytes its own way: hand it a re-serialization of the value the allowlisted load
+        # built, so whatever it unpickles names only classes that load admitted.
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        buf.seek(0)
+        planner.load_bytes(req, buf)

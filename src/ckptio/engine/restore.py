@@ -2,12 +2,14 @@
 ckptio's StorageReader, which verifies checksums and prefers an intact local copy.
 
 Runs on the training thread; its only collectives are the step broadcast and those inside ``dcp.load``, all on
-ckptio's side group.
+ckptio's side group. It runs no code from the store unless ``trust_pickles`` says so (docs/security.md): the
+reader unpickles ``.metadata`` and values with allowlists.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
@@ -49,6 +51,8 @@ def restore_step(
     local: Storage | None = None,
     group: SideGroup | None = None,
     concurrency: int = 4,
+    trust_pickles: bool = False,
+    safe_globals: Sequence[Any] = (),
 ) -> int | None:
     group = group or SideGroup()
     chosen = group.broadcast_from_rank0(_choose_step(storage, step, group))
@@ -56,7 +60,9 @@ def restore_step(
         raise chosen
     if chosen is None:
         return None
-    reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency)
+    reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency,
+                                 trust_pickles=trust_pickles, safe_globals=safe_globals)
+    reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised here, not wrapped by DCP
     try:
         with warnings.catch_warnings():
             # One process without a process group is a supported mode here, not a mistake worth a warning.

@@ -91,7 +91,16 @@ def read_manifest(storage: Storage, step: int) -> Manifest:
         raw = storage.get(key)
     except NotFoundError:
         raise CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step) from None
-    return Manifest.from_json(raw, key=key)
+    try:
+        manifest = Manifest.from_json(raw, key=key)
+    except CorruptCheckpointError as exc:
+        exc.root, exc.step = storage.url, step
+        raise
+    if manifest.step != step:
+        # A manifest copied from another step would make this step's retention and restore act on that one's files.
+        raise CorruptCheckpointError(f"manifest of step {step} says step {manifest.step}", root=storage.url,
+                                     step=step, path=key)
+    return manifest
 
 
 def committed_steps(storage: Storage) -> list[int]:

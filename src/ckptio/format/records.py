@@ -1,6 +1,8 @@
 """The records of the on-storage contract: a rank's index, the manifest, and their checksums.
 
-Plain data with JSON round trips; parsing anything unexpected raises CorruptCheckpointError. No storage access.
+Plain data with JSON round trips; parsing anything unexpected raises CorruptCheckpointError, and that includes a
+record that names a file outside its own step (see :func:`~ckptio.format.keys.check_data_key`): whoever reads a
+parsed record may delete or read the keys it lists without re-checking them. No storage access.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import platform
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import crc32c
 
 from ckptio.errors import CorruptCheckpointError
-from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT
+from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT, check_data_key, check_file_name
 from ckptio.storage.base import Buffer
 
 
@@ -34,6 +37,26 @@ class FileRecord:
     crc32c: str
     key: str = ""
     """The object's key under the root when it is not ``step-XXXXXXXX/<name>`` (hash-prefixed S3 data)."""
+
+    def check(self, *, step: int, path: str = "") -> None:
+        """Raise CorruptCheckpointError unless this record is well typed and names a key of ``step``'s own."""
+        if not (_is_int(self.size) and self.size >= 0 and isinstance(self.crc32c, str) and isinstance(self.key, str)):
+            raise CorruptCheckpointError(f"malformed file record {self.name!r}", step=step, path=path)
+        if self.key:
+            check_data_key(self.key, self.name, step=step, path=path)
+        else:
+            check_file_name(self.name, step=step, path=path)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_header(step: Any, world_size: Any, save_id: Any) -> None:
+    if not (_is_int(step) and _is_int(world_size) and _is_int(save_id)):
+        raise ValueError("step, world_size and save_id must be integers")
+    if step < 0 or world_size < 1:
+        raise ValueError(f"step {step} / world_size {world_size} out of range")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,9 +94,15 @@ class RankIndex:
                 raise ValueError("unknown format")
             d["files"] = [FileRecord(**f) for f in d["files"]]
             d["items"] = [ItemRecord(**i) for i in d["items"]]
-            return cls(**d)
-        except (ValueError, TypeError, KeyError) as exc:
+            index = cls(**d)
+            _check_header(index.step, index.world_size, index.save_id)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CorruptCheckpointError(f"unreadable rank index: {exc}", path=key) from exc
+        for rec in index.files:
+            rec.check(step=index.step, path=key)
+        for item in index.items:
+            check_file_name(item.file, step=index.step, path=key)
+        return index
 
 
 @dataclass(kw_only=True, slots=True)
@@ -102,9 +131,17 @@ class Manifest:
             if d.pop("format", None) != MANIFEST_FORMAT:
                 raise ValueError("unknown format")
             d["files"] = {k: FileRecord(**v) for k, v in d["files"].items()}
-            return cls(**d)
-        except (ValueError, TypeError, KeyError) as exc:
+            manifest = cls(**d)
+            _check_header(manifest.step, manifest.world_size, manifest.save_id)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CorruptCheckpointError(f"unreadable manifest: {exc}", path=key) from exc
+        for name, rec in manifest.files.items():
+            # Readers look files up by the dict key and checkers used to read rec.name: they must be one name.
+            if name != rec.name:
+                raise CorruptCheckpointError(f"manifest entry {name!r} describes {rec.name!r}",
+                                             step=manifest.step, path=key)
+            rec.check(step=manifest.step, path=key)
+        return manifest
 
 
 def versions() -> dict[str, str]:

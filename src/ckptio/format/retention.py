@@ -2,35 +2,52 @@
 
 A step's manifest is deleted first, so an interrupted deletion leaves an uncommitted (ignored) directory, never a
 committed one with holes. The newest committed step is never deleted.
+
+Containment: deleting a step touches only keys that belong to it, its directory ``step-XXXXXXXX/`` and hashed data
+``h-<hex>/step-XXXXXXXX/<name>``. A manifest's keys are followed only after :meth:`Manifest.from_json` checked that
+each one is of that form; a manifest that names anything else is never followed (the step's own keys are found by
+listing instead). Storage backends refuse keys that leave the root (POSIX: through a symlink).
 """
 
 from __future__ import annotations
 
-from ckptio.errors import CheckpointNotFoundError, CorruptCheckpointError
+from collections.abc import Callable
+
+from ckptio.errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
 from ckptio.format.commit import all_step_dirs, committed_steps, read_manifest
 from ckptio.format.keys import hash_prefix_enabled, manifest_key, step_dir
 from ckptio.format.records import Manifest
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
 
 
 def delete_step(storage: Storage, step: int) -> None:
     """Manifest first: a half-deleted step is uncommitted, never a committed step with missing files."""
+    hashed: list[str] | None
     try:
+        # read_manifest has checked every key: each is this step's own (h-<hex>/step-XXXXXXXX/<name>).
         hashed = [rec.key for rec in read_manifest(storage, step).files.values() if rec.key]
-    except (CheckpointNotFoundError, CorruptCheckpointError):
+    except CheckpointNotFoundError:
         hashed = []
+    except CorruptCheckpointError:
+        hashed = None  # never follow a manifest that failed its checks: find the step's own keys by listing
     storage.delete(manifest_key(step))
-    for key in hashed:
+    for key in hashed or ():
         storage.delete(key)
+    if hashed is None:
+        _delete_own_hashed(storage, step)
     storage.delete_prefix(step_dir(step))
+
+
+def _delete_own_hashed(storage: Storage, step: int) -> None:
+    if hash_prefix_enabled(storage):  # hashed data lives outside the step directory, under h-<hex>/<step dir>/
+        for top in storage.list_dirs(""):
+            if top.startswith(HASHED_DIR_PREFIX):
+                storage.delete_prefix(join_key(top, step_dir(step)))
 
 
 def _delete_uncommitted(storage: Storage, step: int) -> None:
     storage.delete_prefix(step_dir(step))
-    if hash_prefix_enabled(storage):  # hashed data of a failed attempt lives outside the step directory
-        for top in storage.list_dirs(""):
-            if top.startswith("h-"):
-                storage.delete_prefix(join_key(top, step_dir(step)))
+    _delete_own_hashed(storage, step)
 
 
 def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) -> list[int]:
@@ -42,16 +59,28 @@ def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) 
     committed = committed_steps(storage)
     if newest_committed not in committed:
         return []  # never delete before the newer step is committed
-    removed = []
+    removed: list[int] = []
+    first_error: StorageError | None = None
+
+    def attempt(delete: Callable[[Storage, int], None], step: int) -> None:
+        # One step that cannot be deleted (a symlink the storage refuses, a transient error) must not stop
+        # retention of the others: leftovers that are never removed end up filling the disk.
+        nonlocal first_error
+        try:
+            delete(storage, step)
+            removed.append(step)
+        except StorageError as exc:
+            first_error = first_error or exc
+
     if keep_last > 0:
         for step in committed[:-keep_last]:
             if step != newest_committed:
-                delete_step(storage, step)
-                removed.append(step)
+                attempt(delete_step, step)
     for step in all_step_dirs(storage):
         if step < newest_committed and step not in committed:
-            _delete_uncommitted(storage, step)
-            removed.append(step)
+            attempt(_delete_uncommitted, step)
+    if first_error is not None:
+        raise first_error
     return sorted(removed)
 
 

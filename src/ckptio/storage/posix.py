@@ -4,6 +4,12 @@ Atomicity comes from the filesystem: data goes to a hidden temp file in the targ
 ``os.replace``d (overwrite) or ``os.link``ed (create-only: ``link`` fails when the target exists, on every POSIX
 filesystem including NFS), and the directory is fsynced so the name survives a power loss.
 This module must never leave a temp file behind on a clean error path.
+
+Containment: a key names a path under the root and nothing else. ``..`` segments are refused, and so is any key
+whose path goes through a symbolic link below the root (a symlinked step directory, hash directory or file), for
+put, get, head, delete and list alike: whoever can write into the root cannot redirect ckptio's writes or
+deletions elsewhere with a link. The root itself may be a symlink. (A link swapped in between the check and the
+system call is a residual race; docs/security.md.)
 """
 
 from __future__ import annotations
@@ -78,13 +84,25 @@ class PosixStorage(Storage):
         self.__init__(state["root"], fsync=state["fsync"], region=state["region"])  # type: ignore[misc]
 
     def local_path(self, key: str) -> str:
+        """The path of ``key``; StorageError when the key is not a plain relative key or when the path goes through
+        a symbolic link below the root (it would read, write or delete outside what the key names)."""
         key = join_key(key)
-        if not key or key.startswith("..") or "/../" in f"/{key}/":
+        if not key or "\0" in key or any(part in (".", "..") for part in key.split("/")):
             raise StorageError(f"invalid key {key!r}", root=self.url)
-        return os.path.join(self.root, key)
+        path = os.path.join(self.root, key)
+        self._check_contained(path, key)
+        return path
+
+    def _check_contained(self, path: str, key: str) -> None:
+        # realpath resolves every existing component; without links below the root it is the root's real path
+        # joined with the key, exactly.
+        real_root = os.path.realpath(self.root)
+        if os.path.realpath(path) != os.path.join(real_root, *key.split("/")):
+            raise StorageError(f"key {key!r} goes through a symbolic link under the root; refusing to follow it",
+                               root=self.url, path=path)
 
     def _error(self, exc: OSError, key: str) -> StorageError:
-        path = self.local_path(key) if key else self.root
+        path = os.path.join(self.root, join_key(key)) if key else self.root  # for the message: never raises
         if exc.errno == errno.ENOENT:
             return NotFoundError(f"no such object {key!r}", root=self.url, path=path)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -199,24 +217,28 @@ class PosixStorage(Storage):
             raise self._error(exc, key) from exc
 
     def head(self, key: str) -> ObjectInfo:
+        path = self.local_path(key)
         try:
-            st = os.stat(self.local_path(key))
+            st = os.stat(path)
         except OSError as exc:
             raise self._error(exc, key) from exc
-        if not os.path.isfile(self.local_path(key)):
-            raise NotFoundError(f"{key!r} is not an object", root=self.url, path=self.local_path(key))
+        if not os.path.isfile(path):
+            raise NotFoundError(f"{key!r} is not an object", root=self.url, path=path)
         return ObjectInfo(key=join_key(key), size=st.st_size, etag=_etag(st))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         # The prefix may end inside a name ("step-000"): walk its directory and filter.
         rel_dir = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        top = os.path.join(self.root, rel_dir) if rel_dir else self.root
+        top = self.local_path(rel_dir) if rel_dir else self.root
+        # os.walk never descends into a linked directory (followlinks=False); linked files are skipped below.
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
             for name in sorted(filenames):
                 if name.startswith(TMP_PREFIX):
                     continue
                 full = os.path.join(dirpath, name)
+                if os.path.islink(full):
+                    continue
                 key = os.path.relpath(full, self.root).replace(os.sep, "/")
                 if not key.startswith(prefix):
                     continue
