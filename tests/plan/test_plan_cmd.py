@@ -29,7 +29,8 @@ def test_a_plan_without_a_store_sizes_the_checkpoint_and_says_why_it_has_no_verd
     assert out["write_bytes_per_s_to_keep_up"] == pytest.approx(out["checkpoint_bytes"] / 3500.0)  # type: ignore[operator]
     for key in ("flush_s", "keeps_up", "modes"):  # what needs a store is there, and null
         assert key in out and out[key] is None
-    assert out["restore_s"] == {"durable": None}
+    assert out["restore_s"] == {"local": None, "partner": None, "durable": None}
+    assert out["lost_gpu_hours_per_day_single"] is None and out["local_interval_s"] is None
 
 
 def test_without_an_interval_an_async_plan_still_gets_daly_from_the_copy(capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,7 +57,8 @@ def test_json_has_each_modes_cost_and_restore_per_level(capsys: pytest.CaptureFi
     assert modes["dcp_sync"]["step_inflation"] is None
     assert modes["ckptio"]["step_inflation"] > 1.0  # one core per rank: the writer shares training's core
     restore = out["restore_s"]
-    assert isinstance(restore, dict) and set(restore) == {"durable"}
+    assert isinstance(restore, dict) and set(restore) == {"local", "partner", "durable"}
+    assert restore["local"] is None and restore["partner"] is None  # no --local-bandwidth: no local level
     # Eight ranks read 104.7 GiB at once at 40 GB/s.
     assert restore["durable"] == pytest.approx(out["checkpoint_bytes"] / 40e9, rel=1e-6)  # type: ignore[operator]
     assert out["verdict"] in ("ok", "warn", "fail")

@@ -22,10 +22,12 @@ from ckptio._cli.job_args import (
     job_from_args,
     schedule,
 )
+from ckptio._cli.level_args import LevelArgs, add_level_arguments, level_args
 from ckptio.errors import ConfigError
 from ckptio.plan.background import MODES, HostModel
 from ckptio.plan.budget import BurstBudget, plan_burst
-from ckptio.plan.model import CheckpointModel, shape_checkpoint
+from ckptio.plan.model import CheckpointModel, CheckpointShape, shape_checkpoint
+from ckptio.plan.multilevel import Loss, TwoLevelPlan, plan_two_levels
 from ckptio.plan.sizing import SizingPlan, plan_sizes
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 
@@ -39,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="burst budget of a job's checkpoints on a store",
         description="Size one checkpoint of the job and its burst on the store: blocking, flush, "
         "whether the flush keeps up, overhead, Young/Daly intervals, each save mode's cost to the step, "
-        "restore time. Without a store: sizes and intervals, verdict unknown. Exit 0, or 2 for bad arguments.",
+        "restore time per level; with --local-bandwidth, the optimal local and durable intervals of two levels "
+        "and the GPU-hours lost per day against one level. Without a store: sizes and intervals, verdict "
+        "unknown. Exit 0, or 2 for bad arguments.",
     )
     add_job_arguments(parser)
     add_storage_arguments(parser)
@@ -47,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     host.add_argument("--cores-per-rank", default="8", help="CPU cores of a node ÷ ranks on it (8)")
     host.add_argument("--train-cores", default="1",
                       help="cores training keeps busy per rank (1: a GPU job's Python thread)")
+    add_level_arguments(parser)
     parser.add_argument("--mode", choices=("async", "sync"), default="async", help="how the job saves")
     parser.add_argument("--json", action="store_true", help="print the budget as JSON")
     parser.set_defaults(func=run)
@@ -57,19 +62,42 @@ def run(args: argparse.Namespace) -> int:
                      train_cores=_cores(args.train_cores, "--train-cores"))
     if not args.profile and not args.write_bandwidth:
         model = checkpoint_model(args)
-        sizing = plan_sizes(shape_checkpoint(model), schedule(args, mode=args.mode))
+        plan = schedule(args, mode=args.mode)
+        levels = level_args(args, step_time_s=plan.step_time_s)
+        shape = shape_checkpoint(model)
+        sizing = plan_sizes(shape, plan)
         if args.json:
-            print(json.dumps(sizing.to_json(), indent=2))
+            print(json.dumps({**sizing.to_json(), **_store_free_levels(shape, levels)}, indent=2))
         else:
             print_sizing(Console(file=sys.stdout), model, sizing)
         return 0
     job = job_from_args(args, mode=args.mode)
+    levels = level_args(args, step_time_s=job.schedule.step_time_s)
     budget = plan_burst(job.shape, job.storage, job.schedule, host=host)
+    two = plan_two_levels(job.shape, job.storage, job.schedule, budget, local=levels.local,
+                          ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
+                          job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
+                          local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
     if args.json:
-        print(json.dumps(budget.to_json(), indent=2))
+        print(json.dumps({**budget.to_json(), **two.to_json()}, indent=2))
     else:
-        print_budget(Console(file=sys.stdout), job, budget)
+        console = Console(file=sys.stdout)
+        print_budget(console, job, budget)
+        console.print()
+        console.print(levels_table(two))
     return 0
+
+
+def _store_free_levels(shape: CheckpointShape, levels: LevelArgs) -> dict[str, object]:
+    """The two-level keys without a store: local and partner restore times when the local level is given; what
+    needs the durable flush is null."""
+    local = levels.local
+    return {
+        "lost_gpu_hours_per_day_single": None, "lost_gpu_hours_per_day_two_level": None,
+        "local_interval_s": None, "durable_interval_s": None, "durable_every": None,
+        "restore_s": {"local": local.restore_local_s(shape) if local else None,
+                      "partner": local.restore_partner_s(shape) if local else None, "durable": None},
+    }
 
 
 def _cores(text: str, flag: str) -> float:
@@ -116,6 +144,40 @@ def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
     console.print()
     style = _VERDICT_STYLE[b.verdict]
     console.print(f"[{style}]verdict: {b.verdict}[/]  {verdict_paragraph(b)}", highlight=False)
+
+
+def levels_table(p: TwoLevelPlan) -> Table:
+    """Single level against two levels: schedule, lost work and restore per failure, GPU-hours lost per day."""
+    t = p.times
+    title = f"one level against two ({p.nodes:,} nodes"
+    title += f", {p.replicas} partner cop{'y' if p.replicas == 1 else 'ies'} per node)" if p.two_level else ")"
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for header in ("", "save every", "durable every", "lost/failure", "restore", "GPU-h lost/day"):
+        table.add_column(header, justify="left" if not header else "right")
+    for name, loss in (("single level", p.single), ("two levels", p.two_level)):
+        if loss is None:
+            continue
+        table.add_row(name, format_duration(loss.schedule.local_interval_s),
+                      format_duration(loss.schedule.durable_interval_s), _per_failure(loss, "lost_work_s"),
+                      _per_failure(loss, "restore_s"), f"{loss.gpu_hours_per_day(p.ranks):,.1f}")
+    rates = p.rates.to_json()
+    per_day = ", ".join(f"{name} {rates[name] * 86400:.2f}" for name in ("soft", "node", "job"))
+    restore = ", ".join(f"{level} {format_duration(s)}" for level, s in
+                        (("local", t.restore_local_s), ("partner", t.restore_partner_s),
+                         ("durable", t.restore_durable_s)) if s is not None)
+    table.caption = (f"failures/day: {per_day}; restore: {restore}"
+                     f"{'' if t.durable_restore_measured else ' (durable: read bandwidth unknown, write used)'}; "
+                     "model: Di et al., IPDPS 2014")
+    table.caption_justify = "left"
+    if p.two_level is None:
+        table.caption += "; give --local-bandwidth for two levels"
+    return table
+
+
+def _per_failure(loss: Loss, key: str) -> str:
+    """Rate-weighted mean over the failure classes."""
+    total = sum(c["rate_per_s"] for c in loss.classes.values())
+    return format_duration(sum(c["rate_per_s"] * c[key] for c in loss.classes.values()) / total)
 
 
 def modes_table(b: BurstBudget) -> Table:

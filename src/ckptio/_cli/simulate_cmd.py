@@ -14,6 +14,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from ckptio._cli.failures import add_failure_arguments, failures_table, inject_failures
 from ckptio._cli.job_args import Job, add_job_arguments, add_storage_arguments, job_from_args
 from ckptio.plan.sim_events import simulation_events, write_events
 from ckptio.plan.simulate import SimulationConfig, SimulationResult, simulate
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sim.add_argument("--local-bandwidth", help="tiered: one node's local tier write bandwidth")
     sim.add_argument("--local-capacity", help="tiered: one node's local tier capacity")
     sim.add_argument("--ranks-per-node", type=int, default=8, help="ranks sharing a local tier (8)")
+    add_failure_arguments(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the result as JSON (with per-save records)")
     out.add_argument("--events", help="write the simulation as ckptio JSONL events (for `ckptio report`)")
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     # The planner's schedule semantics: a synchronous simulation is planned as a synchronous job.
     job = job_from_args(args, mode="sync" if config.mode == "sync" else "async")
     result = simulate(job.shape, job.storage, job.schedule, config)
+    failures = inject_failures(args, job)
     if args.events or args.out:
         records = simulation_events(result, job.shape, step_time_s=job.schedule.step_time_s)
         if args.events:
@@ -79,9 +82,11 @@ def run(args: argparse.Namespace) -> int:
 
             write_report(records, args.out, title=f"ckptio simulate: {result.ranks:,} ranks, {config.mode}")
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps({**result.to_json(), **({"failures": failures} if failures else {})}, indent=2))
     else:
         print_result(Console(file=sys.stdout), job, result)
+        if failures:
+            Console(file=sys.stdout).print(failures_table(failures))
         for path in (args.events, args.out):
             if path:
                 print(f"written: {path}")

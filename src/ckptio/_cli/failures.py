@@ -1,0 +1,73 @@
+"""``ckptio simulate --failures N``: failures injected into the single-level and two-level schedules of the plan.
+
+Owns the flags of the failure injection (``--failures``, ``--seed``; the two-level flags come from
+:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.failsim`'s, the schedules and
+the prediction :mod:`ckptio.plan.multilevel`'s. It must never change the burst simulation's own output.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+
+from ckptio._cli.job_args import Job
+from ckptio._cli.level_args import add_level_arguments, level_args
+from ckptio.errors import ConfigError
+from ckptio.plan.budget import plan_burst
+from ckptio.plan.failsim import compare_with_plan
+from ckptio.plan.multilevel import plan_two_levels
+from ckptio.plan.units import format_duration
+
+
+def add_failure_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--failures``/``--seed`` and the two-level flags (``simulate`` already has ``--local-bandwidth`` and
+    ``--ranks-per-node``)."""
+    g = parser.add_argument_group("failures (node loss and whole-job loss, one level against two)")
+    g.add_argument("--failures", help="inject about this many failures (MTBF and classes as `plan`) and report "
+                   "lost work and restores for the plan's single-level and two-level schedules")
+    g.add_argument("--seed", default="0", help="random seed of the failure injection (0)")
+    add_level_arguments(parser, shared_with_tiered=True)
+
+
+def inject_failures(args: argparse.Namespace, job: Job) -> dict[str, Any] | None:
+    """The comparison, or None without ``--failures`` (the two-level flags are checked either way)."""
+    levels = level_args(args, step_time_s=job.schedule.step_time_s)
+    if not args.failures:
+        return None
+    failures, seed = _integer(args.failures, "--failures", 1), _integer(args.seed, "--seed", 0)
+    budget = plan_burst(job.shape, job.storage, job.schedule)
+    plan = plan_two_levels(job.shape, job.storage, job.schedule, budget, local=levels.local,
+                           ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
+                           job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
+                           local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
+    return compare_with_plan(plan, failures=failures, seed=seed)
+
+
+def failures_table(data: dict[str, Any]) -> Table:
+    table = Table(title=f"failures injected (seed {data['seed']})", title_justify="left", box=None, pad_edge=False)
+    for header in ("", "failures", "lost/failure", "restore", "restores l/p/d", "GPU-h lost/day", "plan"):
+        table.add_column(header, justify="left" if not header else "right")
+    for name, label in (("single", "single level"), ("two_level", "two levels")):
+        r = data[name]
+        if r is None:
+            continue
+        by_level = r["restores_by_level"]
+        table.add_row(label, f"{r['failures']:,}", format_duration(r["lost_work_s_mean"]),
+                      format_duration(r["restore_s_mean"]),
+                      f"{by_level['local']}/{by_level['partner']}/{by_level['durable']}",
+                      f"{r['lost_gpu_hours_per_day']:,.1f}", f"{r['plan_lost_gpu_hours_per_day']:,.1f}")
+    if data["two_level"] is None:
+        table.caption = "give --local-bandwidth for two levels"
+    return table
+
+
+def _integer(text: str, flag: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{flag} takes a whole number, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{flag} must be >= {minimum}, got {text!r}")
+    return value

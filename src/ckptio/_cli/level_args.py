@@ -1,0 +1,112 @@
+"""The two-level flags ``plan`` and ``simulate`` share, and the objects built from them.
+
+Owns the command-line spelling of the node-local level (per-node bandwidths, replicas, ranks per node), the
+failure classes (``--node-mtbf``, ``--job-loss-mtbf``), the store budget (``--durable-share``) and a schedule to
+evaluate (``--local-every``, ``--durable-every``). Values stay strings until built here, so every bad value
+becomes a :class:`~ckptio.errors.ConfigError` naming its flag (exit code 2). Not a subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ckptio.errors import ConfigError
+from ckptio.plan.levels import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, LocalLevel
+from ckptio.plan.units import parse_duration, parse_interval, parse_rate
+
+
+def add_level_arguments(parser: argparse.ArgumentParser, *, shared_with_tiered: bool = False) -> None:
+    """The two-level group; ``shared_with_tiered``: the parser already has ``--local-bandwidth`` and
+    ``--ranks-per-node`` (``simulate``'s tiered mode), which mean the same here."""
+    g = parser.add_argument_group("two levels (node-local saves with partner copies, every k-th durable)")
+    if not shared_with_tiered:
+        g.add_argument("--local-bandwidth", help="one node's local tier write bandwidth (5GB/s): plans two levels")
+        g.add_argument("--ranks-per-node", default=str(DEFAULT_RANKS_PER_NODE),
+                       help=f"ranks sharing a node's local tier and NIC ({DEFAULT_RANKS_PER_NODE})")
+    g.add_argument("--local-read-bandwidth", help="one node's local tier read bandwidth (--local-bandwidth)")
+    g.add_argument("--network-bandwidth",
+                   help=f"one node's network bandwidth for partner copies ({DEFAULT_NETWORK_BYTES_PER_S / 1e9:g}GB/s)")
+    g.add_argument("--replicas", default="1", help="partner nodes holding a copy of each node's shards (1)")
+    g.add_argument("--node-mtbf", help="mean time between losses of one node with its local copy "
+                   "(default: 78%% of the job's interruptions, Llama 3's hardware share)")
+    g.add_argument("--job-loss-mtbf", help="mean time between failures no local copy survives "
+                   "(default: 5%% of the job's interruptions)")
+    g.add_argument("--durable-share", default="1",
+                   help="most of the durable store's time the job's flushes may take, 0-1 (1: no limit)")
+    g.add_argument("--local-every", help="evaluate this local interval (steps or duration) instead of the optimum")
+    g.add_argument("--durable-every", help="evaluate: every k-th local save also goes durable (default: optimum)")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LevelArgs:
+    """The two-level flags, built and validated."""
+
+    local: LocalLevel | None
+    """The local level; None without ``--local-bandwidth``."""
+    ranks_per_node: int
+    """Ranks per node (also without a local level: node losses scale with nodes)."""
+    node_mtbf_s: float | None
+    """``--node-mtbf``."""
+    job_loss_mtbf_s: float | None
+    """``--job-loss-mtbf``."""
+    durable_share: float
+    """``--durable-share``."""
+    local_every_s: float | None
+    """``--local-every`` in seconds of compute."""
+    durable_every: int | None
+    """``--durable-every``."""
+
+
+def level_args(args: argparse.Namespace, *, step_time_s: float | None) -> LevelArgs:
+    """Every two-level flag checked, whether or not a local level is given."""
+    replicas = _integer(args.replicas, "--replicas", minimum=0)
+    ranks_per_node = _integer(args.ranks_per_node, "--ranks-per-node", minimum=1)
+    local = None
+    if args.local_bandwidth:
+        local = LocalLevel(
+            bytes_per_s=parse_rate(args.local_bandwidth, what="--local-bandwidth"),
+            read_bytes_per_s=_rate(args.local_read_bandwidth, "--local-read-bandwidth"),
+            network_bytes_per_s=_rate(args.network_bandwidth, "--network-bandwidth") or DEFAULT_NETWORK_BYTES_PER_S,
+            replicas=replicas,
+            ranks_per_node=ranks_per_node,
+        )
+    share = _fraction(args.durable_share)
+    durable_every = _integer(args.durable_every, "--durable-every", minimum=1) if args.durable_every else None
+    local_every = parse_interval(args.local_every, step_time_s=step_time_s)[0] if args.local_every else None
+    return LevelArgs(local=local, ranks_per_node=ranks_per_node, node_mtbf_s=_mtbf(args.node_mtbf, "--node-mtbf"),
+                     job_loss_mtbf_s=_mtbf(args.job_loss_mtbf, "--job-loss-mtbf"), durable_share=share,
+                     local_every_s=local_every, durable_every=durable_every)
+
+
+def _integer(text: str | int, flag: str, *, minimum: int) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} takes a whole number, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{flag} must be >= {minimum}, got {text!r}")
+    return value
+
+
+def _mtbf(text: str | None, flag: str) -> float | None:
+    if not text:
+        return None
+    value = parse_duration(text, what=flag)
+    if not value > 0:
+        raise ConfigError(f"{flag} must be a positive duration, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--durable-share takes a fraction in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise ConfigError(f"--durable-share must be within (0, 1], got {text!r}")
+    return value
+
+
+def _rate(text: str | None, flag: str) -> float | None:
+    return parse_rate(text, what=flag) if text else None
