@@ -12,6 +12,7 @@ from integrations.hf_common import three_runs
 
 if __name__ == "__main__":
     root, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
     torch.set_num_threads(1)
     result = three_runs(root, out, world_size=int(os.environ["WORLD_SIZE"]))
     rank = int(os.environ["RANK"])
