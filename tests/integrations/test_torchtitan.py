@@ -11,6 +11,9 @@ import json
 import os
 
 import pytest
+
+pytest.importorskip("torchtitan", reason="torchtitan is published for Python >= 3.11 only")
+
 import torch
 import torch.distributed as dist
 from torchtitan.components.checkpointer import CheckpointManager
