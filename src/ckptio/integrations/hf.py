@@ -115,7 +115,7 @@ class CkptioTrainerMixin(_Base):
     def train(self, resume_from_checkpoint: str | bool | int | None = None, *args: Any, **kwargs: Any) -> Any:
         """``resume_from_checkpoint``: True (newest committed step, or a fresh start when none), a step number, or
         a Hugging Face checkpoint folder (a ``str``: the Trainer's own loading, untouched)."""
-        if isinstance(resume_from_checkpoint, str) or resume_from_checkpoint in (None, False):
+        if isinstance(resume_from_checkpoint, str) or resume_from_checkpoint is None or resume_from_checkpoint is False:
             return self._ckptio_finish(super().train(resume_from_checkpoint or None, *args, **kwargs))
         requested = None if resume_from_checkpoint is True else int(resume_from_checkpoint)
         box = {TRAINER_STATE_KEY: ""}

@@ -129,6 +129,9 @@ class CkptioCheckpoint(pl.Callback):
             self._wrapped = (strategy, original)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # A load for validate/test/predict leaves its optimizer half unused: it must not leak into a later fit.
+        self._loaded = self._loaded_step = None
+        self._reapply_rng = None
         if self._wrapped is not None:
             strategy, original = self._wrapped
             strategy.checkpoint_io = original
