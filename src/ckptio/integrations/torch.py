@@ -2,6 +2,8 @@
 
     app = AppState(model, optimizer, scheduler, extras={"loader": stateful_loader, "progress": progress})
     start = ck.restore({"app": app}) or 0
+    batches = iter(stateful_loader)   # draws from torch's RNG ...
+    app.reapply_rng()                 # ... so set the restored states again right before the first step
     ...
     ck.maybe_save(step, {"app": app})
 
