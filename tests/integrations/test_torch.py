@@ -247,6 +247,7 @@ def _two_rank_worker(rank: int, world_size: int, root: str, one_proc_ckpt: str, 
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_two_rank_fsdp2_per_rank_rng_and_plain_dcp_load_at_other_world_sizes(tmp_path):
     root, out = str(tmp_path / "ck"), str(tmp_path)
     one_proc = str(tmp_path / "one-proc")
