@@ -13,8 +13,10 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import ckptio
+from ckptio.integrations.torch import AppState
 
 
 def main(root: str, steps: int = 30) -> None:
@@ -22,26 +24,28 @@ def main(root: str, steps: int = 30) -> None:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    # Under torchrun, DDP keeps the replicas identical (DCP keeps one copy of a tensor every rank saves).
+    forward = DistributedDataParallel(model) if dist.is_initialized() else model
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=1000)
     progress = {"step": 0}
-    # nn.Module and Optimizer are not Stateful by themselves: checkpoint their state dicts.
-    app = {"model": model.state_dict(), "optim": optim.state_dict(), "progress": progress}
+    # nn.Module and Optimizer are Stateful already, but an Optimizer's own state_dict() is keyed by parameter index
+    # (it does not reshard) and, before the first step, has no state tensors: DCP would have nothing to load the
+    # saved moments into. AppState goes through torch.distributed.checkpoint.state_dict (FQN keys, optimizer state
+    # created before a restore) and adds the scheduler, each rank's RNG states and `progress`.
+    app = AppState(model, optim, sched, extras={"progress": progress})
     with ckptio.Checkpointer(root, every_steps=10, keep_last=2) as ck:
-        restored = ck.restore(app)
-        if restored is not None:
-            model.load_state_dict(app["model"])
-            optim.load_state_dict(app["optim"])
-        start = (restored or 0) + 1
+        start = (ck.restore({"app": app}) or 0) + 1  # restores `progress` in place too
         for step in range(start, start + steps):
             with ck.step_timer(step):
                 x = torch.randn(32, 64)
-                loss = (model(x) - x).pow(2).mean()
+                loss = (forward(x) - x).pow(2).mean()
                 loss.backward()
                 optim.step()
                 optim.zero_grad()
+                sched.step()
             progress["step"] = step
-            app = {"model": model.state_dict(), "optim": optim.state_dict(), "progress": progress}
-            if ck.maybe_save(step, app) is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+            if ck.maybe_save(step, {"app": app}) is not None and (not dist.is_initialized() or dist.get_rank() == 0):
                 print(f"step {step}: loss {loss.item():.4f}, checkpoint staged")
     if dist.is_initialized():
         dist.destroy_process_group()
