@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from integrations.hf_common import three_runs
+from tests.integrations.hf_common import three_runs
 
 if __name__ == "__main__":
     root, out = sys.argv[1], sys.argv[2]

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import ckptio
-from integrations.lightning_common import resume_runs
+from tests.integrations.lightning_common import resume_runs
 
 if __name__ == "__main__":
     root, out = sys.argv[1], sys.argv[2]
