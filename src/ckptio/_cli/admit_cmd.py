@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ckptio._cli.job_args import add_job_arguments, add_storage_arguments, job_from_args
+from ckptio._cli.job_args import add_job_arguments, add_storage_arguments, checkpoint_model, job_from_args, schedule
+from ckptio._cli.probe_cmd import MAX_PROBE_SECONDS
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.plan.admit import Admission, AdmissionPolicy, admit
@@ -70,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     if args.probe:
         if not args.root:
             raise ConfigError("--probe needs --root: the probe measures the checkpoint root")
+        checkpoint_model(args)  # a bad job flag is refused before the probe writes anything
+        schedule(args, mode=args.mode)
         seconds = parse_duration(args.probe_seconds, what="--probe-seconds")
+        if seconds > MAX_PROBE_SECONDS:
+            raise ConfigError(f"--probe-seconds {args.probe_seconds} is over a day; a probe needs minutes")
         try:  # residency before the probe writes anything
             caps = target_capabilities(args.root, residency)
         except (ResidencyError, StoreCapabilityError) as exc:

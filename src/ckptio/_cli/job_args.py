@@ -31,6 +31,21 @@ from ckptio.plan.units import parse_count, parse_duration, parse_interval, parse
 
 T = TypeVar("T")
 _ARCH_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab")
+# Bounds far beyond any real job, so a typo (an extra zero run, 1e300) is a usage error, never minutes of
+# arithmetic or a list of 10**17 files: the largest jobs today are ~10**5 ranks and ~10**12 parameters.
+MAX_PARAMS = 1e15
+MAX_RANKS = 10**7
+MAX_DEGREE = 10**5
+MAX_ARCH = 10**9
+MAX_PREFIXES = 10**6
+MAX_FILES_PER_RANK = 10**6
+# Floors for the same reason: a rate of 1e-300 B/s or a step of 1e-300 s is a typo, and the models' arithmetic
+# (flush times, event horizons) is not made to survive it.
+MIN_BYTES_PER_S = 1.0
+MIN_OPS_PER_S = 1e-3
+MIN_STEP_S = 1e-6
+MIN_INTERVAL_S = 1e-3
+MIN_MTBF_S = 1.0
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +95,7 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
 def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
     """The job's checkpoint from ``--preset``, ``--params`` or the architecture flags."""
     arch_given = [n for n in _ARCH_FLAGS if getattr(args, n) is not None]
+    _check_int_flags(args, arch_given)
     sources = sum(bool(x) for x in (args.preset, args.params, arch_given))
     if sources != 1:
         raise ConfigError("describe the model once: --preset NAME, --params N, or the architecture flags")
@@ -92,7 +108,7 @@ def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
         dp=args.dp if args.dp is not None or base is None or args.ranks is not None else base.parallelism.dp,
         zero=_pick(args.zero, base.parallelism.zero if base else 0),
     )
-    return CheckpointModel(
+    model = CheckpointModel(
         params=parse_count(args.params, what="--params") if args.params else None,
         architecture=architecture,
         weights_dtype=_pick(args.weights_dtype, base.weights_dtype if base else "bf16"),
@@ -102,6 +118,33 @@ def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
         file_size_bytes=parse_size(args.file_size, what="--file-size"),
         part_size_bytes=parse_size(args.part_size, what="--part-size"),
     )
+    _check_size(model)
+    return model
+
+
+def _check_int_flags(args: argparse.Namespace, arch_given: list[str]) -> None:
+    """Integer flags within :data:`MAX_RANKS` and friends (argparse only checked that they are integers)."""
+    bounds = {"ranks": MAX_RANKS, "dp": MAX_RANKS, "tp": MAX_DEGREE, "pp": MAX_DEGREE}
+    bounds.update(dict.fromkeys(arch_given, MAX_ARCH))
+    for name, top in bounds.items():
+        value = getattr(args, name)
+        if value is not None and value > top:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} is beyond any real job (at most {top:,})")
+
+
+def _check_size(model: CheckpointModel) -> None:
+    """Refuse a model too large to be real before it is shaped (shaping lists every file of a rank)."""
+    if model.param_count > MAX_PARAMS:
+        raise ConfigError(f"{model.param_count:.3g} parameters is beyond any real model (at most {MAX_PARAMS:.0e})")
+    if model.parallelism.ranks > MAX_RANKS:
+        raise ConfigError(f"{model.parallelism.ranks:,} ranks is beyond any real job (at most {MAX_RANKS:,})")
+    per_param = WEIGHT_DTYPE_BYTES[model.weights_dtype] + OPTIMIZER_BYTES_PER_PARAM[model.optimizer]
+    largest = max(model.stage_params()) / model.parallelism.tp * per_param + model.extra_bytes_per_rank
+    files = largest / model.file_size_bytes
+    if files > MAX_FILES_PER_RANK:
+        raise ConfigError(f"a rank would write {files:.3g} files of --file-size {model.file_size_bytes:.3g} "
+                          f"bytes (at most {MAX_FILES_PER_RANK:,}): raise --file-size, or check --params and "
+                          "--extra-bytes")
 
 
 def _pick(given: T | None, default: T) -> T:
@@ -123,7 +166,7 @@ def _architecture(args: argparse.Namespace, given: list[str]) -> Architecture | 
 def schedule(args: argparse.Namespace, *, mode: str) -> Schedule:
     step_time = parse_duration(args.step_time, what="--step-time") if args.step_time else None
     interval = parse_interval(args.interval, step_time_s=step_time)[0] if args.interval else None
-    return Schedule(
+    sched = Schedule(
         interval_s=interval,
         step_time_s=step_time,
         mtbf_s=parse_duration(args.mtbf, what="--mtbf") if args.mtbf else None,
@@ -131,6 +174,11 @@ def schedule(args: argparse.Namespace, *, mode: str) -> Schedule:
         d2h_bytes_per_s=_rate(args.d2h_bandwidth, "--d2h-bandwidth") or DEFAULT_D2H_BYTES_PER_S,
         mode=mode,  # type: ignore[arg-type]
     )
+    _at_least(sched.step_time_s, MIN_STEP_S, "--step-time", "s")
+    _at_least(sched.interval_s, MIN_INTERVAL_S, "--interval", "s")
+    _at_least(sched.mtbf_s, MIN_MTBF_S, "--mtbf", "s")
+    _at_least(sched.d2h_bytes_per_s, MIN_BYTES_PER_S, "--d2h-bandwidth", "B/s")
+    return sched
 
 
 def storage_model(args: argparse.Namespace, profile: StorageProfile | None = None) -> StorageModel:
@@ -141,7 +189,9 @@ def storage_model(args: argparse.Namespace, profile: StorageProfile | None = Non
     if write is None and profile is None:
         raise ConfigError("give the store: --profile FILE (from `ckptio probe --out`) or --write-bandwidth")
     per_writer = _rate(args.per_writer_bandwidth, "--per-writer-bandwidth")
-    return StorageModel(
+    if args.prefixes > MAX_PREFIXES:
+        raise ConfigError(f"--prefixes {args.prefixes} is beyond any real store (at most {MAX_PREFIXES:,})")
+    model = StorageModel(
         write_bytes_per_s=write or (profile.write_bytes_per_s if profile else math.inf),
         per_writer_bytes_per_s=per_writer or (profile.per_writer_bytes_per_s if profile else math.inf),
         read_bytes_per_s=_rate(args.read_bandwidth, "--read-bandwidth")
@@ -161,6 +211,23 @@ def storage_model(args: argparse.Namespace, profile: StorageProfile | None = Non
         serialize_bytes_per_s=_rate(args.serialize_bandwidth, "--serialize-bandwidth")
         or (profile.serialize_bytes_per_s if profile and profile.serialize_bytes_per_s else math.inf),
     )
+    # Checked on the model, so a figure from a profile meets the same floor as one from a flag.
+    for value, flag, floor, unit in (
+        (model.write_bytes_per_s, "--write-bandwidth", MIN_BYTES_PER_S, "B/s"),
+        (model.per_writer_bytes_per_s, "--per-writer-bandwidth", MIN_BYTES_PER_S, "B/s"),
+        (model.read_bytes_per_s, "--read-bandwidth", MIN_BYTES_PER_S, "B/s"),
+        (model.serialize_bytes_per_s, "--serialize-bandwidth", MIN_BYTES_PER_S, "B/s"),
+        (model.metadata_ops_per_s, "--metadata-ops", MIN_OPS_PER_S, "ops/s"),
+        (model.put_rate_per_prefix, "--put-rate-per-prefix", MIN_OPS_PER_S, "requests/s"),
+    ):
+        _at_least(value, floor, flag, unit, profile=profile is not None)
+    return model
+
+
+def _at_least(value: float | None, floor: float, flag: str, unit: str, *, profile: bool = False) -> None:
+    if value is not None and value < floor:
+        source = f"{flag} (or the profile's figure)" if profile else flag
+        raise ConfigError(f"{source} is {value:.3g} {unit}: below {floor:g} {unit}, which no real job or store has")
 
 
 def _rate(text: str | None, flag: str) -> float | None:

@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ckptio._cli.paths import check_output
 from ckptio._proc import sigterm_as_interrupt
+from ckptio.errors import ConfigError
 from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.probe import Progress as ProgressFn
 from ckptio.plan.profile import StorageProfile
@@ -54,19 +56,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+# Bounds of what one probe may ask for: beyond them it is a typo, not a measurement (threads, file names and
+# time all grow with these, and the time bound only stops the phases, not the setting up of their work).
+_MAX_WRITERS = 1024
+_MAX_FILES_PER_WRITER = 10_000
+_MAX_SMALL_FILES = 100_000
+MAX_PROBE_SECONDS = 86400.0
+
+
 def probe_config(args: argparse.Namespace) -> ProbeConfig:
+    for flag, value, top in (("--writers", args.writers, _MAX_WRITERS),
+                             ("--files-per-writer", args.files_per_writer, _MAX_FILES_PER_WRITER),
+                             ("--small-files", args.small_files, _MAX_SMALL_FILES)):
+        if value > top:
+            raise ConfigError(f"{flag} {value} is more than a probe needs (at most {top:,})")
+    max_seconds = parse_duration(args.max_seconds, what="--max-seconds")
+    if max_seconds > MAX_PROBE_SECONDS:
+        raise ConfigError(f"--max-seconds {args.max_seconds} is over a day; a probe needs minutes")
     return ProbeConfig(
         writers=args.writers,
         file_size_bytes=int(parse_size(args.file_size, what="--file-size")),
         files_per_writer=args.files_per_writer,
         small_files=args.small_files,
-        max_seconds=parse_duration(args.max_seconds, what="--max-seconds"),
+        max_seconds=max_seconds,
         fsync=not args.no_fsync,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     config = probe_config(args)
+    check_output(args.out, "--out")
     err = Console(file=sys.stderr)
     residency = Residency(allow_public=args.allow_public, store_private=args.store_private)
     with sigterm_as_interrupt(), _progress_bar(err, enabled=not args.json) as progress:

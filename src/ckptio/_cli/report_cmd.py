@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ckptio.errors import ConfigError
+from ckptio._cli.paths import check_output, writing
+from ckptio.errors import CkptError, ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,11 +34,19 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out and not args.json:
         raise ConfigError("nothing to do: give --out FILE.png|FILE.html and/or --json")
-    records = report.load_events(args.events)
+    check_output(args.out, "--out")
+    try:
+        records = report.load_events(args.events)
+    except OSError as exc:
+        if isinstance(exc, CkptError):
+            raise
+        raise ConfigError(f"cannot read {exc.filename or ', '.join(args.events)!s}: {exc.strerror or exc}",
+                          path=exc.filename) from None
     if not records:
         raise ConfigError(f"no events in {', '.join(args.events)}")
     if args.out:
-        summary = report.write_report(records, args.out, title=args.title)
+        with writing(args.out, "--out"):
+            summary = report.write_report(records, args.out, title=args.title)
     else:
         summary = report.summarize(records)
     if args.json:

@@ -16,7 +16,9 @@ from rich.table import Table
 
 from ckptio._cli.failures import add_failure_arguments, failures_table, inject_failures
 from ckptio._cli.job_args import Job, add_job_arguments, add_storage_arguments, job_from_args
+from ckptio._cli.paths import check_output, writing
 from ckptio.plan.sim_events import simulation_events, write_events
+from ckptio.plan.sim_types import MAX_CHECKPOINTS
 from ckptio.plan.simulate import SimulationConfig, SimulationResult, simulate
 from ckptio.plan.units import format_bytes, format_duration, parse_rate, parse_size
 
@@ -33,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_job_arguments(parser)
     add_storage_arguments(parser)
     sim = parser.add_argument_group("simulation")
-    sim.add_argument("--checkpoints", type=int, default=20, help="save requests to simulate (20)")
+    sim.add_argument("--checkpoints", type=int, default=20,
+                     help=f"save requests to simulate (20; at most {MAX_CHECKPOINTS:,})")
     sim.add_argument("--mode", choices=("sync", "async", "tiered"), default="async", help="how saves run")
     sim.add_argument("--max-pending", type=int, default=1, help="staging slots per rank (1)")
     sim.add_argument("--overflow", choices=("block", "skip"), default="block", help="no free slot: (block)")
@@ -69,6 +72,8 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = simulation_config(args)
+    check_output(args.events, "--events")
+    check_output(args.out, "--out")
     # The planner's schedule semantics: a synchronous simulation is planned as a synchronous job.
     job = job_from_args(args, mode="sync" if config.mode == "sync" else "async")
     result = simulate(job.shape, job.storage, job.schedule, config)
@@ -76,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
     if args.events or args.out:
         records = simulation_events(result, job.shape, step_time_s=job.schedule.step_time_s)
         if args.events:
-            write_events(records, args.events)
+            with writing(args.events, "--events"):
+                write_events(records, args.events)
         if args.out:
             from ckptio.obs.report import write_report
 
-            write_report(records, args.out, title=f"ckptio simulate: {result.ranks:,} ranks, {config.mode}")
+            with writing(args.out, "--out"):
+                write_report(records, args.out, title=f"ckptio simulate: {result.ranks:,} ranks, {config.mode}")
     if args.json:
         print(json.dumps({**result.to_json(), **({"failures": failures} if failures else {})}, indent=2))
     else:

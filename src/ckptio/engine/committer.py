@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ckptio.engine.ownership import ensure_lease
 from ckptio.engine.protocol import CommitInfo, Outbox, SaveDone, SaveFailed, WriterStart
-from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, StorageError
+from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, RootInUseError, StorageError
 from ckptio.format import (
     Manifest,
     RankIndex,
@@ -140,6 +141,7 @@ class Committer:
         skeleton = pickle.loads(request.metadata_skeleton)
         metadata = build_metadata(skeleton, indexes, checkpoint_id=join_key(durable.url, step_dir(step)))
         t1 = time.monotonic()
+        ensure_lease(durable, self.start.owner)  # a job that lost the root to another never commits into it
         if durable.exists(manifest_key(step)):
             # Never touch .metadata of a step someone else committed (a second job racing on this root).
             raise CommitError("step is already committed by another save", root=durable.url, step=step)
@@ -150,6 +152,7 @@ class Committer:
                             total_bytes=sum(f.size for f in files.values()), versions=versions(),
                             metadata_crc32c=checksum([raw_metadata]))
         t2 = time.monotonic()
+        ensure_lease(durable, self.start.owner)
         write_manifest(durable, manifest, verify=self.start.config.commit == "lease")
         t3 = time.monotonic()
         self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t2 - t1, bytes=0, tier="durable",
@@ -177,9 +180,10 @@ class Committer:
         durable, t0 = self.durable, time.monotonic()
         removed: list[int]
         try:
+            ensure_lease(durable, self.start.owner)  # never delete in a root another job now owns
             remove_unlisted_files(durable, read_manifest(durable, step))
             removed = apply_retention(durable, keep_last=self.start.config.keep_last, newest_committed=step)
-        except (StorageError, CorruptCheckpointError) as exc:
+        except (StorageError, CorruptCheckpointError, RootInUseError) as exc:
             # A failed deletion must not fail the commit; retention is retried at the next one.
             removed = []
             self.out.event(Event.RETRY, step, op="retention", attempt=1, error=str(exc))

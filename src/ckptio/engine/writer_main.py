@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from ckptio.engine.ownership import OwnerRecord, heartbeat
 from ckptio.engine.protocol import Outbox, SaveJob, WriterPlan, WriterStart, WriterStop, WriterStopped
 from ckptio.engine.writer import Writer
+from ckptio.errors import RootInUseError
 from ckptio.obs.events import Event
 from ckptio.storage.base import Storage
 
@@ -35,9 +36,12 @@ def _lower_priority(nice: int) -> None:
 
 
 def _keep_heartbeat(durable: Storage, owner: OwnerRecord, stop: threading.Event) -> None:
-    """Rank 0 keeps the root's owner record fresh for as long as its writer runs."""
+    """Rank 0 keeps the root's owner record fresh (compare-and-swap) for as long as its writer runs."""
     while not stop.wait(owner.lease_s / 3):
-        heartbeat(durable, owner)
+        try:
+            heartbeat(durable, owner)
+        except RootInUseError:
+            return  # another job took the root: owner.lost is set, and the committer refuses every later commit
 
 
 def _serve(conn: Connection, writer: Writer) -> None:

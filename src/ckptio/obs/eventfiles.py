@@ -87,7 +87,7 @@ def _read_file(path: str, *, live: bool = False) -> list[dict[str, Any]]:
             break  # ... or is still appending it
         try:
             record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, an endless integer
             what = "truncated line (no newline; the writer stopped mid-append)" if truncated else "not JSON"
             raise CorruptCheckpointError(f"bad event file: line {number}: {what}: {exc}", path=path) from exc
         problem = _problem(record)

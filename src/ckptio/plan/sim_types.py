@@ -6,12 +6,17 @@ Owns the validated :class:`SimulationConfig` and the result types ``ckptio simul
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ckptio.errors import ConfigError
 
-__all__ = ["CheckpointRecord", "SimulationConfig", "SimulationResult"]
+__all__ = ["MAX_CHECKPOINTS", "CheckpointRecord", "SimulationConfig", "SimulationResult"]
+
+#: Most save requests one simulation runs: the model's cost grows with saves × rank classes (10 000 saves take
+#: seconds), and the answer — whether the store keeps up — is settled long before.
+MAX_CHECKPOINTS = 10_000
 
 
 @dataclass(kw_only=True, slots=True)
@@ -19,7 +24,7 @@ class SimulationConfig:
     """How the simulated job saves, beyond what ``plan`` already knows."""
 
     checkpoints: int = 20
-    """Save requests to simulate."""
+    """Save requests to simulate (1 to :data:`MAX_CHECKPOINTS`)."""
 
     mode: Literal["sync", "async", "tiered"] = "async"
     """``sync``: training waits for the flush; ``async``: a staging slot per pending save; ``tiered``: a
@@ -44,24 +49,25 @@ class SimulationConfig:
     """Ranks sharing one node's local tier."""
 
     def __post_init__(self) -> None:
-        if self.checkpoints < 1:
-            raise ConfigError(f"checkpoints must be >= 1, got {self.checkpoints}")
+        if not 1 <= self.checkpoints <= MAX_CHECKPOINTS:
+            raise ConfigError(f"checkpoints must be between 1 and {MAX_CHECKPOINTS:,}, got {self.checkpoints:,} "
+                              "(a store that keeps up for a few hundred saves keeps up for more)")
         if self.mode not in ("sync", "async", "tiered"):
             raise ConfigError(f"mode must be sync, async or tiered, got {self.mode!r}")
         if self.max_pending < 1:
             raise ConfigError(f"max_pending must be >= 1, got {self.max_pending}")
         if self.overflow not in ("block", "skip"):
             raise ConfigError(f"overflow must be block or skip, got {self.overflow!r}")
-        if self.loader_read_bytes_per_s < 0:
-            raise ConfigError("loader read bandwidth must be >= 0")
+        if not 0 <= self.loader_read_bytes_per_s < math.inf:
+            raise ConfigError(f"loader read bandwidth must be a finite number >= 0, got {self.loader_read_bytes_per_s}")
         if self.ranks_per_node < 1:
             raise ConfigError(f"ranks per node must be >= 1, got {self.ranks_per_node}")
         if self.mode == "tiered" and not (self.local_bytes_per_s and self.local_capacity_bytes):
             raise ConfigError("tiered mode needs the local tier's bandwidth and capacity")
         for name in ("local_bytes_per_s", "local_capacity_bytes"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be > 0, got {value}")
+            if value is not None and not 0 < value < math.inf:
+                raise ConfigError(f"{name} must be a finite number > 0, got {value}")
 
 
 @dataclass(kw_only=True, slots=True)

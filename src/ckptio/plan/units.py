@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeGuard
 
 from ckptio.errors import ConfigError
 
@@ -41,11 +42,12 @@ _STEPS_RE = re.compile(r"^\s*([0-9]+)\s*(steps?)?\s*$", re.IGNORECASE)
 
 def parse_size(text: str | float | int, *, what: str = "size") -> float:
     """Bytes in ``text``: ``104.7GiB``, ``2TB``, ``300MiB``, ``1e9`` (plain numbers are bytes)."""
-    if isinstance(text, (int, float)):
-        return _non_negative(float(text), what, text)
-    match = _SIZE_RE.match(text)
+    if _is_number(text):
+        return _non_negative(_float(text, what), what, text)
+    match = _SIZE_RE.match(_text(text, what))
     if not match:
-        raise ConfigError(f"cannot read {what} {text!r}: use e.g. 300MiB, 1.5GB, 2TiB or a number of bytes")
+        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 300MiB, 1.5GB, 2TiB or a number "
+                          "of bytes")
     number, prefix = float(match.group(1)), (match.group(2) or "").lower()
     scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
     return _non_negative(number * scale, what, text)
@@ -53,17 +55,20 @@ def parse_size(text: str | float | int, *, what: str = "size") -> float:
 
 def parse_rate(text: str | float | int, *, what: str = "rate") -> float:
     """Bytes per second in ``text``: ``2TB/s``, ``300MiB/s``, ``1.2GBps``, or a plain number of bytes/s."""
-    if isinstance(text, (int, float)):
-        return _positive(float(text), what, text)
-    stripped = _RATE_SUFFIX_RE.sub("", text)
+    if _is_number(text):
+        return _positive(_float(text, what), what, text)
+    stripped = _RATE_SUFFIX_RE.sub("", _text(text, what))
+    if not _SIZE_RE.match(stripped):
+        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 2TB/s, 300MiB/s, 1.2GBps or a "
+                          "number of bytes per second")
     return _positive(parse_size(stripped, what=what), what, text)
 
 
 def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
     """Seconds in ``text``: ``90`` (plain numbers: seconds), ``90s``, ``5m``, ``24h``, ``2d``, ``1h30m``."""
-    if isinstance(text, (int, float)):
-        return _non_negative(float(text), what, text)
-    compact = text.strip().replace(" ", "")
+    if _is_number(text):
+        return _non_negative(_float(text, what), what, text)
+    compact = _text(text, what).strip().replace(" ", "")
     if not compact:
         raise ConfigError(f"empty {what}")
     total, pos = 0.0, 0
@@ -76,17 +81,17 @@ def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
         total += float(match.group(1)) * _DURATION_UNITS.get(unit, 1.0)
         pos = match.end()
     if pos != len(compact):
-        raise ConfigError(f"cannot read {what} {text!r}: use e.g. 90, 90s, 5m, 24h or 1h30m")
+        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 90, 90s, 5m, 24h or 1h30m")
     return _non_negative(total, what, text)
 
 
 def parse_count(text: str | float | int, *, what: str = "count") -> float:
     """A count such as a number of parameters: ``8030261248``, ``8e9``, ``8B``, ``405.9B``, ``1.2T``."""
-    if isinstance(text, (int, float)):
-        return _positive(float(text), what, text)
-    match = _COUNT_RE.match(text)
+    if _is_number(text):
+        return _positive(_float(text, what), what, text)
+    match = _COUNT_RE.match(_text(text, what))
     if not match:
-        raise ConfigError(f"cannot read {what} {text!r}: use e.g. 8e9, 8B, 405.9B or 1.2T")
+        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 8e9, 8B, 405.9B or 1.2T")
     return _positive(float(match.group(1)) * _COUNT_UNITS[match.group(2).lower()], what, text)
 
 
@@ -109,6 +114,33 @@ def parse_interval(text: str, *, step_time_s: float | None) -> tuple[float, int 
     if seconds <= 0:
         raise ConfigError(f"interval must be positive, got {text!r}")
     return seconds, None
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float(value: float, what: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float
+        raise ConfigError(f"{what} must be a finite number, got an integer of {len(str(value))} digits") from None
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be a number or a string such as '300MiB', got {type(value).__name__}")
+    return value
+
+
+def _hint(text: object) -> str:
+    """Why a value that looks numeric was still refused (the grammar has no sign and no inf/nan)."""
+    word = str(text).strip().lower()
+    if word.startswith("-"):
+        return " (it must not be negative)"
+    if any(w in word for w in ("nan", "inf")):
+        return " (it must be a finite number)"
+    return ""
 
 
 def _non_negative(value: float, what: str, given: object) -> float:
