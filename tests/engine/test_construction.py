@@ -29,7 +29,7 @@ def test_a_misspelled_option_names_the_closest_valid_one(root):
         ckptio.Checkpointer(root, max_pendng=2)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match="did you mean 'keep_last'"):
         CheckpointerConfig(root=root, keep_lsat=2)  # type: ignore[call-arg]
-    with pytest.raises(ConfigError, match="valid options: commit_timeout_s, data_dirs"):
+    with pytest.raises(ConfigError, match="valid options: close_timeout_s, commit_timeout_s, data_dirs"):
         CheckpointerConfig(root=root, zzzz=1)  # type: ignore[call-arg]
 
 

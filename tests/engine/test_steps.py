@@ -16,7 +16,7 @@ import ckptio
 from ckptio import format as fmt
 from ckptio._cli.main import main as cli
 from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
-from ckptio.errors import ConfigError
+from ckptio.errors import CommitError, ConfigError
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import ThrottledStorage
 
@@ -132,3 +132,13 @@ def test_a_save_below_the_newest_committed_step_is_never_deleted_by_retention(ro
         assert ck.restore(target, step=5) == 5
         assert torch.equal(target["w"], torch.full((512, 1024), 5.0))
         assert ck.latest_step() == 10
+
+
+def test_a_step_committed_by_an_earlier_run_is_never_replaced_without_a_restore(root):
+    _trajectory(root, [3], 0.0)
+    with ckptio.Checkpointer(root) as ck:
+        h = ck.save(3, {"w": torch.full((8,), -1.0)})  # no restore below 3: this run does not own step 3
+        with pytest.raises(CommitError, match="already committed"):
+            h.wait(timeout=120)
+        step, w = _restore_w(ck)
+    assert step == 3 and torch.equal(w, torch.full((8,), 3.0))

@@ -323,13 +323,13 @@ class Checkpointer:
             # The other ranks already agreed to save this step: tell their writers it cannot commit.
             fmt.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
             raise
-        rollback = self._tracker.rollback_for(handle)
+        rollback, replaces = self._tracker.job_rules(handle)
         self._tracker.add(handle)
         self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
         self._writer.ensure_started()
         self._writer.submit(protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
                                              slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
-                                             rollback=rollback))
+                                             rollback=rollback, replaces=replaces))
         handle.returned_mono = time.monotonic()
         return handle
 

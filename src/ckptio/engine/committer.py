@@ -37,6 +37,7 @@ from ckptio.format import (
     committed_steps,
     manifest_key,
     read_failures,
+    remove_unlisted_files,
     step_dir,
     update_latest,
     versions,
@@ -70,6 +71,17 @@ class CommitRequest:
     n_files: int = 0
     """This rank's data files in the save (deleted from both tiers should it fail)."""
     rollback: Rollback | None = None
+    replaces: tuple[int, ...] = ()
+    """Save ids whose manifest of this step this save may supersede (the trainer's earlier saves of it)."""
+
+    def may_replace(self, manifest: Manifest | None) -> bool:
+        """May this save supersede ``manifest`` (None: unreadable) of its step? Its trainer's own earlier save of
+        the step, or, after a restore below the step, anything this run did not save since."""
+        if manifest is not None and manifest.save_id in self.replaces:
+            return True
+        rollback = self.rollback
+        return rollback is not None and self.step > rollback.above and (
+            manifest is None or manifest.save_id not in rollback.own_save_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +195,7 @@ class Committer:
                             metadata_crc32c=checksum([raw_metadata]))
         # A step saved again supersedes the committed one: uncommit it first, so that no reader ever pairs the
         # old manifest with the new .metadata.
-        superseded = uncommit(durable, step, save_id=request.save_id)
+        superseded = uncommit(durable, step, save_id=request.save_id, may_replace=request.may_replace)
         try:
             durable.put(join_key(step_dir(step), ".metadata"), raw_metadata)
             t2 = time.monotonic()
@@ -238,6 +250,8 @@ class Committer:
         try:
             if superseded is not None:
                 drop_superseded(durable, step, superseded, manifest)
+            if step not in live:  # a crashed attempt's leftovers; never while another save of this step runs
+                remove_unlisted_files(durable, manifest)
             others = live - {step}
             if not others or min(others) > max(committed_steps(durable), default=-1):
                 removed = apply_retention(durable, keep_last=self.start.config.keep_last, newest_committed=step)

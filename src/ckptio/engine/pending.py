@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")
+_REMEMBERED_STEPS = 1024
+_IDS_PER_STEP = 8
 
 
 class SaveTracker:
@@ -41,6 +43,7 @@ class SaveTracker:
         self._reserved_steps: set[int] = set()
         self.rollback_above: int | None = None
         self._since_restore: list[int] = []
+        self._saved_ids: dict[int, tuple[int, ...]] = {}  # step -> save ids submitted, newest steps only
 
     # ---- bookkeeping on the training thread -------------------------------------------------------------------
     def add(self, handle: SaveHandle) -> None:
@@ -72,14 +75,19 @@ class SaveTracker:
         with self.lock:
             self.rollback_above, self._since_restore = step, []
 
-    def rollback_for(self, handle: SaveHandle) -> protocol.Rollback | None:
-        """The rollback rule for a save about to be submitted (None when no restore is waiting for it)."""
+    def job_rules(self, handle: SaveHandle) -> tuple[protocol.Rollback | None, tuple[int, ...]]:
+        """For a save about to be submitted: the rollback rule (None when no restore waits for a commit), and the
+        save ids of this Checkpointer's earlier saves of the step (whose manifest it supersedes)."""
         with self.lock:
+            replaces = self._saved_ids.pop(handle.step, ())
+            self._saved_ids[handle.step] = (*replaces, handle.save_id)[-_IDS_PER_STEP:]
+            if len(self._saved_ids) > _REMEMBERED_STEPS:  # bounded: a step saved again after 1024 others is refused
+                del self._saved_ids[next(iter(self._saved_ids))]
             if self.rollback_above is None:
-                return None
+                return None, replaces
             self._since_restore.append(handle.save_id)
             handle.rolls_back = handle.step > self.rollback_above
-            return protocol.Rollback(above=self.rollback_above, own_save_ids=tuple(self._since_restore))
+            return protocol.Rollback(above=self.rollback_above, own_save_ids=tuple(self._since_restore)), replaces
 
     def wait_reserved(self, step: int, timeout: float) -> bool:
         with self.reserved:

@@ -74,7 +74,9 @@ class SaveJob:
     objects: tuple[bytes, ...]
     """The non-tensor items, pickled, in the plan's object order."""
     rollback: Rollback | None = None
-    """Rank 0 only, until a save after a restore commits: retire the abandoned trajectory's later steps."""
+    """Until a save after a restore commits: retire the abandoned trajectory's later steps."""
+    replaces: tuple[int, ...] = ()
+    """Save ids of this trainer's earlier saves of this step: their manifest is superseded, any other refused."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,8 @@ class Writer:
                 slot_freed = True
             self._committer.submit(CommitRequest(step=job.step, save_id=job.save_id,
                                                  metadata_skeleton=plan.metadata_skeleton,
-                                                 n_files=plan.layout.n_files, rollback=job.rollback))
+                                                 n_files=plan.layout.n_files, rollback=job.rollback,
+                                                 replaces=job.replaces))
         except BaseException as exc:
             if not slot_freed:
                 self.out.send(SlotFree(job.step, job.save_id, job.slot_id))

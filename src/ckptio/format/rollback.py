@@ -2,10 +2,12 @@
 
 The rules (documented in the README's "When things fail"):
 
-* **A step saved again supersedes the committed one.** The later save's commit first *uncommits* the step (deletes
-  its manifest, so a reader never sees the old manifest with the new ``.metadata``), then writes ``.metadata`` and
-  the new manifest, and only then deletes the old save's data files. Should the new commit fail after the step was
-  uncommitted, the old manifest and ``.metadata`` are put back (best effort).
+* **A step saved again by the same run supersedes the committed one** (and so does a save above a restored step,
+  see rollback). The later save's commit first *uncommits* the step (deletes its manifest, so a reader never sees
+  the old manifest with the new ``.metadata``), then writes ``.metadata`` and the new manifest, and only then
+  deletes the old save's data files. Should the new commit fail after the step was uncommitted, the old manifest
+  and ``.metadata`` are put back (best effort). A manifest of any other save (a second job racing on the root, an
+  earlier run's step saved again without a restore) is never touched: that commit fails with ``CommitError``.
 * **Rollback.** After ``restore(step=N)``, the first commit above ``N`` retires every committed step above ``N``
   that this run did not save, *before* its own manifest is written: a crash in between leaves ``N`` the newest
   step, never the abandoned trajectory. ``latest`` is then pointed back at the newest committed step.
@@ -17,10 +19,17 @@ that step (never a key read from a manifest). Runs on rank 0's committer; no pro
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from ckptio.errors import AlreadyExistsError, CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from ckptio.errors import (
+    AlreadyExistsError,
+    CheckpointNotFoundError,
+    CommitError,
+    CorruptCheckpointError,
+    NotFoundError,
+    StorageError,
+)
 from ckptio.format.commit import committed_steps, read_manifest
 from ckptio.format.keys import LATEST, METADATA, durable_data_key, manifest_key, step_dir
 from ckptio.format.records import Manifest
@@ -53,19 +62,26 @@ def delete_data_files(storage: Storage, step: int, names: Collection[str]) -> No
             storage.delete(hashed)
 
 
-def uncommit(storage: Storage, step: int, *, save_id: int) -> Superseded | None:
-    """Delete the manifest of ``step`` unless it is ``save_id``'s own; return what it held (None: nothing)."""
+def uncommit(storage: Storage, step: int, *, save_id: int,
+             may_replace: Callable[[Manifest | None], bool]) -> Superseded | None:
+    """Delete the manifest of ``step`` if ``may_replace`` allows it (it gets None for an unreadable one) and it is
+    not ``save_id``'s own; return what it held (None: nothing). CommitError when the step is someone else's."""
     try:
         raw = storage.get(manifest_key(step))
-    except StorageError:
+    except NotFoundError:
         return None
     try:
-        manifest = Manifest.from_json(raw, key=manifest_key(step))
+        manifest: Manifest | None = Manifest.from_json(raw, key=manifest_key(step))
     except CorruptCheckpointError:
+        manifest = None
+    if manifest is not None and manifest.save_id == save_id:
+        return None  # a retried commit of this very save
+    if not may_replace(manifest):
+        # Never touch .metadata of a step another save committed (a second job racing on this root).
+        raise CommitError("step is already committed by another save", root=storage.url, step=step)
+    if manifest is None:
         storage.delete(manifest_key(step))  # unreadable: nothing to keep or to put back
         return None
-    if manifest.save_id == save_id:
-        return None  # a retried commit of this very save
     try:
         metadata: bytes | None = storage.get(join_key(step_dir(step), METADATA))
     except StorageError:
