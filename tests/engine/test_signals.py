@@ -13,13 +13,13 @@ import time
 
 import pytest
 
+import ckptio
 from ckptio import format as fmt
 from ckptio._proc import pid_alive
 from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
 from ckptio.storage import PosixStorage
 
 JOB = os.path.join(os.path.dirname(__file__), "signal_job.py")
-pytestmark = pytest.mark.slow
 
 
 def _slot_files(pid: int) -> list[str]:
@@ -42,6 +42,7 @@ def _wait_gone(pid: int, timeout: float = 180.0) -> None:
     assert not pid_alive(pid), f"process {pid} still running"
 
 
+@pytest.mark.slow
 def test_sigterm_frees_the_staging_slots_and_the_save_in_flight_completes_or_is_marked_failed(root):
     proc, pid, writer = _start(root, "sigterm")
     os.kill(pid, signal.SIGTERM)
@@ -58,6 +59,7 @@ def test_sigterm_frees_the_staging_slots_and_the_save_in_flight_completes_or_is_
     proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_ctrl_c_reaches_only_the_trainer_and_the_save_in_flight_commits(root):
     proc, pid, writer = _start(root, "sigint")
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground process group
@@ -68,3 +70,22 @@ def test_ctrl_c_reaches_only_the_trainer_and_the_save_in_flight_commits(root):
     assert _slot_files(pid) == [] and _slot_files(writer) == []
     assert proc.stdout is not None
     proc.stdout.close()
+
+
+def test_the_sigterm_handler_is_installed_only_when_nobody_else_handles_sigterm(root):
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with ckptio.Checkpointer(root, start_writer="on_first_save"):
+        ours = signal.getsignal(signal.SIGTERM)
+        assert callable(ours)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # given back at close
+
+    def users(signum, frame):  # a training script's own handler (say, to save once more and exit)
+        pass
+
+    previous = signal.signal(signal.SIGTERM, users)
+    try:
+        with ckptio.Checkpointer(root, start_writer="on_first_save"):
+            assert signal.getsignal(signal.SIGTERM) is users
+        assert signal.getsignal(signal.SIGTERM) is users
+    finally:
+        signal.signal(signal.SIGTERM, previous)
