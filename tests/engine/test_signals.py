@@ -5,6 +5,7 @@ Real jobs in their own process group (as a terminal or a scheduler starts them),
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,6 +46,15 @@ def _wait_gone(pid: int, timeout: float = 180.0) -> None:
 @pytest.mark.slow
 def test_sigterm_frees_the_staging_slots_and_the_save_in_flight_completes_or_is_marked_failed(root):
     proc, pid, writer = _start(root, "sigterm")
+    with proc:
+        try:
+            _check_sigterm(root, proc, pid, writer)
+        finally:  # a failed check must not leave the job (or its writer) running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _check_sigterm(root: str, proc: subprocess.Popen[str], pid: int, writer: int) -> None:
     os.kill(pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM  # the default action still ends the process
     assert _slot_files(pid) == [], "a state-sized /dev/shm slot outlived the trainer"
@@ -55,21 +65,26 @@ def test_sigterm_frees_the_staging_slots_and_the_save_in_flight_completes_or_is_
         os.path.isdir(os.path.join(root, "step-00000001", "failed")) else False
     assert committed or marked, "the save in flight was neither committed nor marked failed"
     assert _slot_files(writer) == []
-    assert proc.stdout is not None
-    proc.stdout.close()
 
 
 @pytest.mark.slow
 def test_ctrl_c_reaches_only_the_trainer_and_the_save_in_flight_commits(root):
     proc, pid, writer = _start(root, "sigint")
+    with proc:
+        try:
+            _check_ctrl_c(root, proc, pid, writer)
+        finally:  # a failed check must not leave the job (or its writer) running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _check_ctrl_c(root: str, proc: subprocess.Popen[str], pid: int, writer: int) -> None:
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground process group
     code = proc.wait(timeout=180)
     assert code != 0  # the KeyboardInterrupt still ends the job...
     assert fmt.committed_steps(PosixStorage(root)) == [1]  # ...after close() let the writer commit the save
     _wait_gone(writer, timeout=30)
     assert _slot_files(pid) == [] and _slot_files(writer) == []
-    assert proc.stdout is not None
-    proc.stdout.close()
 
 
 def test_the_sigterm_handler_is_installed_only_when_nobody_else_handles_sigterm(root):
