@@ -59,6 +59,7 @@ class CheckpointerOptions(TypedDict, total=False):
     writer_nice: int
     lease_s: float
     job_id: str | None
+    close_timeout_s: float
     storage_options: dict[str, Any]
     trust_pickles: bool
     safe_globals: tuple[Any, ...] | list[Any]
@@ -247,6 +248,11 @@ class CheckpointerConfig:
     job_id: str | None = None
     """Names this job in the owner record; a restarted job with the same id takes its root over at once."""
 
+    close_timeout_s: float = 1800.0
+    """How long ``close()`` waits for pending saves (and a save for an earlier save of the same step) before it
+    kills the writer and raises :class:`~ckptio.errors.CommitError` naming the steps that never committed. A stuck
+    or stopped writer never makes ``close()`` hang. ``close(timeout=...)`` overrides it for one call."""
+
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword options for the durable storage (S3: ``endpoint_url``, ``region``, ``part_size``, …)."""
 
@@ -284,6 +290,7 @@ class CheckpointerConfig:
             (self.file_size_bytes < 1 << 20, f"file_size_bytes must be at least 1 MiB, got {self.file_size_bytes}"),
             (self.upload_concurrency < 1, f"upload_concurrency must be >= 1, got {self.upload_concurrency}"),
             (self.commit_timeout_s <= 0, f"commit_timeout_s must be > 0, got {self.commit_timeout_s}"),
+            (self.close_timeout_s < 0, f"close_timeout_s must be >= 0, got {self.close_timeout_s}"),
             (self.lease_s < 0, f"lease_s must be >= 0, got {self.lease_s}"),
             (self.commit == "lease" and self.lease_s == 0,
              'commit="lease" relies on the ownership lease: lease_s must be > 0'),

@@ -18,8 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import ckptio
 from ckptio.errors import ConfigError
 from ckptio.integrations.torch import AppState
-
-from .launch import run_ranks
+from ckptio.testing.ranks import run_ranks
 
 # torchdata's StatefulDataLoader calls a deprecated torch API on every iterator it creates.
 STATEFUL_LOADER = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")

@@ -22,8 +22,7 @@ from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersCon
 
 from ckptio.errors import ConfigError
 from ckptio.integrations.torchtitan import CkptioCheckpointManager
-
-from .launch import run_ranks
+from ckptio.testing.ranks import run_ranks
 
 STEPS, INTERVAL = 10, 3
 STATEFUL_LOADER = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")

@@ -4,7 +4,9 @@
 collective on a gloo side group), re-plan when the state's structure changed, copy tensors into a reusable staging
 slot, and hand the slot to this rank's writer process. Everything else — serialization, checksums, writes, uploads,
 commit — happens in the writer. A failed save never kills training: it is reported by ``SaveHandle.wait``,
-``Checkpointer.wait``, a log line at the next ``save``, events and metrics.
+``Checkpointer.wait``, a log line at the next ``save``, events and metrics, and ``close()`` raises the first failure
+that was never reported. ``close()`` is bounded by ``close_timeout_s``. The book of pending saves and the writer's
+replies live in ``engine.pending``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from ckptio.engine.dcp import (
 from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
+from ckptio.engine.pending import SaveTracker
 from ckptio.engine.restore import restore_step
 from ckptio.engine.staging import (
     StagingArea,
@@ -43,8 +45,9 @@ from ckptio.engine.staging import (
     remove_stale_slots,
     staging_dir,
 )
+from ckptio.engine.step_rules import StepRules, checked_step
 from ckptio.engine.writer_proxy import WriterProxy
-from ckptio.errors import CheckpointerClosedError, CkptError, ConfigError, UnsupportedStateError, WriterDiedError
+from ckptio.errors import CheckpointerClosedError, CkptError, CommitError, ConfigError, UnsupportedStateError
 from ckptio.format.layout import plan_layout
 from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_exporter
@@ -107,11 +110,7 @@ class Checkpointer:
         """Plain attributes, set before the writer can call back into this object."""
         self._owner: OwnerRecord | None = None
         self._exporter: Any = None
-        self._lock = threading.Lock()
-        self._pending: dict[int, SaveHandle] = {}
-        self._unreported: list[BaseException] = []
-        self._writer_error: WriterDiedError | None = None
-        self._writer_ready = threading.Event()
+        self._close_deadline: float | None = None
         self._plan_key: int | None = None
         self._fast_flatten = True
         self._plan_id = 0
@@ -137,9 +136,12 @@ class Checkpointer:
         remove_stale_slots(slots_dir)
         self._staging = StagingArea(config.max_pending, slots_dir)
         resources.callback(self._staging.close)
-        self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
-                                   on_death=self._on_writer_death)
-        resources.callback(self._writer.stop)
+        self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank)
+        self._writer = WriterProxy(self._writer_spec(), on_message=self._tracker.on_message,
+                                   on_death=lambda code: self._tracker.on_writer_death(code, self._writer.pid))
+        resources.callback(self._stop_writer)
+        self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
+                                pending_wait_s=config.close_timeout_s, ack_wait_s=config.commit_timeout_s)
         if config.start_writer == "on_init":
             # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
             self._writer.ensure_started()
@@ -199,12 +201,34 @@ class Checkpointer:
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
-        """Stage ``state`` and return; the caller may mutate ``state`` right after. All ranks call together."""
+        """Stage ``state`` and return; the caller may mutate ``state`` right after. All ranks call together.
+
+        ``step`` is an int >= 0 (else ConfigError, and the writer is untouched). Saving a step again supersedes
+        it: this call first waits for a pending save of the same step, and the step then holds the later state.
+        """
         self._check_open()
         t0 = time.monotonic()
+        local_error: CkptError | None = None
+        try:
+            step = checked_step(step)
+        except ConfigError as exc:
+            local_error, step = exc, None  # type: ignore[assignment]  # agreed below, raised on this rank only
         self.events.emit(Event.SAVE_REQUESTED, step)
-        self._report_failures()
-        state_dict, flat, key, local_error = self._prepare(state)
+        self._tracker.log_unreported()
+        reserved = False
+        if local_error is None:
+            local_error, reserved = self._step_rules.before_agreement(step)
+        try:
+            return self._save(step, state, t0, local_error)
+        finally:
+            self._step_rules.after_agreement(step, reserved)
+
+    def _save(self, step: int, state: dict[str, Any], t0: float, local_error: CkptError | None) -> SaveHandle:
+        state_dict: Any = None
+        flat: dict[str, Any] = {}
+        key: int | None = None
+        if local_error is None:
+            state_dict, flat, key, local_error = self._prepare(state)
         agreed, blocked_s = self._agree(changed=key != self._plan_key, error=local_error is not None)
         if agreed.any_error:
             return self._skip_for_error(step, local_error, blocked_s)
@@ -239,7 +263,7 @@ class Checkpointer:
     def _agree(self, *, changed: bool, error: bool) -> tuple[Any, float]:
         """Agree on save/skip/block with every rank; with overflow="block" wait for this rank's slot and retry."""
         t0 = time.monotonic()
-        error = error or self._writer_error is not None
+        error = error or self._tracker.writer_error is not None
         while True:
             agreed = self.group.agree(free=self._staging.free_slot_id() is not None, changed=changed, error=error)
             if agreed.all_free or agreed.any_error or self.config.overflow == "skip":
@@ -248,8 +272,8 @@ class Checkpointer:
 
     def _skip_for_error(self, step: int, local_error: CkptError | None, blocked_s: float) -> SaveHandle:
         self.events.emit(Event.SAVE_SKIPPED, step, reason="error on a rank", pending=self._staging.pending())
-        if self._writer_error is not None:
-            error, self._writer_error = self._writer_error, None
+        if self._tracker.writer_error is not None:
+            error, self._tracker.writer_error = self._tracker.writer_error, None
             self._writer.forget()
             self._writer.start()  # recover: the next save goes to a fresh writer
             raise error
@@ -281,6 +305,7 @@ class Checkpointer:
         assert slot_id is not None  # agreed free above; only this thread acquires slots
         handle = SaveHandle(step)
         handle.slot_id, handle.save_id, handle.requested_mono = slot_id, save_id, t0
+        self._step_rules.seen(step)
         handle.interval_s = t0 - self._last_save_mono if self._last_save_mono is not None else None
         self._last_save_mono = t0
         slot = self._staging.acquire(slot_id, self._layout)
@@ -295,119 +320,71 @@ class Checkpointer:
             # The other ranks already agreed to save this step: tell their writers it cannot commit.
             fmt.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
             raise
-        with self._lock:
-            self._pending[step] = handle
+        rollback, replaces = self._tracker.job_rules(handle)
+        self._tracker.add(handle)
         self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
         self._writer.ensure_started()
         self._writer.submit(protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
-                                             slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects)))
+                                             slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
+                                             rollback=rollback, replaces=replaces))
         handle.returned_mono = time.monotonic()
         return handle
 
     def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
-        """Save when ``every_steps`` divides ``step`` or ``every_seconds`` passed (rank 0's clock decides)."""
+        """Save when ``every_steps`` divides ``step`` or ``every_seconds`` passed (rank 0's clock decides).
+        ConfigError when neither is configured, or for a step that is not an int >= 0."""
+        self._check_open()
+        if self.config.every_steps is None and self.config.every_seconds is None:
+            raise ConfigError("maybe_save needs every_steps or every_seconds (or call save)", root=self.storage.url,
+                              rank=self.rank)
+        step = checked_step(step)
         due = self.config.every_steps is not None and step % self.config.every_steps == 0
         if self.config.every_seconds is not None:
             elapsed = time.monotonic() - (self._last_save_mono or self._created_mono)
             due = self.group.any_true(due or (self.rank == 0 and elapsed >= self.config.every_seconds))
         return self.save(step, state) if due else None
 
-    # ---- writer messages (reader thread) ------------------------------------------------------------------------
-    def _on_writer_message(self, msg: protocol.FromWriter) -> None:
-        match msg:
-            case protocol.WriterEvent(record=record):
-                if record.get("event") == Event.WRITER_STARTED:
-                    self._writer_ready.set()
-                self.events.record(record)
-            case protocol.SlotFree(step=step, slot_id=slot_id):
-                self._release_slot(step, slot_id)
-                self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
-            case protocol.SaveDone(step=step):
-                self._complete(step, None)
-            case protocol.SaveFailed(step=step, error=error):
-                self._complete(step, error)
-
-    def _release_slot(self, step: int, slot_id: int) -> None:
-        with self._lock:  # once: a save that completed already gave its slot back then
-            handle = self._pending.get(step)
-            if handle is None or handle.slot_id != slot_id:
-                return
-            handle.slot_id = None
-        self._staging.release(slot_id)
-
-    def _complete(self, step: int, error: BaseException | None) -> None:
-        with self._lock:
-            handle = self._pending.pop(step, None)
-        if handle is None:
-            return
-        if handle.slot_id is not None:
-            self._staging.release(handle.slot_id)
-            handle.slot_id = None
-        now = time.monotonic()
-        if error is None:
-            self.events.emit(Event.COMMITTED, step, flush_s=now - handle.returned_mono, bytes=handle.bytes,
-                             lag_s=now - handle.requested_mono, interval_s=handle.interval_s)
-        else:
-            self.events.emit(Event.SAVE_FAILED, step, error=str(error), error_type=type(error).__name__)
-            with self._lock:
-                self._unreported.append(error)
-        handle._finish(error)
-
-    def _on_writer_death(self, exitcode: int | None) -> None:
-        self._writer_ready.clear()
-        error = WriterDiedError(f"writer process exited with code {exitcode}", root=self.storage.url,
-                                rank=self.rank)
-        self.events.emit(Event.WRITER_DIED, None, pid=self._writer.pid, exitcode=exitcode)
-        with self._lock:
-            pending = list(self._pending.values())
-            self._writer_error = error
-        for handle in pending:
-            # Tell the committer (and the other ranks) at once instead of letting them time out.
-            fmt.write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
-            self._complete(handle.step, error)
-
-    def _report_failures(self) -> None:
-        with self._lock:
-            failures, self._unreported = self._unreported, []
-        for exc in failures:
-            log.warning("ckptio: an earlier save failed: %s: %s", type(exc).__name__, exc)
-
     # ---- wait / restore / close --------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> None:
-        """Block until every pending save is committed; raise the first failure (once)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            handles = list(self._pending.values())
-        for h in handles:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            with contextlib.suppress(CkptError):
-                h.wait(remaining)
-        with self._lock:
-            failures, self._unreported = self._unreported, []
-            if self._writer_error is not None and not failures:
-                failures = [self._writer_error]
+        """Block until every pending save completed; raise the first failure not reported yet (once).
+        ``TimeoutError`` naming the steps if ``timeout`` passes first."""
+        if not self._tracker.wait_until(None if timeout is None else time.monotonic() + timeout):
+            raise TimeoutError(f"saves of steps {self._tracker.steps()} not complete within {timeout} s")
+        failures = self._tracker.take_unreported()
+        if not failures and self._tracker.writer_error is not None:
+            failures = [self._tracker.writer_error]
         if failures:
             raise failures[0]
 
     def writer_ready(self, timeout: float | None = None) -> bool:
         """Wait until this rank's writer process has booted (True), or ``timeout`` passed (False)."""
         self._writer.ensure_started()
-        return self._writer_ready.wait(timeout)
+        return self._tracker.writer_ready.wait(timeout)
 
     def pending_steps(self) -> list[int]:
-        with self._lock:
-            return sorted(self._pending)
+        return self._tracker.steps()
 
     def latest_step(self) -> int | None:
         steps = fmt.committed_steps(self.storage)
         return steps[-1] if steps else None
 
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
-        """Load the newest committed step (or ``step``) into ``state`` in place; None when there is none."""
+        """Load the newest committed step (or ``step``) into ``state`` in place; None when there is none.
+
+        Training continues from the restored step: the first save above it that commits retires the committed
+        steps above it that this Checkpointer did not save since (rollback), so ``latest``, ``ls`` and
+        ``restore()`` follow the new trajectory.
+        """
         self._check_open()
-        return restore_step(self.storage, state, step=step, local=self.local, group=self.group,
-                            concurrency=self.config.upload_concurrency, trust_pickles=self.config.trust_pickles,
-                            safe_globals=self.config.safe_globals)
+        if step is not None:
+            step = checked_step(step)
+        chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
+                              concurrency=self.config.upload_concurrency,
+                              trust_pickles=self.config.trust_pickles, safe_globals=self.config.safe_globals)
+        if chosen is not None:
+            self._tracker.restored(chosen)
+            self._step_rules.seen(chosen)
+        return chosen
 
     def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""
@@ -419,19 +396,37 @@ class Checkpointer:
     def step_end(self, step: int) -> float:
         return self.steps.end(step)
 
-    def close(self, *, wait: bool = True) -> None:
-        """Finish pending saves (unless ``wait=False``), stop the writer and free the staging memory."""
+    def close(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Finish pending saves, stop the writer, free the staging memory; then raise the first failed save never
+        reported. After ``timeout`` (default ``close_timeout_s``) the writer is killed and the saves still pending
+        fail with a CommitError naming them (``wait=False``: the writer alone gets that long to finish)."""
         if self._closed:
             return
         self._closed = True
+        limit = self.config.close_timeout_s if timeout is None else float(timeout)
+        self._close_deadline = time.monotonic() + limit
         try:
             if wait:
-                with contextlib.suppress(CkptError):
-                    self.wait()
+                self._tracker.wait_until(self._close_deadline)
         finally:
             # The reverse of construction: writer, staging, metrics endpoint, root claim, event log. Each runs even
             # when an earlier one raises.
             self._resources.close()
+        failures = self._tracker.take_unreported()
+        for extra in failures[1:]:
+            log.error("ckptio: another save failed: %s: %s", type(extra).__name__, extra)
+        if failures:
+            raise failures[0]
+
+    def _stop_writer(self) -> None:
+        """Stop the writer within what is left of close()'s bound; fail what it leaves pending."""
+        deadline = self._close_deadline or time.monotonic() + self.config.close_timeout_s
+        clean = self._writer.stop(timeout=max(0.0, deadline - time.monotonic()))
+        steps = self._tracker.steps()
+        if steps:
+            how = "stopped" if clean else "killed"
+            self._tracker.fail_all(CommitError, f"close() gave up on steps {steps} (bound reached); the writer was "
+                                                f"{how} before they committed")
 
     def _check_open(self) -> None:
         if self._closed:

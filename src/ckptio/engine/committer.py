@@ -1,10 +1,13 @@
 """What happens to a rank's save after its rank index is durable: commit, or watch for the commit; then cleanup.
 
 One background thread per writer takes jobs in order. On rank 0 it is the committer: all rank indexes of this
-save present → ``.metadata`` → manifest → ``latest``, then retention on the durable tier. On other ranks it
-watches for the manifest of its own save. Either way it tells the trainer :class:`SaveDone` or
-:class:`SaveFailed`, then evicts older steps from the local tier. Cleanup runs after ``done`` is sent: a save is
-done once its manifest exists, and a failed deletion must never fail it.
+save present → (after a restore: retire the abandoned trajectory) → uncommit a step saved before → ``.metadata``
+→ manifest → ``latest``, then retention on the durable tier (see ``format.rollback`` for the rules). On other
+ranks it watches for the manifest of its own save. Either way it tells the trainer :class:`SaveDone` or
+:class:`SaveFailed`, then evicts older steps from the local tier. A failed save's data files are deleted from both
+tiers at once (a full disk must not fill up with leftovers). Cleanup runs after ``done`` is sent: a save is done
+once its manifest exists, and a failed deletion must never fail it. Every deletion runs under
+:meth:`LiveSteps.cleaning` and leaves live steps alone.
 
 It must never write a data file or a rank index (the job pipeline in ``engine.writer`` does), nor read a
 staging slot.
@@ -12,6 +15,7 @@ staging slot.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import threading
@@ -20,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ckptio.engine.live import LiveSteps
 from ckptio.engine.ownership import ensure_lease
-from ckptio.engine.protocol import CommitInfo, Outbox, SaveDone, SaveFailed, WriterStart
+from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveFailed, WriterStart
 from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, RootInUseError, StorageError
 from ckptio.format import (
     Manifest,
@@ -29,15 +34,25 @@ from ckptio.format import (
     all_step_dirs,
     apply_retention,
     checksum,
+    committed_steps,
     manifest_key,
     read_failures,
-    read_manifest,
     remove_unlisted_files,
     step_dir,
     update_latest,
     versions,
     write_failure,
     write_manifest,
+)
+from ckptio.format.layout import data_file_name
+from ckptio.format.rollback import (
+    Superseded,
+    delete_data_files,
+    drop_superseded,
+    point_latest_at_newest,
+    reinstate,
+    retire_abandoned,
+    uncommit,
 )
 from ckptio.obs.events import Event, Phase
 from ckptio.storage.base import join_key
@@ -53,23 +68,52 @@ class CommitRequest:
     save_id: int
     metadata_skeleton: bytes | None
     """Rank 0 only: the plan's pickled DCP Metadata without storage_data."""
+    n_files: int = 0
+    """This rank's data files in the save (deleted from both tiers should it fail)."""
+    rollback: Rollback | None = None
+    replaces: tuple[int, ...] = ()
+    """Save ids whose manifest of this step this save may supersede (the trainer's earlier saves of it)."""
+
+    def may_replace(self, manifest: Manifest | None) -> bool:
+        """May this save supersede ``manifest`` (None: unreadable) of its step? Its trainer's own earlier save of
+        the step, or, after a restore below the step, anything this run did not save since."""
+        if manifest is not None and manifest.save_id in self.replaces:
+            return True
+        rollback = self.rollback
+        return rollback is not None and self.step > rollback.above and (
+            manifest is None or manifest.save_id not in rollback.own_save_ids)
 
 
-def report_failure(out: Outbox, start: WriterStart, step: int, exc: BaseException) -> None:
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    commit: CommitInfo
+    manifest: Manifest
+
+
+def report_failure(out: Outbox, start: WriterStart, step: int, save_id: int, exc: BaseException) -> None:
     """Tell the trainer a save failed, always with a CkptError (it names the root, step and rank)."""
     out.event(Event.SAVE_FAILED, step, error=str(exc), error_type=type(exc).__name__)
     if not isinstance(exc, CkptError):
         wrapped = StorageError(f"{type(exc).__name__}: {exc}", root=start.durable.url, step=step, rank=start.rank)
         wrapped.__cause__ = None
         exc = wrapped
-    out.send(SaveFailed(step, exc))
+    out.send(SaveFailed(step, save_id, exc))
+
+
+def discard_attempt(start: WriterStart, step: int, save_id: int, n_files: int) -> None:
+    """Delete this rank's data files of a failed save from both tiers (best effort: the disk may be failing)."""
+    names = [data_file_name(start.rank, n, save_id) for n in range(n_files)]
+    for tier in (start.local, start.durable):
+        if tier is not None:
+            with contextlib.suppress(StorageError):
+                delete_data_files(tier, step, names)
 
 
 class Committer:
     """The commit (rank 0) or watch (other ranks) thread of one writer, with retention and local eviction."""
 
-    def __init__(self, start: WriterStart, out: Outbox) -> None:
-        self.start, self.out = start, out
+    def __init__(self, start: WriterStart, out: Outbox, live: LiveSteps) -> None:
+        self.start, self.out, self.live = start, out, live
         self.durable = start.durable
         self._requests: queue.Queue[CommitRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="ckptio-commit", daemon=True)
@@ -86,16 +130,22 @@ class Committer:
     def _loop(self) -> None:
         while (request := self._requests.get()) is not None:
             try:
-                info = self._commit(request) if self.start.rank == 0 else self._watch(request)
-                self.out.send(SaveDone(request.step, info))
+                done, superseded = self._commit(request) if self.start.rank == 0 else self._watch(request)
             except BaseException as exc:
                 if self.start.rank == 0:
                     write_failure(self.durable, request.step, "commit", request.save_id, exc)
-                report_failure(self.out, self.start, request.step, exc)
+                discard_attempt(self.start, request.step, request.save_id, request.n_files)
+                self.live.remove(request.step)
+                report_failure(self.out, self.start, request.step, request.save_id, exc)
                 continue
-            self._evict_local(request.step)
-            if self.start.rank == 0:
-                self._retain(request.step)
+            # Cleanup holds off new saves' registration, so it cannot miss one that starts meanwhile.
+            with self.live.cleaning():
+                self.live.remove(request.step)
+                self.out.send(SaveDone(request.step, request.save_id, done.commit))
+                live = self.live.steps()
+                self._evict_local(request.step, live)
+                if self.start.rank == 0:
+                    self._retain(request.step, live, superseded, done.manifest)
 
     def _wait_for(self, request: CommitRequest, ready: Callable[[], T | None]) -> T:
         """Poll ``ready()`` with backoff until it returns non-None, a failure marker appears, or time runs out."""
@@ -128,7 +178,7 @@ class Committer:
             return None  # some ranks still show an index from an older attempt at this step
         return sorted(current, key=lambda ix: ix.rank)
 
-    def _commit(self, request: CommitRequest) -> CommitInfo:
+    def _commit(self, request: CommitRequest) -> tuple[_Committed, Superseded | None]:
         durable, step = self.durable, request.step
         t0 = time.monotonic()
         indexes = self._wait_for(request, lambda: self._gather_indexes(request))
@@ -142,61 +192,89 @@ class Committer:
         metadata = build_metadata(skeleton, indexes, checkpoint_id=join_key(durable.url, step_dir(step)))
         t1 = time.monotonic()
         ensure_lease(durable, self.start.owner)  # a job that lost the root to another never commits into it
-        if durable.exists(manifest_key(step)):
-            # Never touch .metadata of a step someone else committed (a second job racing on this root).
-            raise CommitError("step is already committed by another save", root=durable.url, step=step)
+        retired = self._retire(request)
         raw_metadata = pickle.dumps(metadata)
-        durable.put(join_key(step_dir(step), ".metadata"), raw_metadata)
         files = {f.name: f for ix in indexes for f in ix.files}
         manifest = Manifest(step=step, world_size=self.start.world_size, save_id=request.save_id, files=files,
                             total_bytes=sum(f.size for f in files.values()), versions=versions(),
                             metadata_crc32c=checksum([raw_metadata]))
-        t2 = time.monotonic()
-        ensure_lease(durable, self.start.owner)
-        write_manifest(durable, manifest, verify=self.start.config.commit == "lease")
+        # A step saved again supersedes the committed one: uncommit it first, so that no reader ever pairs the
+        # old manifest with the new .metadata.
+        superseded = uncommit(durable, step, save_id=request.save_id, may_replace=request.may_replace)
+        try:
+            durable.put(join_key(step_dir(step), ".metadata"), raw_metadata)
+            t2 = time.monotonic()
+            ensure_lease(durable, self.start.owner)
+            write_manifest(durable, manifest, verify=self.start.config.commit == "lease")
+        except BaseException:
+            if superseded is not None:
+                reinstate(durable, step, superseded)
+            raise
         t3 = time.monotonic()
         self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t2 - t1, bytes=0, tier="durable",
                        waited_s=t1 - t0)
         self.out.event(Event.PHASE, step, phase=Phase.MANIFEST, seconds=t3 - t2, bytes=0, tier="durable")
-        update_latest(durable, step)
-        return CommitInfo(total_bytes=manifest.total_bytes, files=len(files))
+        if retired:
+            point_latest_at_newest(durable)
+        else:
+            update_latest(durable, step)
+        return _Committed(CommitInfo(total_bytes=manifest.total_bytes, files=len(files)), manifest), superseded
 
-    def _watch(self, request: CommitRequest) -> CommitInfo:
+    def _retire(self, request: CommitRequest) -> list[int]:
+        """After a restore, the first commit above the restored step retires the abandoned later steps first."""
+        rollback = request.rollback
+        if rollback is None or request.step <= rollback.above:
+            return []
+        with self.live.cleaning() as live:
+            retired = retire_abandoned(self.durable, above=rollback.above, keep=request.step,
+                                       own_save_ids=rollback.own_save_ids, live=live)
+        if retired:
+            self.out.event(Event.STEPS_RETIRED, request.step, restored_step=rollback.above, retired=retired)
+        return retired
+
+    def _watch(self, request: CommitRequest) -> tuple[_Committed, None]:
         def manifest_ready() -> Manifest | None:
             try:
                 raw = self.durable.get(manifest_key(request.step))
             except StorageError:
                 return None
-            return Manifest.from_json(raw)
+            manifest = Manifest.from_json(raw)
+            # Another save's manifest is the step this save supersedes: rank 0 replaces it, keep watching.
+            return manifest if manifest.save_id == request.save_id else None
 
         manifest = self._wait_for(request, manifest_ready)
-        if manifest.save_id != request.save_id:
-            raise CommitError("step was committed by another save", root=self.durable.url,
-                              step=request.step, rank=self.start.rank)
-        return CommitInfo(total_bytes=manifest.total_bytes, files=len(manifest.files))
+        return _Committed(CommitInfo(total_bytes=manifest.total_bytes, files=len(manifest.files)), manifest), None
 
-    def _retain(self, step: int) -> None:
-        """Garbage of earlier attempts and steps beyond keep_last; runs after the trainer heard "done"."""
+    def _retain(self, step: int, live: frozenset[int], superseded: Superseded | None, manifest: Manifest) -> None:
+        """Garbage of a superseded save and steps beyond keep_last; runs after the trainer heard "done".
+
+        Retention waits (until a later commit) while a save of a step it could delete is live: it deletes only
+        committed steps below the newest and uncommitted directories below ``step``.
+        """
         durable, t0 = self.durable, time.monotonic()
-        removed: list[int]
+        removed: list[int] = []
         try:
             ensure_lease(durable, self.start.owner)  # never delete in a root another job now owns
-            remove_unlisted_files(durable, read_manifest(durable, step))
-            removed = apply_retention(durable, keep_last=self.start.config.keep_last, newest_committed=step)
+            if superseded is not None:
+                drop_superseded(durable, step, superseded, manifest)
+            if step not in live:  # a crashed attempt's leftovers; never while another save of this step runs
+                remove_unlisted_files(durable, manifest)
+            others = live - {step}
+            if not others or min(others) > max(committed_steps(durable), default=-1):
+                removed = apply_retention(durable, keep_last=self.start.config.keep_last, newest_committed=step)
         except (StorageError, CorruptCheckpointError, RootInUseError) as exc:
             # A failed deletion must not fail the commit; retention is retried at the next one.
-            removed = []
             self.out.event(Event.RETRY, step, op="retention", attempt=1, error=str(exc))
         self.out.event(Event.PHASE, step, phase=Phase.RETENTION, seconds=time.monotonic() - t0, bytes=0,
                        tier="durable", removed=removed)
 
-    def _evict_local(self, committed_step: int) -> None:
-        """The local tier keeps only the newest committed step of this rank (and anything newer in flight)."""
+    def _evict_local(self, committed_step: int, live: frozenset[int]) -> None:
+        """The local tier keeps only the newest committed step of this rank (and anything in flight)."""
         local = self.start.local
         if local is None:
             return
         for step in all_step_dirs(local):
-            if step < committed_step:
+            if step < committed_step and step not in live:
                 try:
                     local.delete_prefix(step_dir(step))
                 except StorageError:

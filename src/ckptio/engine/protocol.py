@@ -1,10 +1,12 @@
 """Every message between a trainer and its writer process, and the writer's thread-safe sending end.
 
 Trainer → writer, in this order over one pipe: :class:`WriterStart` once, then :class:`WriterPlan` whenever the
-state's structure changes, :class:`SaveJob` per save, and :class:`WriterStop` at close.
+state's structure changes, :class:`SaveJob` per save, and :class:`WriterStop` at close. A save of a step at or below
+one this trainer already saved or restored is bracketed by :class:`SaveReserve` (answered by :class:`Reserved`)
+and :class:`SaveRelease`, so that no cleanup deletes the step's directory while any rank may be writing it.
 Writer → trainer: :class:`WriterEvent` (an event record for the trainer's log), :class:`SlotFree` (the staging
 slot may be reused), then exactly one of :class:`SaveDone` / :class:`SaveFailed` per job, and
-:class:`WriterStopped` last.
+:class:`WriterStopped` last. Replies name the save by ``save_id`` (one step may be saved twice).
 
 Messages are frozen: the receiver never writes into what it was sent. Both ends dispatch with ``match`` on these
 classes. This module owns the message shapes only; it must never decide anything about a save.
@@ -50,6 +52,15 @@ class WriterPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollback:
+    """The trainer restored ``above``: committed steps above it that this run did not save are retired."""
+
+    above: int
+    own_save_ids: tuple[int, ...]
+    """Save ids this trainer submitted since the restore (their commits belong to the new trajectory)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SaveJob:
     """One save of one rank; the snapshot itself stays in the shared-memory slot."""
 
@@ -62,6 +73,24 @@ class SaveJob:
     """The :class:`WriterPlan` this job's slot follows (the writer looks it up)."""
     objects: tuple[bytes, ...]
     """The non-tensor items, pickled, in the plan's object order."""
+    rollback: Rollback | None = None
+    """Until a save after a restore commits: retire the abandoned trajectory's later steps."""
+    replaces: tuple[int, ...] = ()
+    """Save ids of this trainer's earlier saves of this step: their manifest is superseded, any other refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReserve:
+    """A save of ``step`` is about to be agreed: keep cleanup away from that step until :class:`SaveRelease`."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRelease:
+    """Ends the matching :class:`SaveReserve` (the :class:`SaveJob`, if any, holds the step by itself)."""
+
+    step: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +108,18 @@ class WriterEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class SlotFree:
-    """The writer no longer reads staging slot ``slot_id`` for ``step``."""
+class Reserved:
+    """Answer to :class:`SaveReserve`: no cleanup touches ``step`` from now on."""
 
     step: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFree:
+    """The writer no longer reads staging slot ``slot_id`` for the save ``save_id`` of ``step``."""
+
+    step: int
+    save_id: int
     slot_id: int
 
 
@@ -94,15 +131,17 @@ class CommitInfo:
 
 @dataclass(frozen=True, slots=True)
 class SaveDone:
-    """``step`` is committed (this rank saw the manifest of its own save)."""
+    """``step`` is committed (this rank saw the manifest of its own save ``save_id``)."""
 
     step: int
+    save_id: int
     info: CommitInfo
 
 
 @dataclass(frozen=True, slots=True)
 class SaveFailed:
     step: int
+    save_id: int
     error: BaseException
     """Always a :class:`~ckptio.errors.CkptError` (the writer wraps anything else)."""
 
@@ -112,8 +151,8 @@ class WriterStopped:
     """The last message of a writer that stopped when asked (a death sends nothing)."""
 
 
-ToWriter = WriterStart | WriterPlan | SaveJob | WriterStop
-FromWriter = WriterEvent | SlotFree | SaveDone | SaveFailed | WriterStopped
+ToWriter = WriterStart | WriterPlan | SaveJob | SaveReserve | SaveRelease | WriterStop
+FromWriter = WriterEvent | Reserved | SlotFree | SaveDone | SaveFailed | WriterStopped
 
 
 class Outbox:

@@ -7,17 +7,28 @@ without a copy and without the training process's GIL. Buffers are allocated on 
 every later save while the layout's size holds. On CUDA the slot is page-locked (``cudaHostRegister``) so
 device-to-host copies run ``non_blocking`` and one stream sync ends the staging.
 
+Slot files never outlive their process by design: ``close`` unlinks them, an interpreter that exits without
+``close`` unlinks them at exit, and a SIGTERM unlinks them before the process dies — when no one else handles
+SIGTERM, a handler is installed while staging areas exist; it frees every slot, then lets the default action
+(termination) happen. A user's own SIGTERM handler is left alone (call ``Checkpointer.close`` from it). Unlinking
+never disturbs a save in flight: the writer keeps its mapping. Only kill -9 leaves files behind, which the next
+Checkpointer on the host removes (``remove_stale_slots``).
+
 This module never serializes, hashes or writes to storage: the training process only copies.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import mmap
 import os
 import secrets
+import signal
 import tempfile
 import threading
+import weakref
+from types import FrameType
 
 import torch
 
@@ -58,6 +69,42 @@ def remove_stale_slots(directory: str = SHM_DIR) -> int:
                 os.unlink(os.path.join(directory, name))
                 removed += 1
     return removed
+
+
+_areas: weakref.WeakSet[StagingArea] = weakref.WeakSet()
+_areas_lock = threading.Lock()
+
+
+def _unlink_all_slots() -> None:
+    """Remove the files of every live staging area of this process (their mappings stay valid)."""
+    for area in list(_areas):
+        area.unlink_files()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _unlink_all_slots()
+    # Then die of SIGTERM as if no handler were installed (exit status and parent's view unchanged).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _register(area: StagingArea) -> None:
+    with _areas_lock:
+        _areas.add(area)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _unregister(area: StagingArea) -> None:
+    with _areas_lock:
+        _areas.discard(area)
+        if not _areas and threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+atexit.register(_unlink_all_slots)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -158,6 +205,15 @@ class StagingArea:
         self.directory = directory
         self.slots: list[StagingSlot | None] = [None] * max_pending
         self._cond = threading.Condition()
+        _register(self)
+
+    def unlink_files(self) -> None:
+        """Remove the slot files now (signal handler, exit); the mappings stay usable until ``close``. Takes no
+        lock: a signal handler may run while this thread holds one."""
+        for slot in list(self.slots):
+            if slot is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(slot.path)
 
     def bytes_to_allocate(self, layout: RankLayout) -> int:
         """Bytes the staging directory must still provide for all ``max_pending`` slots of ``layout``: a slot that
@@ -228,6 +284,7 @@ class StagingArea:
                     slot.close()
             self.slots = [None] * self.max_pending
             self._cond.notify_all()
+        _unregister(self)
 
 
 def check_fits_on_every_rank(area: StagingArea, layout: RankLayout, group: SideGroup) -> None:

@@ -6,20 +6,26 @@ safe, upload from the local tier, then write this rank's index to the durable ti
 :class:`~ckptio.engine.committer.Committer`. The process around it (message loop, priority) is
 ``engine.writer_main``.
 
+Full disks: a failed save's data files are deleted from both tiers at once. A local tier that runs out of space
+(ENOSPC, not the ``local_capacity_bytes`` budget) evicts its older, already committed steps and tries again; when
+that is not enough the save goes to the durable tier only, with a ``local_tier_full`` warning event.
+
 It must never touch the training process group, commit a step, or delete a committed one.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ckptio.engine.committer import CommitRequest, Committer, report_failure
+from ckptio.engine.committer import CommitRequest, Committer, discard_attempt, report_failure
+from ckptio.engine.live import LiveSteps
 from ckptio.engine.protocol import Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
-from ckptio.errors import StorageFullError
+from ckptio.errors import StorageError, StorageFullError
 from ckptio.format import (
     FileRecord,
     ItemRecord,
@@ -46,13 +52,14 @@ def _serialize_tensor(framer: TensorFramer, buf: mmap.mmap, entry: TensorEntry) 
 class Writer:
     """The body of the writer process (also usable in-process by tests)."""
 
-    def __init__(self, start: WriterStart, out: Outbox) -> None:
+    def __init__(self, start: WriterStart, out: Outbox, live: LiveSteps | None = None) -> None:
         self.start = start
         self.config = start.config
         self.out = out
+        self.live = live or LiveSteps()
         self._maps: dict[str, mmap.mmap] = {}
         self._pool = ThreadPoolExecutor(max_workers=self.config.upload_concurrency, thread_name_prefix="ckptio-up")
-        self._committer = Committer(start, out)
+        self._committer = Committer(start, out, self.live)
         self._last_residency_check = 0.0
         self._plans: dict[int, WriterPlan] = {}
         self._framer = TensorFramer()
@@ -62,19 +69,23 @@ class Writer:
 
     # ---- per job ----------------------------------------------------------------------------------------------
     def run_job(self, job: SaveJob) -> None:
+        """Run one save up to its commit request; ``job.step`` is live (registered by the caller) until the
+        committer, or the failure path here, reports the outcome."""
         rank, durable = self.start.rank, self.start.durable
         slot_freed = False
+        plan = self._plans.get(job.plan_id)
         try:
-            plan = self._plans[job.plan_id]
+            if plan is None:
+                raise StorageError(f"no plan {job.plan_id} for this save", step=job.step, rank=rank)
             self._check_residency()
             buf = self._map(job.slot_path, job.slot_nbytes)
             self._make_local_room(job, plan)
-            files, items = self._write_files(job, plan, buf)
-            if self.start.local is not None:
+            files, items, local = self._write_first_tier(job, plan, buf)
+            if local is not None:
                 # The snapshot is safe on the local tier (NVMe/RAM) once written: free the slot before uploading.
-                self.out.send(SlotFree(job.step, job.slot_id))
+                self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
                 slot_freed = True
-                self._upload_from_local(job, files, self.start.local)
+                self._upload_from_local(job, files, local)
             index = RankIndex(step=job.step, rank=rank, world_size=self.start.world_size,
                               save_id=job.save_id, files=files, items=items)
             t0 = time.monotonic()
@@ -82,15 +93,51 @@ class Writer:
             self.out.event(Event.PHASE, job.step, phase=Phase.RANK_INDEX, seconds=time.monotonic() - t0, bytes=0,
                            tier="durable")
             if not slot_freed:
-                self.out.send(SlotFree(job.step, job.slot_id))
+                self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
                 slot_freed = True
             self._committer.submit(CommitRequest(step=job.step, save_id=job.save_id,
-                                                 metadata_skeleton=plan.metadata_skeleton))
+                                                 metadata_skeleton=plan.metadata_skeleton,
+                                                 n_files=plan.layout.n_files, rollback=job.rollback,
+                                                 replaces=job.replaces))
         except BaseException as exc:
             if not slot_freed:
-                self.out.send(SlotFree(job.step, job.slot_id))
+                self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
             write_failure(durable, job.step, f"rank{rank}", job.save_id, exc)
-            report_failure(self.out, self.start, job.step, exc)
+            if plan is not None:
+                discard_attempt(self.start, job.step, job.save_id, plan.layout.n_files)
+            self.live.remove(job.step)
+            report_failure(self.out, self.start, job.step, job.save_id, exc)
+
+    def _write_first_tier(self, job: SaveJob, plan: WriterPlan,
+                          buf: mmap.mmap) -> tuple[list[FileRecord], list[ItemRecord], Storage | None]:
+        """Write the files to the local tier, else (none, or no room even after eviction) to the durable one.
+        Returns the files, their items and the tier they are on when it is the local one."""
+        local = self.start.local
+        if local is None:
+            return *self._write_files(job, plan, buf, None), None
+        for attempt in range(2):
+            try:
+                return *self._write_files(job, plan, buf, local), local
+            except StorageFullError as exc:
+                discard_attempt(self.start, job.step, job.save_id, plan.layout.n_files)
+                if attempt == 0 and self._evict_committed_local(job.step):
+                    continue
+                self.out.event(Event.LOCAL_TIER_FULL, job.step, error=str(exc))
+                break
+        return *self._write_files(job, plan, buf, None), None
+
+    def _evict_committed_local(self, below: int) -> bool:
+        """Free the local tier for a save of ``below``: drop its older steps that are committed on the durable
+        tier and not in flight. True when something was deleted."""
+        local, durable = self.start.local, self.start.durable
+        assert local is not None
+        evicted = False
+        with self.live.cleaning() as live:
+            for step in all_step_dirs(local):
+                if step < below and step not in live and durable.exists(manifest_key(step)):
+                    local.delete_prefix(step_dir(step))
+                    evicted = True
+        return evicted
 
     def _make_local_room(self, job: SaveJob, plan: WriterPlan) -> None:
         """Keep the local tier within its budget: evict steps that are already durable, else refuse this save."""
@@ -103,12 +150,13 @@ class Writer:
         if need > budget:  # hopeless: keep what the tier holds (a restore may still want it)
             raise StorageFullError(f"local tier budget exhausted: this save needs {need:,} bytes of {budget:,}",
                                    root=local.url, step=job.step, rank=self.start.rank)
-        for step in all_step_dirs(local):
-            used = sum(i.size for i in local.list(""))
-            if used + need <= budget:
-                return
-            if step < job.step and self.start.durable.exists(manifest_key(step)):
-                local.delete_prefix(step_dir(step))
+        with self.live.cleaning() as live:
+            for step in all_step_dirs(local):
+                used = sum(i.size for i in local.list(""))
+                if used + need <= budget:
+                    return
+                if step < job.step and step not in live and self.start.durable.exists(manifest_key(step)):
+                    local.delete_prefix(step_dir(step))
         used = sum(i.size for i in local.list(""))
         if used + need > budget:
             raise StorageFullError(
@@ -131,10 +179,12 @@ class Writer:
             self._maps[path] = buf
         return buf
 
-    def _write_files(self, job: SaveJob, plan: WriterPlan,
-                     buf: mmap.mmap) -> tuple[list[FileRecord], list[ItemRecord]]:
-        """Serialize each file and write it to the first tier (local if any, else durable), concurrently."""
-        futures = [self._pool.submit(self._write_one_file, job, plan, buf, n) for n in range(plan.layout.n_files)]
+    def _write_files(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap,
+                     local: Storage | None) -> tuple[list[FileRecord], list[ItemRecord]]:
+        """Serialize each file and write it to ``local`` (else durable), concurrently."""
+        futures = [self._pool.submit(self._write_one_file, job, plan, buf, n, local)
+                   for n in range(plan.layout.n_files)]
+        concurrent.futures.wait(futures)  # every write ended before a failure is handled (and its files deleted)
         files, items = [], []
         for fut in futures:
             rec, its = fut.result()
@@ -142,9 +192,8 @@ class Writer:
             items.extend(its)
         return files, items
 
-    def _write_one_file(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap,
-                        n: int) -> tuple[FileRecord, list[ItemRecord]]:
-        local = self.start.local
+    def _write_one_file(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap, n: int,
+                        local: Storage | None) -> tuple[FileRecord, list[ItemRecord]]:
         target: Storage = local or self.start.durable
         tier = "local" if local is not None else "durable"
         name = data_file_name(self.start.rank, n, job.save_id)
@@ -193,7 +242,10 @@ class Writer:
             self.out.event(Event.PHASE, job.step, phase=Phase.UPLOAD, seconds=time.monotonic() - t0,
                            bytes=rec.size, tier="durable", file=rec.name)
 
-        list(self._pool.map(upload, files))
+        futures = [self._pool.submit(upload, rec) for rec in files]
+        concurrent.futures.wait(futures)  # all uploads ended before a failure deletes this attempt's files
+        for fut in futures:
+            fut.result()
 
     def _check_residency(self) -> None:
         if self.config.residency is None:

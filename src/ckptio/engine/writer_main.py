@@ -5,19 +5,38 @@ The writer is started as a fresh interpreter (not multiprocessing's spawn) so it
 all work. The trainer passes one end of a socketpair as ``FD``; the first message is a
 :class:`~ckptio.engine.protocol.WriterStart`. The work itself is ``engine.writer`` and ``engine.committer``; this
 module must never do any of it.
+
+The main thread reads the pipe and registers each save's step as live the moment it arrives (cleanup must never
+delete what a queued save is about to write); a pipeline thread runs the jobs in order. The writer ignores SIGINT
+and SIGTERM: a Ctrl-C or a ``kill`` aimed at the job's process group must not lose the save in flight. It stops
+when the trainer says so, or when the trainer is gone (the pipe closes): then it finishes the queued saves —
+each bounded by ``commit_timeout_s`` — and exits. SIGKILL still ends it at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import signal
 import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
 
+from ckptio.engine.live import LiveSteps
 from ckptio.engine.ownership import OwnerRecord, heartbeat
-from ckptio.engine.protocol import Outbox, SaveJob, WriterPlan, WriterStart, WriterStop, WriterStopped
+from ckptio.engine.protocol import (
+    Outbox,
+    Reserved,
+    SaveJob,
+    SaveRelease,
+    SaveReserve,
+    WriterPlan,
+    WriterStart,
+    WriterStop,
+    WriterStopped,
+)
 from ckptio.engine.writer import Writer
 from ckptio.errors import RootInUseError
 from ckptio.obs.events import Event
@@ -44,8 +63,8 @@ def _keep_heartbeat(durable: Storage, owner: OwnerRecord, stop: threading.Event)
             return  # another job took the root: owner.lost is set, and the committer refuses every later commit
 
 
-def _serve(conn: Connection, writer: Writer) -> None:
-    """Dispatch messages until ``WriterStop`` or the trainer goes away."""
+def _serve(conn: Connection, out: Outbox, live: LiveSteps, work: queue.Queue[WriterPlan | SaveJob | None]) -> None:
+    """Read messages until ``WriterStop`` or the trainer goes away; plans and jobs go to the pipeline in order."""
     while True:
         try:
             msg = conn.recv()
@@ -55,11 +74,25 @@ def _serve(conn: Connection, writer: Writer) -> None:
             case WriterStop():
                 return
             case WriterPlan():
-                writer.add_plan(msg)
+                work.put(msg)
             case SaveJob():
-                writer.run_job(msg)
+                live.add(msg.step)  # before it is queued: a cleanup running now finishes first
+                work.put(msg)
+            case SaveReserve():
+                live.add(msg.step)
+                out.send(Reserved(msg.step))
+            case SaveRelease():
+                live.remove(msg.step)
             case _:
                 raise TypeError(f"unexpected message to the writer: {type(msg).__name__}")
+
+
+def _run_pipeline(writer: Writer, work: queue.Queue[WriterPlan | SaveJob | None]) -> None:
+    while (item := work.get()) is not None:
+        if isinstance(item, WriterPlan):
+            writer.add_plan(item)
+        else:
+            writer.run_job(item)
 
 
 def writer_main(conn: Connection, start: WriterStart) -> None:
@@ -67,17 +100,23 @@ def writer_main(conn: Connection, start: WriterStart) -> None:
     _lower_priority(start.config.writer_nice)
     out = Outbox(conn, start.rank)
     out.event(Event.WRITER_STARTED, None, pid=os.getpid())
-    writer = Writer(start, out)
+    live = LiveSteps()
+    writer = Writer(start, out, live)
     stop_heartbeat = threading.Event()
     if start.owner is not None:
         threading.Thread(target=_keep_heartbeat, args=(start.durable, start.owner, stop_heartbeat),
                          name="ckptio-heartbeat", daemon=True).start()
+    work: queue.Queue[WriterPlan | SaveJob | None] = queue.Queue()
+    pipeline = threading.Thread(target=_run_pipeline, args=(writer, work), name="ckptio-pipeline", daemon=True)
+    pipeline.start()
     try:
-        _serve(conn, writer)
+        _serve(conn, out, live, work)
     except BaseException:
         traceback.print_exc()
         raise
     finally:
+        work.put(None)
+        pipeline.join()
         stop_heartbeat.set()
         writer.close()
         out.send(WriterStopped())
@@ -87,6 +126,10 @@ def main() -> None:
     # The writer imports torch only where it must (rank 0's commit, a tensor torchsave cannot frame); torch then
     # starts with one intra-op thread: serialization is memcpy-bound, the cores belong to training.
     os.environ["OMP_NUM_THREADS"] = "1"
+    # Ctrl-C reaches every process of the terminal's process group, and schedulers often SIGTERM the whole group:
+    # either would kill the save in flight. The trainer decides when this process stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(int(sys.argv[1]))
     start = conn.recv()
     if not isinstance(start, WriterStart):

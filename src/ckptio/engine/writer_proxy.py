@@ -16,7 +16,17 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ckptio.engine.protocol import FromWriter, SaveJob, ToWriter, WriterPlan, WriterStart, WriterStop, WriterStopped
+from ckptio.engine.protocol import (
+    FromWriter,
+    SaveJob,
+    SaveRelease,
+    SaveReserve,
+    ToWriter,
+    WriterPlan,
+    WriterStart,
+    WriterStop,
+    WriterStopped,
+)
 
 
 def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
@@ -92,6 +102,12 @@ class WriterProxy:
     def submit(self, job: SaveJob) -> None:
         self._send(job)
 
+    def reserve(self, step: int) -> None:
+        self._send(SaveReserve(step))
+
+    def release(self, step: int) -> None:
+        self._send(SaveRelease(step))
+
     def _send(self, msg: ToWriter) -> None:
         with self._send_lock:
             try:
@@ -118,21 +134,28 @@ class WriterProxy:
         if not self._stopping:
             self._on_death(proc.returncode)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Ask the writer to finish its queue and exit; kill it if it does not within ``timeout``."""
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Ask the writer to finish its queue and exit; kill it if it has not within ``timeout`` seconds (a stuck
+        or stopped writer never makes this hang). True when it stopped by itself."""
         if self._proc is None:
-            return
+            return True
+        proc = self._proc
         self._stopping = True
         self._send(WriterStop())
         if self._reader is not None:
-            self._reader.join(timeout)
+            self._reader.join(max(timeout, 0.0))
         try:
-            self._proc.wait(timeout=5)
+            proc.wait(timeout=0 if self._reader is not None and self._reader.is_alive() else 5)
+            clean = True
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            proc.kill()  # SIGKILL ends a SIGSTOPped process too
+            proc.wait()
+            clean = False
+        if self._reader is not None:
+            self._reader.join(5)  # the pipe closed with the process
         self._conn.close()
         self._proc = None
+        return clean
 
     def forget(self) -> None:
         """After a death: drop the dead process so the next ``ensure_started`` starts a new one."""

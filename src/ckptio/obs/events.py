@@ -31,6 +31,9 @@ Events and their extra fields:
     step_end         step, seconds              a training step ended
     writer_started   pid
     writer_died      pid, exitcode
+    local_tier_full  step, error                a warning: no room on the local tier even after eviction; the
+                                                save was written to the durable tier only
+    steps_retired    step, restored_step, retired   after a restore, the abandoned trajectory's steps were retired
 
 Writers also append to the same log; a file per rank keeps appends from interleaving across processes.
 """
@@ -78,6 +81,8 @@ class Event(StrEnum):
     STEP_END = "step_end"
     WRITER_STARTED = "writer_started"
     WRITER_DIED = "writer_died"
+    LOCAL_TIER_FULL = "local_tier_full"  # a warning: the local tier had no room even after eviction; durable only
+    STEPS_RETIRED = "steps_retired"  # after a restore, the abandoned trajectory's later steps were retired
 
 
 class Phase(StrEnum):
