@@ -10,16 +10,12 @@ records (the metadata comes from :func:`~ckptio.format.safe_pickle.load_metadata
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import torch
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    MetadataIndex,
-    TensorStorageMetadata,
-)
+from typing import TYPE_CHECKING, Any
 
 from ckptio.format.records import Manifest, RankIndex
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 
 def _is_int(value: object) -> bool:
@@ -42,10 +38,13 @@ def _item_problem(idx: Any, info: Any, manifest: Manifest) -> str | None:
 
 
 def _chunk_nbytes(md: TensorStorageMetadata, sizes: Any) -> int:
+    import torch  # lazily: importing the format must not load torch (the checks run only on a real .metadata)
+
     return math.prod(int(s) for s in sizes) * torch.empty((), dtype=md.properties.dtype).element_size()
 
 
 def _declared_problems(metadata: Any, storage_data: dict[Any, Any]) -> list[str]:
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
     problems: list[str] = []
     for fqn, md in metadata.state_dict_metadata.items():
         if isinstance(md, BytesStorageMetadata):
@@ -93,6 +92,8 @@ def index_findings(metadata: Any, manifest: Manifest, indexes: dict[int, RankInd
     index agrees with the manifest, ``.metadata`` must place its items exactly where the index does: a
     disagreement there is a problem (values would restore under the wrong names).
     """
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
     problems: list[str] = []
     warnings: list[str] = []
     storage_data = getattr(metadata, "storage_data", None) if metadata is not None else None

@@ -20,8 +20,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from ckptio.errors import CorruptCheckpointError, UntrustedCheckpointError
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -43,6 +41,8 @@ METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
 
 
 def _is_dtype(module: str, name: str) -> bool:
+    import torch  # lazily: importing the format (ls, verify, the writers of ranks > 0) must not load torch
+
     return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
 
 
@@ -85,6 +85,8 @@ def load_object(blob: bytes | memoryview, *, safe_globals: Sequence[Any] = (), t
                 path: str = "") -> Any:
     """A non-tensor value DCP stored with ``torch.save``, loaded with ``weights_only`` semantics plus
     ``safe_globals`` (or fully unpickled with ``trust_pickles``)."""
+    import torch
+
     stream = io.BytesIO(blob)
     if trust_pickles:
         return torch.load(stream, map_location="cpu", weights_only=False)
