@@ -34,6 +34,7 @@ from ckptio.engine.dcp import (
 )
 from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
+from ckptio.engine.levels import TwoLevels
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.restore import restore_step
 from ckptio.engine.staging import (
@@ -75,7 +76,7 @@ def _destroy_side_group(group: SideGroup) -> None:
         dist.destroy_process_group(group.group)
 
 
-class Checkpointer:
+class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks live in engine/levels.py
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
@@ -137,10 +138,11 @@ class Checkpointer:
         remove_stale_slots(slots_dir)
         self._staging = StagingArea(config.max_pending, slots_dir)
         resources.callback(self._staging.close)
+        self._setup_levels()  # issue 10: partner sockets exchanged on the side group (every rank together)
         self._writer = WriterProxy(self._writer_spec(), on_message=self._on_writer_message,
                                    on_death=self._on_writer_death)
         resources.callback(self._writer.stop)
-        if config.start_writer == "on_init":
+        if config.start_writer == "on_init" or self._levels is not None:  # issue 10: partner servers serve restores
             # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
             self._writer.ensure_started()
 
@@ -152,7 +154,7 @@ class Checkpointer:
 
     def _writer_spec(self) -> protocol.WriterStart:
         return protocol.WriterStart(config=self.config.writer_config(), rank=self.rank, world_size=self.world_size,
-                                    durable=self.storage, local=self.local, owner=self._owner)
+                                    durable=self.storage, local=self.local, owner=self._owner, levels=self._lv_start)
 
     def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)
@@ -300,12 +302,14 @@ class Checkpointer:
         self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
         self._writer.ensure_started()
         self._writer.submit(protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
-                                             slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects)))
+                                             slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
+                                             **self._level_fields()))
         handle.returned_mono = time.monotonic()
         return handle
 
     def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
         """Save when ``every_steps`` divides ``step`` or ``every_seconds`` passed (rank 0's clock decides)."""
+        self._exit_if_preempted(step, state)  # issue 10: SIGTERM on any rank: emergency save, then SystemExit(0)
         due = self.config.every_steps is not None and step % self.config.every_steps == 0
         if self.config.every_seconds is not None:
             elapsed = time.monotonic() - (self._last_save_mono or self._created_mono)
@@ -405,6 +409,8 @@ class Checkpointer:
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
         """Load the newest committed step (or ``step``) into ``state`` in place; None when there is none."""
         self._check_open()
+        if self._levels is not None:  # issue 10: newest restorable step on any level, fastest intact copies
+            return self._restore_levels(state, step)
         return restore_step(self.storage, state, step=step, local=self.local, group=self.group,
                             concurrency=self.config.upload_concurrency, trust_pickles=self.config.trust_pickles,
                             safe_globals=self.config.safe_globals)

@@ -78,6 +78,11 @@ class Event(StrEnum):
     STEP_END = "step_end"
     WRITER_STARTED = "writer_started"
     WRITER_DIED = "writer_died"
+    # issue 10: the local level (node-local + partner copies), restores from it, preemption
+    LEVEL_COMMITTED = "level_committed"
+    LEVEL_FAILED = "level_failed"
+    RESTORED = "restored"
+    PREEMPTED = "preempted"
 
 
 class Phase(StrEnum):
@@ -85,6 +90,7 @@ class Phase(StrEnum):
 
     SERIALIZE = "serialize"
     LOCAL_WRITE = "local_write"
+    REPLICATE = "replicate"  # issue 10: copies to partner nodes
     UPLOAD = "upload"
     RANK_INDEX = "rank_index"
     METADATA = "metadata"
