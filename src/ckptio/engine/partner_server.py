@@ -100,12 +100,15 @@ class PartnerServer:
                         header = recv_header(conn)
                     except ConnectionError:
                         return
-                    if header.get("op") == "put":
-                        self._put(conn, header)
-                    elif header.get("op") == "get":
-                        self._get(conn, header)
-                    else:
-                        send_header(conn, {"ok": False, "error": "unknown op"})
+                    try:
+                        if header.get("op") == "put":
+                            self._put(conn, header)
+                        elif header.get("op") == "get":
+                            self._get(conn, header)
+                        else:
+                            raise CorruptCheckpointError("partner request: unknown op")
+                    except (CorruptCheckpointError, KeyError, TypeError, ValueError) as exc:
+                        send_header(conn, {"ok": False, "error": f"refused: {exc}"})
                         return
             except (OSError, ValueError, CkptError) as exc:
                 # A broken or hostile connection ends here; the sender sees no acknowledgement.

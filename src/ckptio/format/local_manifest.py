@@ -181,7 +181,7 @@ def level_rows(storage: Storage) -> dict[int, dict[str, Any]]:
     for step in local_committed_steps(storage):
         try:
             lm = read_local_manifest(storage, step)
-        except CkptErrorTypes as exc:
+        except (CorruptCheckpointError, StorageError) as exc:
             rows[step] = {"corrupt": str(exc)}
             continue
         if lm is None:
@@ -192,4 +192,18 @@ def level_rows(storage: Storage) -> dict[int, dict[str, Any]]:
     return rows
 
 
-CkptErrorTypes = (CorruptCheckpointError, StorageError)
+def merge_level_rows(rows: list[dict[str, Any]], local: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """``ckptio ls``: durable rows get ``levels`` (["durable"], plus "local" when also held on nodes) and
+    ``held_on`` (the root, then nodes); local-only steps get rows of their own."""
+    by_step = {r["step"]: r for r in rows}
+    for row in rows:
+        row["levels"] = ["durable"] if row["committed"] else []
+        row["held_on"] = ["durable root"] if row["committed"] else []
+    for step, info in local.items():
+        if step not in by_step:
+            by_step[step] = {"step": step, "committed": "corrupt" not in info, "latest": False, "levels": [],
+                                   "held_on": []}
+            by_step[step].update({k: v for k, v in info.items() if k not in ("nodes", "durable_too")})
+        by_step[step]["levels"].append("local")
+        by_step[step]["held_on"].extend(f"node {n}" for n in info.get("nodes", []))
+    return [by_step[s] for s in sorted(by_step)]
