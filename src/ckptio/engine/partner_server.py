@@ -156,9 +156,9 @@ class PartnerServer:
         send_header(conn, {"ok": False, "size": 0, "error": "not held here"})
 
     def close(self) -> None:
+        """Stop serving. Never ``shutdown()`` the listener: the trainer holds the same socket for the next writer;
+        the accept thread is a daemon and ends with this process."""
         self._stop = True
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.listener.close()
 
