@@ -63,6 +63,11 @@ class CheckpointerOptions(TypedDict, total=False):
     storage_options: dict[str, Any]
     trust_pickles: bool
     safe_globals: tuple[Any, ...] | list[Any]
+    durable_every: int
+    replicas: int
+    node_id: str | None
+    preempt_grace_s: float
+    partner_timeout_s: float
 
 
 def unknown_option_error(name: str, valid: list[str]) -> ConfigError:
@@ -268,6 +273,29 @@ class CheckpointerConfig:
     semantics. Each one is code that a writer of the store may call with arguments it chooses. A list is stored as
     a tuple."""
 
+    durable_every: int = 1
+    """Issue 10, two levels: with k > 1 every ``save`` is a local-level save (this node's ``local_dir`` plus copies
+    on ``replicas`` partner nodes, committed with its own manifest) and every k-th one (counted per Checkpointer,
+    the first at the k-th) also goes to the durable root. Needs ``local_dir``. 1: every save is durable, as
+    without levels (``replicas`` is then unused)."""
+
+    replicas: int = 1
+    """Partner nodes that receive a copy of each rank's local-level files (the same local rank on the next
+    ``replicas`` nodes). 0 keeps local-level saves on their own node only (a node loss then loses them)."""
+
+    node_id: str | None = None
+    """This rank's node, for placing partner copies on other nodes. None: the host name (plus torchrun's
+    ``GROUP_RANK`` when set). Tests place "nodes" on one machine with it."""
+
+    preempt_grace_s: float = 30.0
+    """Two levels only: a SIGTERM makes the next ``maybe_save`` an emergency local-level save (waited for at most
+    this long from the signal), then the process exits cleanly (``SystemExit(0)``); 0 leaves SIGTERM alone.
+    ``emergency_save`` waits at most this long too."""
+
+    partner_timeout_s: float = 30.0
+    """A partner that does not take a copy within this long is unreachable for that save (its local level is not
+    committed); restores give up on a partner's copy after this long too."""
+
     def writer_config(self) -> WriterConfig:
         """The part of this config the writer process reads (same field names: a projection, never a copy). Its
         residency is the one in force (:func:`~ckptio.policy.residency.resolve_residency`: never None)."""
@@ -299,6 +327,12 @@ class CheckpointerConfig:
              "local_capacity_bytes must be positive"),
             (isinstance(self.root, str) and not self.root, "root must not be empty"),
             (self.staging_dir is not None and not os.fspath(self.staging_dir), "staging_dir must not be empty"),
+            (self.durable_every < 1, f"durable_every must be >= 1, got {self.durable_every}"),
+            (self.durable_every > 1 and self.local_dir is None, "durable_every > 1 needs local_dir (the local level)"),
+            (self.replicas < 0, f"replicas must be >= 0, got {self.replicas}"),
+            (self.preempt_grace_s < 0, f"preempt_grace_s must be >= 0, got {self.preempt_grace_s}"),
+            (self.partner_timeout_s <= 0, f"partner_timeout_s must be > 0, got {self.partner_timeout_s}"),
+            (self.node_id is not None and not self.node_id, "node_id must not be empty"),
         ]
         for bad, message in problems:
             if bad:

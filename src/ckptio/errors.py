@@ -18,6 +18,7 @@
     │   ├── StorageFullError                   ENOSPC, or the local tier's byte budget is spent
     │   └── StoreCapabilityError               the store lacks a guarantee or API ckptio relies on (conditional
     │                                          writes, public-access/region APIs); says what it means and the options
+    │   └── ReplicationError                   a partner node did not take a copy of a local-level save (issue 10)
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
     ├── RootInUseError                         another live job owns this checkpoint root
@@ -48,6 +49,7 @@ __all__ = [
     "CorruptCheckpointError",
     "NotFoundError",
     "PreconditionError",
+    "ReplicationError",
     "ResidencyError",
     "RootInUseError",
     "StorageError",
@@ -162,6 +164,11 @@ class StoreCapabilityError(StorageError):
     """The store does not honour a guarantee ckptio relies on (create-only or compare-and-swap writes, multipart
     uploads, ranged reads), or lacks an API a check needs (bucket public-access status, region). Raised before
     anything is written; the message says what is missing, what that means, and the options (docs/s3.md)."""
+
+
+class ReplicationError(StorageError):
+    """A partner node did not acknowledge its copy of a local-level save (unreachable, timed out, refused, or the
+    bytes arrived damaged): that save's local level is not committed; training goes on."""
 
 
 class CommitError(CkptError):

@@ -13,6 +13,7 @@ from typing import Any
 
 from ckptio import format as fmt
 from ckptio.errors import CkptError, CorruptCheckpointError
+from ckptio.format.local_manifest import level_rows, merge_level_rows
 from ckptio.storage import open_storage
 
 
@@ -48,7 +49,7 @@ def _step_rows(root: str) -> list[dict[str, Any]]:
         row.update(committed=True, bytes=manifest.total_bytes, files=len(manifest.files),
                    world_size=manifest.world_size, created=manifest.created)
         rows.append(row)
-    return rows
+    return merge_level_rows(rows, level_rows(storage))  # issue 10: levels, and where each step is held
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -60,13 +61,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"ckptio checkpoints under {args.root}")
-    for col in ("step", "state", "bytes", "files", "ranks"):
+    for col in ("step", "state", "bytes", "files", "ranks", "levels", "held on"):
         table.add_column(col, justify="right" if col != "state" else "left")
     for r in rows:
         state = ("committed" + (" (latest)" if r["latest"] else "")) if r["committed"] else "uncommitted"
         state = "corrupt manifest (run verify)" if "corrupt" in r else state
         table.add_row(str(r["step"]), state, f"{r['bytes']:,}" if "bytes" in r else "-",
-                      str(r.get("files", "-")), str(r.get("world_size", "-")))
+                      str(r.get("files", "-")), str(r.get("world_size", "-")), "+".join(r["levels"]) or "-",
+                      ", ".join(r.get("held_on", [])) or "-")
     Console().print(table)
     return 0
 

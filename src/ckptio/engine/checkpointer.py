@@ -35,6 +35,7 @@ from ckptio.engine.dcp import (
 )
 from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
+from ckptio.engine.levels import TwoLevels
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.pending import SaveTracker
 from ckptio.engine.restore import restore_step
@@ -78,7 +79,7 @@ def _destroy_side_group(group: SideGroup) -> None:
         dist.destroy_process_group(group.group)
 
 
-class Checkpointer:
+class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks live in engine/levels.py
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
@@ -137,12 +138,13 @@ class Checkpointer:
         self._staging = StagingArea(config.max_pending, slots_dir)
         resources.callback(self._staging.close)
         self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank)
+        self._setup_levels()  # issue 10: partner sockets exchanged on the side group (every rank together)
         self._writer = WriterProxy(self._writer_spec(), on_message=self._tracker.on_message,
                                    on_death=lambda code: self._tracker.on_writer_death(code, self._writer.pid))
         resources.callback(self._stop_writer)
         self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
                                 pending_wait_s=config.close_timeout_s, ack_wait_s=config.commit_timeout_s)
-        if config.start_writer == "on_init":
+        if config.start_writer == "on_init" or self._levels is not None:  # partner servers serve restores
             # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
             self._writer.ensure_started()
 
@@ -154,7 +156,7 @@ class Checkpointer:
 
     def _writer_spec(self) -> protocol.WriterStart:
         return protocol.WriterStart(config=self.config.writer_config(), rank=self.rank, world_size=self.world_size,
-                                    durable=self.storage, local=self.local, owner=self._owner)
+                                    durable=self.storage, local=self.local, owner=self._owner, levels=self._lv_start)
 
     def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)
@@ -326,7 +328,7 @@ class Checkpointer:
         self._writer.ensure_started()
         self._writer.submit(protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
                                              slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
-                                             rollback=rollback, replaces=replaces))
+                                             rollback=rollback, replaces=replaces, **self._level_fields()))
         handle.returned_mono = time.monotonic()
         return handle
 
@@ -338,6 +340,7 @@ class Checkpointer:
             raise ConfigError("maybe_save needs every_steps or every_seconds (or call save)", root=self.storage.url,
                               rank=self.rank)
         step = checked_step(step)
+        self._exit_if_preempted(step, state)  # issue 10: SIGTERM on any rank: emergency save, SystemExit(0)
         due = self.config.every_steps is not None and step % self.config.every_steps == 0
         if self.config.every_seconds is not None:
             elapsed = time.monotonic() - (self._last_save_mono or self._created_mono)
@@ -378,9 +381,12 @@ class Checkpointer:
         self._check_open()
         if step is not None:
             step = checked_step(step)
-        chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
-                              concurrency=self.config.upload_concurrency,
-                              trust_pickles=self.config.trust_pickles, safe_globals=self.config.safe_globals)
+        if self._levels is not None:  # issue 10: newest restorable step on any level, fastest intact copies
+            chosen = self._restore_levels(state, step)
+        else:
+            chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
+                                  concurrency=self.config.upload_concurrency,
+                                  trust_pickles=self.config.trust_pickles, safe_globals=self.config.safe_globals)
         if chosen is not None:
             self._tracker.restored(chosen)
             self._step_rules.seen(chosen)

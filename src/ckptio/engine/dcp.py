@@ -275,7 +275,7 @@ class CkptioStorageReader(StorageReader):
         if self._metadata is not None:
             return self._metadata
         name = ".metadata"
-        key = join_key(step_dir(self.step), name)
+        key = self.metadata_key()
         raw = self.storage.get(key)
         if self.manifest.metadata_crc32c:
             check_file(self.storage, self.step, name, raw,
@@ -293,6 +293,10 @@ class CkptioStorageReader(StorageReader):
             metadata.storage_meta = StorageMeta()
         self._metadata = metadata
         return metadata
+
+    def metadata_key(self) -> str:
+        """Where ``.metadata`` is read from (the local level's reader, issue 10, reads its own)."""
+        return join_key(step_dir(self.step), ".metadata")
 
     def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
         exc.root, exc.step = exc.root or self.storage.url, self.step

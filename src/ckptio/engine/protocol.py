@@ -39,6 +39,22 @@ class WriterStart:
     local: Storage | None
     owner: OwnerRecord | None
     """Rank 0 only: the root's owner record, whose heartbeat the writer keeps fresh."""
+    levels: LevelsStart | None = None  # issue 10: the local level (None: durable_every=1, today's pipeline)
+
+
+@dataclass(frozen=True, slots=True)
+class LevelsStart:
+    """Issue 10: what a writer needs for the local level (partner replication, local-level commits)."""
+
+    node: str
+    listen_fd: int
+    """The partner server's listening socket, bound by the trainer (so its address outlives a writer restart)."""
+    peers: tuple[tuple[int, str, str, int], ...]
+    """(rank, node, host, port) of every rank's partner server."""
+    partner_ranks: tuple[int, ...]
+    """The ranks (on other nodes) that receive a copy of this rank's files."""
+    timeout_s: float
+    """A partner that does not take a file within this many seconds is unreachable for that save."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +93,9 @@ class SaveJob:
     """Until a save after a restore commits: retire the abandoned trajectory's later steps."""
     replaces: tuple[int, ...] = ()
     """Save ids of this trainer's earlier saves of this step: their manifest is superseded, any other refused."""
+    durable: bool = True  # issue 10: this save goes to the durable level
+    local_level: bool = False  # issue 10: this save commits on the local level (own node + partners)
+
 
 
 @dataclass(frozen=True, slots=True)

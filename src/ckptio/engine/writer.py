@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ckptio.engine.committer import CommitRequest, Committer, discard_attempt, report_failure
 from ckptio.engine.live import LiveSteps
 from ckptio.engine.protocol import Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
+from ckptio.engine.replica import LocalLevel
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.format import (
     FileRecord,
@@ -63,6 +64,7 @@ class Writer:
         self._last_residency_check = 0.0
         self._plans: dict[int, WriterPlan] = {}
         self._framer = TensorFramer()
+        self._levels = LocalLevel(start, out) if start.levels is not None else None  # issue 10
 
     def add_plan(self, plan: WriterPlan) -> None:
         self._plans = {plan.plan_id: plan}  # jobs are in order, so older plans are never referenced again
@@ -85,6 +87,11 @@ class Writer:
                 # The snapshot is safe on the local tier (NVMe/RAM) once written: free the slot before uploading.
                 self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
                 slot_freed = True
+                if self._levels is not None and job.local_level:  # issue 10: partners + local-level commit
+                    self._levels.run(job, plan.metadata_skeleton, files, items)
+                if not job.durable:
+                    self.live.remove(job.step)  # a local-level-only save ends here: nothing for the committer
+                    return
                 self._upload_from_local(job, files, local)
             index = RankIndex(step=job.step, rank=rank, world_size=self.start.world_size,
                               save_id=job.save_id, files=files, items=items)
@@ -261,6 +268,8 @@ class Writer:
     def close(self) -> None:
         """Finish the queued commits, then release the threads and the slot mappings."""
         self._committer.close()
+        if self._levels is not None:
+            self._levels.close()
         self._pool.shutdown(wait=True)
         for buf in self._maps.values():
             with contextlib.suppress(BufferError):

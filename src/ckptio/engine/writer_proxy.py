@@ -39,7 +39,8 @@ def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ckptio.engine.writer_main", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+            # issue 10: the partner server's listening socket, held by the trainer, is inherited by each writer.
+            pass_fds=[theirs.fileno()] + ([start.levels.listen_fd] if start.levels is not None else []),
             env=env,
             close_fds=True,
         )

@@ -83,6 +83,11 @@ class Event(StrEnum):
     WRITER_DIED = "writer_died"
     LOCAL_TIER_FULL = "local_tier_full"  # a warning: the local tier had no room even after eviction; durable only
     STEPS_RETIRED = "steps_retired"  # after a restore, the abandoned trajectory's later steps were retired
+    # issue 10: the local level (node-local + partner copies), restores from it, preemption
+    LEVEL_COMMITTED = "level_committed"
+    LEVEL_FAILED = "level_failed"
+    RESTORED = "restored"
+    PREEMPTED = "preempted"
 
 
 class Phase(StrEnum):
@@ -90,6 +95,7 @@ class Phase(StrEnum):
 
     SERIALIZE = "serialize"
     LOCAL_WRITE = "local_write"
+    REPLICATE = "replicate"  # issue 10: copies to partner nodes
     UPLOAD = "upload"
     RANK_INDEX = "rank_index"
     METADATA = "metadata"

@@ -1,0 +1,169 @@
+"""Two levels with real failures on one machine (issue 10): real gloo ranks as separate processes, "nodes" placed
+with ``node_id`` (each with its own local dir), real kill -9 of a whole node (ranks and writers), real SIGTERM.
+
+The base job trains 5 steps with ``durable_every=2``: durable steps 2 and 4, local-level steps 1..5 (own node +
+one partner node). Scenarios then damage copies of that job's directories and relaunch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptio.format.local_manifest import local_committed_steps, partner_copy_key, read_local_manifest
+from ckptio.storage import open_storage
+from ckptio.testing.ranks import free_port
+
+JOB = os.path.join(os.path.dirname(__file__), "two_level_job.py")
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+
+
+class Job:
+    """One launch: ``world`` rank processes, rank r on node ``nodes[r]``, each in its own process group."""
+
+    def __init__(self, base: Path, nodes: list[str], mode: str, *, steps: int = 0, durable_every: int = 2,
+                 **extra: Any) -> None:
+        port = free_port()
+        self.procs: list[subprocess.Popen[str]] = []
+        for rank, node in enumerate(nodes):
+            spec = {"root": str(base / "root"), "local": str(base / f"local-{node}"), "node": node, "mode": mode,
+                    "steps": steps, "durable_every": durable_every, **extra}
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(nodes)), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), CKPTIO_PARTNER_HOST="127.0.0.1")
+            self.procs.append(subprocess.Popen([sys.executable, JOB, json.dumps(spec)], stdout=subprocess.PIPE,
+                                               text=True, env=env, start_new_session=True))
+
+    def line(self, rank: int, key: str, timeout: float = 120.0) -> dict[str, Any]:
+        """The next JSON line of ``rank`` that has ``key`` (others are skipped)."""
+        proc = self.procs[rank]
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            raw = proc.stdout.readline()
+            if not raw:
+                raise AssertionError(f"rank {rank} exited ({proc.wait()}) before printing {key!r}")
+            if raw.startswith("{"):
+                record = json.loads(raw)
+                if key in record:
+                    return record
+        raise AssertionError(f"rank {rank}: no {key!r} within {timeout} s")
+
+    def kill(self, ranks: list[int]) -> None:
+        for r in ranks:  # trainer and its writer share the process group: kill -9 the whole "node"
+            os.killpg(self.procs[r].pid, signal.SIGKILL)
+        for r in ranks:
+            self.procs[r].wait()
+            self._close(r)
+
+    def _close(self, rank: int) -> None:
+        if self.procs[rank].stdout is not None:
+            self.procs[rank].stdout.close()
+
+    def wait(self, timeout: float = 120.0) -> list[int]:
+        codes = [p.wait(timeout=timeout) for p in self.procs]
+        for r in range(len(self.procs)):
+            self._close(r)
+        return codes
+
+
+NODES4 = ["n0", "n0", "n1", "n1"]  # 2 ranks x 2 nodes
+NODES2 = ["n0", "n1"]
+
+
+def _train_then_lose_node(base: Path, nodes: list[str]) -> None:
+    job = Job(base, nodes, "hang", steps=5)
+    for r in range(len(nodes)):
+        assert job.line(r, "done")["done"] == 5
+    job.kill([r for r, n in enumerate(nodes) if n == "n1"])  # node n1 dies with its writers
+    job.kill([r for r, n in enumerate(nodes) if n != "n1"])  # the launcher tears the job down
+    shutil.rmtree(base / "local-n1")  # and n1 comes back with an empty local disk
+    root = open_storage(str(base / "root"))
+    assert local_committed_steps(root)[-1] == 5
+
+
+def _relaunch(base: Path, nodes: list[str]) -> list[dict[str, Any]]:
+    job = Job(base, nodes, "exit")
+    lines = [job.line(r, "restored") for r in range(len(nodes))]
+    assert job.wait() == [0] * len(nodes)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def two_rank_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("two-rank-base")
+    _train_then_lose_node(base, NODES2)
+    return base
+
+
+def test_node_loss_restores_from_partners_bit_exact_newer_than_durable(tmp_path):
+    _train_then_lose_node(tmp_path, NODES4)
+    lines = _relaunch(tmp_path, NODES4)
+    for r, line in enumerate(lines):
+        assert line["restored"] == 5 and line["ok"], line  # newer than the newest durable step (4), bit-exact
+        assert line["last_restore"]["level"] == "local"
+        if NODES4[r] == "n1":  # its own copies are gone: every file came over the network from n0
+            assert set(line["last_restore"]["sources"]) == {"partner"}, line
+        else:
+            assert set(line["last_restore"]["sources"]) == {"local"}, line
+
+
+def test_node_and_partner_lost_restores_from_durable(two_rank_base, tmp_path):
+    base = tmp_path / "b"
+    shutil.copytree(two_rank_base, base)
+    shutil.rmtree(base / "local-n0")  # n1's only partner is gone too
+    for line in _relaunch(base, NODES2):
+        assert line["restored"] == 4 and line["ok"] and line["last_restore"]["level"] == "durable", line
+        assert "held on no node" in line["last_restore"]["note"]
+
+
+def test_corrupt_partner_copy_restores_from_durable(two_rank_base, tmp_path):
+    base = tmp_path / "c"
+    shutil.copytree(two_rank_base, base)
+    manifest = read_local_manifest(open_storage(str(base / "root")), 5)
+    assert manifest is not None
+    (name,) = [n for n in manifest.manifest.files if n.startswith("__1_")]  # rank 1's (node n1's) file
+    copy = base / "local-n0" / partner_copy_key(5, name)
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    copy.write_bytes(bytes(data))
+    for line in _relaunch(base, NODES2):
+        assert line["restored"] == 4 and line["ok"] and line["last_restore"]["level"] == "durable", line
+        assert "failed its checks" in line["last_restore"]["note"]
+
+
+def test_unreachable_partner_fails_that_local_level_only(tmp_path):
+    events = str(tmp_path / "events-{rank}.jsonl")
+    job = Job(tmp_path, NODES2, "unreachable", durable_every=100, partner_timeout_s=2.0, events=events)
+    failed = job.line(0, "failed")
+    assert failed["failed"] == 2 and failed["error_type"] == "ReplicationError", failed
+    assert "unreachable" in failed["error"]
+    assert job.line(0, "done")["done"] == 3 and job.line(1, "done")["done"] == 3  # training went on
+    assert job.wait() == [0, 0]
+    assert local_committed_steps(open_storage(str(tmp_path / "root"))) == [3]  # 2 never committed; 1 evicted
+    records = [json.loads(x) for x in Path(events.format(rank=0)).read_text().splitlines()]
+    why = [r for r in records if r["event"] == "level_failed" and r["step"] == 2]
+    assert why and "unreachable" in why[0]["error"]
+
+
+def test_sigterm_saves_to_the_local_level_and_resumes_from_that_step(tmp_path):
+    job = Job(tmp_path, NODES2, "sigterm", durable_every=1000)
+    for r in range(2):
+        job.line(r, "saved")
+        job.line(r, "saved")
+    for proc in job.procs:
+        os.kill(proc.pid, signal.SIGTERM)  # the trainer only: a scheduler's preemption notice
+    assert job.wait() == [0, 0]  # exited cleanly
+    root = open_storage(str(tmp_path / "root"))
+    saved = local_committed_steps(root)[-1]
+    lines = _relaunch(tmp_path, NODES2)
+    for line in lines:
+        assert line["restored"] == saved and line["ok"] and line["last_restore"]["level"] == "local", line
