@@ -153,10 +153,11 @@ class DcpBest:
 
     def wait_staged(self) -> float:
         """Wait until the last save no longer reads the live state; returns the seconds waited."""
+        if self.staging is None:
+            return 0.0
         t0 = time.perf_counter()
-        if self.staging is not None:
-            staging, self.staging = self.staging, None
-            staging.result()
+        staging, self.staging = self.staging, None
+        staging.result()
         return time.perf_counter() - t0
 
     def done(self) -> bool:

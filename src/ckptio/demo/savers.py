@@ -5,7 +5,7 @@ Each saver measures the same things the same way: the time the training loop spe
 async ones this includes waiting for the previous save, the usual one-in-flight discipline), the time the
 next step waits for the staging copy before its optimizer step (``before_update``: DCP-best only), and the
 lag from the save request until this rank's part is durable. The DCP savers write the obs event schema
-themselves so the report can draw all three runs alike; ckptio writes its own events. This module must never
+themselves so the report can draw all four runs alike; ckptio writes its own events. This module must never
 run a collective outside a save call, nor touch the training process group from a background thread (async
 DCP gets its own gloo group)."""
 
@@ -32,7 +32,7 @@ from ckptio.storage import PosixStorage, Storage, open_storage
 
 
 def step_dir(step: int) -> str:
-    """The directory of one step, named like ckptio's layout so all three runs read alike."""
+    """The directory of one step, named like ckptio's layout so all four runs read alike."""
     return f"step-{step:08d}"
 
 

@@ -37,7 +37,7 @@ def results_table(rows: list[RunRow]) -> Table:
         "clean step",
         "stall / save",
         "+ slower steps",
-        "time lost / save",
+        "lost / save",
         "time lost",
         "flush lag",
         "committed",
@@ -53,7 +53,7 @@ def results_table(rows: list[RunRow]) -> Table:
             _s(row.lost_per_save_s),
             _pct(row.steady_lost_fraction),
             _s(row.median_lag_s),
-            f"{len(row.committed)}/{row.saves}: " + ",".join(map(str, row.committed)),
+            f"{len(row.committed)}/{row.saves}",
         )
     return table
 
