@@ -22,7 +22,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ckptio import Checkpointer
 from ckptio.demo.job import Mode, RankJob, RankResult, SaveRecord
 from ckptio.demo.model import Trainer, TrainState
-from ckptio.demo.savers import CkptioSaver, DcpAsyncSaver, DcpBestSaver, DcpSyncSaver, Saver, open_demo_storage
+from ckptio.demo.savers import (
+    CkptioSaver,
+    DcpAsyncSaver,
+    DcpBestSaver,
+    DcpSyncSaver,
+    Saver,
+    open_demo_storage,
+    prune_older_steps,
+)
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
 
@@ -111,6 +119,7 @@ def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: T
         record.lag_s = lags.get(record.step)
     if rank == 0:
         result.committed = saver.committed()
+        prune_older_steps(job.stores[result.mode], result.committed)
 
 
 def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer, result: RankResult) -> None:
