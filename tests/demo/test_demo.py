@@ -31,30 +31,41 @@ TINY = ModelShape(vocab=2048, d_model=32, layers=1, heads=2, seq_len=8, batch=2,
 @pytest.mark.multiproc
 def test_short_demo_end_to_end(tmp_path: Path) -> None:
     console = Console(file=open(os.devnull, "w"), width=120)  # noqa: SIM115 (closed below)
-    config = DemoConfig(steps=7, every=3, shape=TINY, store_bandwidth=4 * 2**20, out=str(tmp_path / "demo"))
+    config = DemoConfig(steps=10, every=3, shape=TINY, store_bandwidth=4 * 2**20, out=str(tmp_path / "demo"))
     try:
         outcome = run_demo(config, console)
     finally:
         console.file.close()
 
-    assert [row.mode for row in outcome.rows] == ["dcp-sync", "dcp-async", "ckptio"]
+    assert [row.mode for row in outcome.rows] == ["dcp-sync", "dcp-async", "dcp-best", "ckptio"]
     for row in outcome.rows:
-        assert row.committed == [3, 6], row
-        assert row.saves == 2
+        assert row.committed == [3, 6, 9], row
+        assert row.saves == 3
+        # The first save is apart; the steady figures are the two after it, each durable and measured.
+        assert row.first is not None and row.first.step == 3
+        assert row.first_durable_s is not None and row.first_durable_s > 0
+        assert [s.step for s in row.steady] == [6, 9]
+        assert all(s.lag_s is not None and s.lost_s >= s.stall_s > 0 for s in row.steady)
         assert row.median_step_s is not None and row.median_step_s > 0
-    # ckptio's steps are committed by the contract's rule (the manifest exists) and DCP-loadable.
+    assert outcome.rows[-1].ready_s > 0  # ckptio's writer booted before step 1
+    # The newest step of every mode stays, committed by its own rule (ckptio: the manifest; DCP: .metadata);
+    # the older ones are pruned once measured, so the demo leaves one checkpoint per mode on disk.
     store = tmp_path / "demo" / "store"
-    for step in (3, 6):
-        assert (store / "ckptio" / f"step-{step:08d}" / "manifest.json").is_file()
-        assert (store / "dcp-sync" / f"step-{step:08d}" / ".metadata").is_file()
-    assert outcome.resume.restored_step == 6
+    assert (store / "ckptio" / "step-00000009" / "manifest.json").is_file()
+    for mode in ("dcp-sync", "dcp-async", "dcp-best"):
+        assert (store / mode / "step-00000009" / ".metadata").is_file()
+    for mode in ("ckptio", "dcp-sync", "dcp-async", "dcp-best"):
+        assert sorted(p.name for p in (store / mode).glob("step-*")) == ["step-00000009"]
+    assert outcome.resume.restored_step == 9
     assert outcome.resume.bit_exact
-    assert outcome.resume.resumed[7] == outcome.resume.uninterrupted[7]
-    for mode in ("ckptio", "dcp-sync", "dcp-async"):
+    assert outcome.resume.resumed[10] == outcome.resume.uninterrupted[10]
+    for mode in ("ckptio", "dcp-sync", "dcp-async", "dcp-best"):
         report = Path(outcome.reports[mode])
         assert report.is_file() and "<img" in report.read_text()
     assert Path(outcome.reports["ckptio"]).with_suffix(".png").is_file()
     assert outcome.prediction.sync.checkpoint_bytes == pytest.approx(TINY.state_bytes())
+    assert not outcome.choice.chosen and outcome.choice.every == 3
+    assert "Verdict" in outcome.verdict and "bit-exact" in outcome.verdict
 
 
 @pytest.mark.slow
@@ -143,7 +154,7 @@ def test_job_round_trips_through_json(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"ranks": 0}, {"steps": 5, "every": 5}, {"store_bandwidth": 0}, {"store": "nfs"}, {"ranks": 3}],
+    [{"ranks": 0}, {"steps": 5, "every": 5}, {"store_bandwidth": 0}, {"store": "nfs"}, {"ranks": 3}, {"saves": 1}],
 )
 def test_bad_demo_options_are_config_errors(changes: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
@@ -157,7 +168,10 @@ def test_cli_parses_bandwidth_and_quick() -> None:
     args = build_parser().parse_args(["demo", "--quick", "--store-bandwidth", "200MiB/s", "--ranks", "4"])
     config = build_config(args)
     assert config.store_bandwidth == 200 * 2**20
-    assert config.ranks == 4 and config.steps < DemoConfig().steps
+    assert config.ranks == 4 and config.shape.state_bytes() < DemoConfig().shape.state_bytes()
+    assert config.every is None and config.steps is None  # the planner picks the interval
+    args = build_parser().parse_args(["demo", "--every", "7", "--saves", "3"])
+    assert (build_config(args).every, build_config(args).saves) == (7, 3)
     bad = build_parser().parse_args(["demo", "--store-bandwidth", "fast"])
     with pytest.raises(ConfigError):
         build_config(bad)

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from ckptio.demo.model import ModelShape
 from ckptio.errors import ConfigError
 
-Mode = Literal["dcp-sync", "dcp-async", "ckptio", "resume"]
-MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio", "resume")
+Mode = Literal["dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume"]
+MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,7 +46,7 @@ class RankJob:
     """One launch of the demo job's ranks, identical for every rank: one or more runs, one after the other."""
 
     runs: list[Mode]
-    """The runs, in order: training runs (``dcp-sync``, ``dcp-async``, ``ckptio``) share one launch;
+    """The runs, in order: training runs (``dcp-sync``, ``dcp-async``, ``dcp-best``, ``ckptio``) share one launch;
     ``resume`` (restore the newest ckptio step) is a launch of its own, so it starts from fresh processes."""
 
     world: int
@@ -125,6 +125,10 @@ class SaveRecord:
     blocking_s: float
     """Time the training loop spent in the save call (waiting for the previous save included)."""
 
+    staging_wait_s: float = 0.0
+    """Time the next step waited, before its optimizer step, for this save's staging copy (DCP-best's
+    ``staging_completion``); 0 for savers that copy inside the save call."""
+
     lag_s: float | None = None
     """Save request → durable on this rank (DCP: future done; ckptio: the step committed); None if unknown."""
 
@@ -147,6 +151,21 @@ class RankResult:
 
     saves: list[SaveRecord] = field(default_factory=list)
     """Every save of the run."""
+
+    ready_s: float = 0.0
+    """Time waited before step 1 for the saver to be ready (ckptio: its writer process booting)."""
+
+    first_durable_s: float | None = None
+    """First save() call → durable on this rank: the run waits for it before training on, so its one-time
+    costs (planning, slots, DCP's process spawn) stay out of the steady saves after it."""
+
+    rank_cpu_s: float = 0.0
+    """CPU seconds of this rank's process from step 1 to the last save durable (training, staging, DCP's
+    in-process threads)."""
+
+    saver_cpu_s: float = 0.0
+    """CPU seconds of this rank's child processes over the same span (ckptio's writer, DCP-best's checkpoint
+    process)."""
 
     drain_s: float = 0.0
     """Time waiting for the last saves to become durable after the last step."""

@@ -40,6 +40,8 @@ def _rank_env() -> dict[str, str]:
     # gloo must listen on loopback: the demo is one machine, and the host name may resolve to nothing useful.
     if os.path.exists("/sys/class/net/lo"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # DCP's checkpoint process (DCP-best) rendezvouses at MASTER_ADDR, else at this host's resolved name.
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -12,6 +12,7 @@ This module must never touch storage or checkpointing: it only builds the model,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,14 +164,17 @@ class Trainer:
                 "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
             }
 
-    def train_step(self) -> float:
-        """Run step ``self.step + 1``; returns its loss."""
+    def train_step(self, before_update: Callable[[], object] | None = None) -> float:
+        """Run step ``self.step + 1``; returns its loss. ``before_update`` runs before the optimizer step, the
+        first write to the saved state (where an async save's staging copy must be done)."""
         self.step += 1
         inputs, targets = batch_for_step(self.shape, self.step, self.seed)
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, self.shape.classes), targets.reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if before_update is not None:
+            before_update()
         self.optimizer.step()
         return float(loss.detach())
 

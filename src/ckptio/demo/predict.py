@@ -1,15 +1,20 @@
-"""The planner's prediction for the demo job, from two quick measurements taken before any rank starts.
+"""The planner's interval and prediction for the demo job, from quick measurements taken before any rank starts.
 
 The demo measures this machine's step time (a few steps of one rank's share of the model, in this process)
 and its copy bandwidth (the "device-to-host" copy of a CPU job is a memcpy), then asks
-:mod:`ckptio.plan.budget` what a synchronous save and an async (ckptio) save should cost on the emulated
-store. This module must never start ranks or touch the store: the prediction has to come before the
-measurement it is compared with."""
+:mod:`ckptio.plan.budget` two things: the save interval at which the flush keeps up with headroom
+(:func:`choose_every`), and what a synchronous save and an async (ckptio) save should cost on the emulated
+store at the interval used. The planner models two modes, sync and async; the demo's four savers map onto
+them (``dcp.save`` → sync; ckptio → async), and the per-mode predictions for DCP's async paths wait for the
+planner to model them. This module must never start ranks or touch the store: the prediction has to come
+before the measurement it is compared with."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 
@@ -18,6 +23,12 @@ from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 3
+HEADROOM = 0.5
+"""The demo saves so that the planner's flush takes at most this share of the interval: twice the time the
+flush needs. The planner's own warning threshold (``flush-tight``) is 0.8; the extra margin covers what it
+does not yet model on a small shared machine (the writer's CPU time competing with training)."""
+MIN_EVERY = 4
+"""Saves at least this many steps apart, so that every interval has clean steps to measure slowdowns by."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,11 +66,114 @@ def measure_step_time(shape: ModelShape, world: int, seed: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def checkpoint_shape(shape: ModelShape, world: int) -> CheckpointShape:
+def checkpoint_shape(checkpoint_bytes: float, world: int) -> CheckpointShape:
     """The demo's checkpoint as the planner sees it: every rank writes an equal share in one file."""
-    per_rank = shape.state_bytes() / world
+    per_rank = checkpoint_bytes / world
     rank_class = RankClass(count=world, data_bytes=per_rank, extra_bytes=0.0, files=1, objects=2, requests=2)
-    return CheckpointShape(params=shape.state_bytes() / 12, ranks=world, classes=(rank_class,))
+    return CheckpointShape(params=checkpoint_bytes / 12, ranks=world, classes=(rank_class,))
+
+
+def plan_demo(
+    checkpoint_bytes: float,
+    *,
+    world: int,
+    bytes_per_s: float,
+    every: int,
+    step_time_s: float,
+    copy_bytes_per_s: float,
+    mode: Literal["sync", "async"] = "async",
+) -> BurstBudget:
+    """The planner's budget for saving ``checkpoint_bytes`` over ``world`` ranks every ``every`` steps."""
+    schedule = Schedule(
+        interval_s=every * step_time_s, step_time_s=step_time_s, d2h_bytes_per_s=copy_bytes_per_s, mode=mode
+    )
+    return plan_burst(checkpoint_shape(checkpoint_bytes, world), StorageModel(write_bytes_per_s=bytes_per_s), schedule)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class IntervalChoice:
+    """The save interval the demo runs at, and why."""
+
+    every: int
+    """Steps between saves."""
+
+    plan: BurstBudget
+    """The planner's async (ckptio) budget at that interval."""
+
+    chosen: bool
+    """True: picked by :func:`choose_every`; False: given with ``--every``."""
+
+    @property
+    def flush_share(self) -> float:
+        """The planner's flush time as a share of the interval."""
+        return self.plan.flush_s / self.plan.interval_s
+
+    @property
+    def keeps_up(self) -> bool:
+        """The planner says the flush keeps up with the demo's headroom."""
+        return self.plan.keeps_up and self.flush_share <= HEADROOM
+
+    def reason(self) -> str:
+        plan = self.plan
+        step = plan.interval_s / self.every
+        head = f"a save every {self.every} steps ({plan.interval_s:.1f} s at {step:.2f} s/step)"
+        why = (
+            f"the planner's flush takes {plan.flush_s:.2f} s, {self.flush_share:.0%} of the interval"
+        )
+        if self.chosen:
+            return f"{head}, chosen by the planner: {why} (keeps up, with {1 / HEADROOM:.0f}x headroom)"
+        verdict = "keeps up" if self.keeps_up else "does NOT keep up with headroom"
+        return f"{head}, given with --every: {why}: {verdict}"
+
+
+def _headroom_ok(plan: BurstBudget) -> bool:
+    return plan.keeps_up and plan.flush_s <= HEADROOM * plan.interval_s and "flush-tight" not in plan.reason_codes
+
+
+def choose_every(
+    checkpoint_bytes: float,
+    *,
+    world: int,
+    bytes_per_s: float,
+    step_time_s: float,
+    copy_bytes_per_s: float,
+) -> IntervalChoice:
+    """The shortest interval (in steps, at least :data:`MIN_EVERY`) at which the planner says ckptio's flush
+    keeps up and takes at most :data:`HEADROOM` of the interval."""
+
+    def plan(every: int) -> BurstBudget:
+        return plan_demo(
+            checkpoint_bytes,
+            world=world,
+            bytes_per_s=bytes_per_s,
+            every=every,
+            step_time_s=step_time_s,
+            copy_bytes_per_s=copy_bytes_per_s,
+        )
+
+    # The flush time does not depend on the interval: one plan gives it, the loop only settles rounding.
+    flush_s = plan(MIN_EVERY).flush_s
+    every = max(MIN_EVERY, math.ceil(flush_s / (HEADROOM * step_time_s)))
+    budget = plan(every)
+    while not _headroom_ok(budget):
+        every += 1
+        budget = plan(every)
+    return IntervalChoice(every=every, plan=budget, chosen=True)
+
+
+def given_every(
+    checkpoint_bytes: float, *, every: int, world: int, bytes_per_s: float, step_time_s: float, copy_bytes_per_s: float
+) -> IntervalChoice:
+    """The planner's view of an interval given with ``--every``."""
+    budget = plan_demo(
+        checkpoint_bytes,
+        world=world,
+        bytes_per_s=bytes_per_s,
+        every=every,
+        step_time_s=step_time_s,
+        copy_bytes_per_s=copy_bytes_per_s,
+    )
+    return IntervalChoice(every=every, plan=budget, chosen=False)
 
 
 def predict(
@@ -72,17 +186,17 @@ def predict(
     copy_bytes_per_s: float,
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps."""
-    ckpt = checkpoint_shape(shape, world)
-    store = StorageModel(write_bytes_per_s=bytes_per_s)
 
-    def plan(mode: str) -> BurstBudget:
-        schedule = Schedule(
-            interval_s=every * step_time_s,
+    def plan(mode: Literal["sync", "async"]) -> BurstBudget:
+        return plan_demo(
+            shape.state_bytes(),
+            world=world,
+            bytes_per_s=bytes_per_s,
+            every=every,
             step_time_s=step_time_s,
-            d2h_bytes_per_s=copy_bytes_per_s,
-            mode="sync" if mode == "sync" else "async",
+            copy_bytes_per_s=copy_bytes_per_s,
+            mode=mode,
         )
-        return plan_burst(ckpt, store, schedule)
 
     return Prediction(
         step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"), staged=plan("async")

@@ -14,6 +14,7 @@ import sys
 import time
 from datetime import timedelta
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -21,7 +22,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ckptio import Checkpointer
 from ckptio.demo.job import Mode, RankJob, RankResult, SaveRecord
 from ckptio.demo.model import Trainer, TrainState
-from ckptio.demo.savers import CkptioSaver, DcpAsyncSaver, DcpSyncSaver, Saver, open_demo_storage
+from ckptio.demo.savers import (
+    CkptioSaver,
+    DcpAsyncSaver,
+    DcpBestSaver,
+    DcpSyncSaver,
+    Saver,
+    open_demo_storage,
+    prune_older_steps,
+)
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
 
@@ -45,6 +54,8 @@ def _make_saver(job: RankJob, run: Mode, rank: int, events: EventLog) -> Saver:
         return DcpSyncSaver(job.stores[run], events, per_rank_bytes)
     if run == "dcp-async":
         return DcpAsyncSaver(job.stores[run], events, per_rank_bytes)
+    if run == "dcp-best":
+        return DcpBestSaver(job.stores[run], events, per_rank_bytes)
     return CkptioSaver(job.stores[run], job.events_pattern(run), rank)
 
 
@@ -76,15 +87,28 @@ def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: T
     state = {"app": TrainState(trainer, _mesh(job))}
     progress = _Progress(job.progress_path, result.mode, rank)
     saves = set(job.save_steps())
+
+    def before_update() -> None:
+        # The wait for the last save's staging copy belongs to that save (it is part of its stall).
+        waited = saver.before_update()
+        if result.saves:
+            result.saves[-1].staging_wait_s += waited
+
     for step in range(1, job.steps + 1):
         with timer.step(step):
-            result.losses[step] = trainer.train_step()
+            result.losses[step] = trainer.train_step(before_update)
             if step in saves:
                 began = time.monotonic()
                 saver.save(step, state)
                 result.saves.append(SaveRecord(step=step, blocking_s=time.monotonic() - began))
         result.step_seconds[step] = timer.last_seconds or 0.0
         progress.report(step)
+        if step in saves and result.first_durable_s is None:
+            # The first save apart: wait (untimed by the steps) until it is durable, so its one-time costs
+            # never spill into the steady saves after it.
+            before_update()
+            saver.drain()
+            result.first_durable_s = time.monotonic() - began
     log(f"trained {job.steps} steps")
     began = time.monotonic()
     saver.drain()
@@ -95,6 +119,7 @@ def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: T
         record.lag_s = lags.get(record.step)
     if rank == 0:
         result.committed = saver.committed()
+        prune_older_steps(job.stores[result.mode], result.committed)
 
 
 def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer, result: RankResult) -> None:
@@ -108,6 +133,32 @@ def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer
         result.losses[step] = trainer.train_step()
         result.step_seconds[step] = time.monotonic() - began
         progress.report(step)
+
+
+class _CpuMeter:
+    """CPU seconds (user + system) of this rank's process and of its child processes (ckptio's writer,
+    DCP-best's checkpoint process) since construction: where the cores went while the run trained."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.rank_start = self._cpu(self.me)
+        self.children_start = {child.pid: self._cpu(child) for child in self._children()}
+
+    @staticmethod
+    def _cpu(process: psutil.Process) -> float:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            return float(times.user + times.system)
+        return 0.0
+
+    def _children(self) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.Error):
+            return self.me.children(recursive=True)
+        return []
+
+    def read(self) -> tuple[float, float]:
+        children = sum(self._cpu(c) - self.children_start.get(c.pid, 0.0) for c in self._children())
+        return self._cpu(self.me) - self.rank_start, children
 
 
 def _mesh(job: RankJob) -> DeviceMesh:
@@ -127,11 +178,13 @@ def run_training(job: RankJob, run: Mode, rank: int) -> RankResult:
         stack.callback(saver.close)
         trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
         log(f"{run}: model built")
-        waited = saver.ready()
-        if waited:
-            log(f"{run}: waited {waited:.2f} s more for the saver to be ready")
+        result.ready_s = saver.ready()
+        if result.ready_s:
+            log(f"{run}: waited {result.ready_s:.2f} s more for the saver to be ready")
         dist.barrier()  # every rank starts step 1 together
+        cpu = _CpuMeter()
         train(job, rank, saver=saver, events=events, trainer=trainer, result=result)
+        result.rank_cpu_s, result.saver_cpu_s = cpu.read()
         result.wall_s = time.monotonic() - began
     return result
 

@@ -1,10 +1,13 @@
-"""``ckptio demo``: predict, run the same job three ways, resume, and show what it cost.
+"""``ckptio demo``: plan the interval, run the same job four ways, resume, and show what it cost.
 
-Phases, each announced on the console: the planner's prediction (from a quick measurement of this machine),
-a run with ``dcp.save``, one with ``dcp.async_save``, one with ckptio — every run a fresh process group on
-the same emulated store — then a resume of the newest ckptio step in another fresh process group, whose
-losses must equal the uninterrupted run's bit for bit. Finally the table, and the report rendered from the
-events. This module must never measure anything itself: ranks measure, :mod:`ckptio.obs.report` summarizes."""
+Phases, each announced on the console: a quick measurement of this machine (step time, copy bandwidth) and
+the planner's interval — the shortest at which ckptio's flush keeps up with headroom, unless ``--every``
+says otherwise — and prediction; a run with ``dcp.save``, one with default ``dcp.async_save``, one with
+DCP's best async path (DCP-best) and one with ckptio, every run a fresh process group on the same emulated
+store with the same save steps; then a resume of the newest ckptio step in another fresh process group,
+whose losses must equal the uninterrupted run's bit for bit. Finally the table (the first save of each mode
+apart, the steady saves as medians), the reports rendered from the events, and one verdict line. This
+module must never measure anything itself: ranks measure, :mod:`ckptio.demo.steady` summarizes."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rich.console import Console
@@ -23,23 +26,25 @@ from ckptio._proc import sigterm_as_interrupt
 from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
 from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
-from ckptio.demo.predict import Prediction, measure_step_time, predict
+from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_step_time, predict
+from ckptio.demo.steady import RunRow, run_row
 from ckptio.demo.table import (
     LABELS,
-    RunRow,
+    cpu_line,
+    first_save_lines,
     mib_per_s,
     prediction_findings,
     prediction_heading,
     prediction_table,
     results_table,
-    row_from_summary,
+    verdict_line,
 )
 from ckptio.errors import CkptError, ConfigError
 from ckptio.plan.host import measure_copy_bandwidth
 from ckptio.plan.units import format_bytes
 from ckptio.testing.s3server import BUCKET, embedded_s3
 
-RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "ckptio")
+RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,11 +54,15 @@ class DemoConfig:
     ranks: int = 2
     """Ranks of the job (gloo on CPU, 127.0.0.1)."""
 
-    steps: int = 40
-    """Training steps per run."""
+    saves: int = 5
+    """Saves per run when ``steps`` is not given: the first (reported apart) and the steady ones."""
 
-    every: int = 12
-    """Save every this many steps (never at the last step, so the resume has a step to compare)."""
+    every: int | None = None
+    """Save every this many steps; None lets the planner pick the shortest interval at which the flush keeps
+    up with headroom (never at the last step, so the resume has a step to compare)."""
+
+    steps: int | None = None
+    """Training steps per run; None trains ``(saves + 1) × every`` (a full interval after the last save)."""
 
     store_bandwidth: float = 200 * 2**20
     """Write bandwidth of the emulated shared store, bytes/s, shared by every rank and writer."""
@@ -79,8 +88,14 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.ranks < 1:
             raise ConfigError(f"--ranks must be >= 1, got {self.ranks}")
-        if self.every < 1 or self.steps <= self.every:
-            raise ConfigError(f"need --steps > --every >= 1 (got steps={self.steps}, every={self.every})")
+        if self.saves < 2:
+            raise ConfigError(f"--saves must be >= 2 (the first and a steady one), got {self.saves}")
+        if self.every is not None and self.every < 1:
+            raise ConfigError(f"--every must be >= 1, got {self.every}")
+        if self.steps is not None and self.steps < 2:
+            raise ConfigError(f"--steps must be >= 2, got {self.steps}")
+        if self.every is not None and self.steps is not None and self.steps <= self.every:
+            raise ConfigError(f"need --steps > --every (got steps={self.steps}, every={self.every})")
         if self.store_bandwidth <= 0:
             raise ConfigError("--store-bandwidth must be positive")
         if self.store not in ("posix", "s3"):
@@ -88,14 +103,16 @@ class DemoConfig:
         if self.shape.vocab % self.ranks:
             raise ConfigError(f"the model's vocab ({self.shape.vocab}) must divide over {self.ranks} ranks")
 
+    def with_every(self, every: int) -> DemoConfig:
+        """This configuration at ``every``, with its steps resolved."""
+        return replace(self, every=every, steps=self.steps or (self.saves + 1) * every)
+
 
 QUICK = DemoConfig(
-    steps=20,
-    every=8,
     store_bandwidth=96 * 2**20,
     shape=ModelShape(vocab=16_384, d_model=128, layers=1, heads=2, seq_len=64, batch=8),
 )
-"""``--quick``: a 27 MiB checkpoint, two saves; the saves still dominate the step time."""
+"""``--quick``: a 27 MiB checkpoint; the saves still dominate the step time."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,8 +137,14 @@ class ResumeCheck:
 class DemoOutcome:
     """What ``run_demo`` produced, for the CLI and the tests."""
 
+    config: DemoConfig
+    """The configuration run, interval and steps resolved."""
+
+    choice: IntervalChoice
+    """The interval and the planner's reason."""
+
     prediction: Prediction
-    """The planner's prediction."""
+    """The planner's prediction at that interval."""
 
     rows: list[RunRow]
     """One row per run."""
@@ -131,6 +154,9 @@ class DemoOutcome:
 
     reports: dict[str, str]
     """Report file per run (HTML), ckptio's first."""
+
+    verdict: str
+    """The closing line."""
 
     wall_s: float
     """Whole demo, seconds."""
@@ -164,8 +190,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     paths = _Layout(config.out)
     paths.reset()
     with sigterm_as_interrupt(), _store_context(config) as s3_endpoint:
-        _intro(console, config, s3_endpoint)
-        prediction = _predict(console, config)
+        config, choice, prediction = _plan(console, config, s3_endpoint)
         results = _launch(console, config, paths, list(RUN_MODES), s3_endpoint)
         rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
         resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
@@ -176,15 +201,30 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     )
     _show_resume(console, check)
     console.print(
-        "[bold]Measured[/]: step times over every rank's steps; stall and slower steps per save (slowest rank); "
-        "time lost = both, as a share of training time; flush lag = save() call → committed."
+        "[bold]Measured[/], per save after the first (median over saves, slowest rank): stall = training "
+        "thread blocked (in save(), and waiting for the staging copy before the next optimizer step); slower "
+        "steps = extra step time while the flush ran; time lost = both, also as a share of training time; "
+        "flush lag = save() call → committed."
     )
     console.print(results_table(rows))
+    for line in first_save_lines(rows):
+        console.print(line)
+    console.print(cpu_line(rows))
     reports = _write_reports(console, paths)
+    verdict = verdict_line(rows, check.bit_exact, prediction)
+    wall = time.monotonic() - began
+    console.print(f"demo finished in {wall:.0f} s; everything is under {paths.out}")
+    console.print(verdict)
     outcome = DemoOutcome(
-        prediction=prediction, rows=rows, resume=check, reports=reports, wall_s=time.monotonic() - began
+        config=config,
+        choice=choice,
+        prediction=prediction,
+        rows=rows,
+        resume=check,
+        reports=reports,
+        verdict=verdict,
+        wall_s=wall,
     )
-    console.print(f"demo finished in {outcome.wall_s:.0f} s; everything is under {paths.out}")
     if not check.bit_exact:
         raise CkptError("the resumed run's losses differ from the uninterrupted run's (see above)")
     return outcome
@@ -206,29 +246,50 @@ def _intro(console: Console, config: DemoConfig, s3_endpoint: str | None) -> Non
         f"[bold]ckptio demo[/]: {config.ranks} ranks (gloo, CPU) train a transformer with Adam for "
         f"{config.steps} steps, saving every {config.every}; checkpoint {format_bytes(state)} "
         f"({format_bytes(state / config.ranks)} per rank) to {where} behind a "
-        f"{mib_per_s(config.store_bandwidth)} shared-bandwidth throttle."
+        f"{mib_per_s(config.store_bandwidth)} shared-bandwidth throttle; saved four ways: dcp.save, "
+        "dcp.async_save, DCP-best (checkpoint process + async staging into shared memory), ckptio."
     )
     if s3_endpoint:
         console.print("  (torch has no S3 writer: the DCP baselines write to the directory store, same throttle.)")
 
 
-def _predict(console: Console, config: DemoConfig) -> Prediction:
+def _plan(
+    console: Console, config: DemoConfig, s3_endpoint: str | None
+) -> tuple[DemoConfig, IntervalChoice, Prediction]:
+    """Measure this machine, let the planner pick (or judge) the interval, and predict the saves' cost."""
     console.print("[dim]· measuring step time and copy bandwidth for the planner…[/]")
+    step_time_s = measure_step_time(config.shape, config.ranks, config.seed)
+    copy_bytes_per_s = measure_copy_bandwidth()
+    world, bandwidth, state = config.ranks, config.store_bandwidth, config.shape.state_bytes()
+    if config.every is None:
+        choice = choose_every(
+            state, world=world, bytes_per_s=bandwidth, step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s
+        )
+    else:
+        choice = given_every(
+            state,
+            every=config.every,
+            world=world,
+            bytes_per_s=bandwidth,
+            step_time_s=step_time_s,
+            copy_bytes_per_s=copy_bytes_per_s,
+        )
+    config = config.with_every(choice.every)
+    _intro(console, config, s3_endpoint)
+    console.print(f"[bold]Interval[/]: {choice.reason()}")
     prediction = predict(
         config.shape,
-        world=config.ranks,
-        bytes_per_s=config.store_bandwidth,
-        every=config.every,
-        step_time_s=measure_step_time(config.shape, config.ranks, config.seed),
-        copy_bytes_per_s=measure_copy_bandwidth(),
+        world=world,
+        bytes_per_s=bandwidth,
+        every=choice.every,
+        step_time_s=step_time_s,
+        copy_bytes_per_s=copy_bytes_per_s,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))
     for finding in prediction_findings(prediction):
         console.print(f"  [dim]planner: {finding}[/]")
-    return prediction
-
-
+    return config, choice, prediction
 def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str | None) -> StoreSpec:
     name = "ckptio" if mode == "resume" else mode
     throttle = os.path.join(paths.store, f"{name}.throttle")
@@ -257,6 +318,7 @@ def _launch(
     console: Console, config: DemoConfig, paths: _Layout, runs: list[Mode], s3_endpoint: str | None
 ) -> dict[str, list[RankResult]]:
     """One launch of fresh rank processes doing ``runs`` in order, with a progress bar per run."""
+    assert config.steps is not None and config.every is not None  # resolved by _plan
     job = RankJob(
         runs=runs,
         world=config.ranks,
@@ -272,7 +334,7 @@ def _launch(
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        tasks = {run: progress.add_task(f"{_label(run):<32}", total=config.steps, start=False) for run in runs}
+        tasks = {run: progress.add_task(f"{_label(run):<32}", total=job.steps, start=False) for run in runs}
 
         started: set[str] = set()
 
@@ -284,7 +346,7 @@ def _launch(
                 progress.console.print(f"[dim]· {_label(run)} …[/]")
                 progress.start_task(tasks[run])
             for earlier in runs[: runs.index(run)]:
-                progress.update(tasks[earlier], completed=config.steps)
+                progress.update(tasks[earlier], completed=job.steps)
             progress.update(tasks[run], completed=step)
 
         results = run_ranks(job, work_dir=paths.work, on_step=on_step, timeout_s=config.timeout_s)
@@ -295,10 +357,10 @@ def _launch(
 
 
 def _row(paths: _Layout, mode: str, results: list[RankResult]) -> RunRow:
-    from ckptio.obs.report import load_events, summarize
+    from ckptio.obs.report import build_timeline, load_events
 
-    summary = summarize(load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl")))
-    return row_from_summary(mode, summary, results[0].committed, max(r.wall_s for r in results))
+    timeline = build_timeline(load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl")))
+    return run_row(mode, timeline, results)
 
 
 def _show_resume(console: Console, check: ResumeCheck) -> None:
@@ -319,7 +381,7 @@ def _write_reports(console: Console, paths: _Layout) -> dict[str, str]:
     from ckptio.obs.report import load_events, write_report
 
     reports = {}
-    for mode in ("ckptio", "dcp-sync", "dcp-async"):
+    for mode in ("ckptio", *(m for m in RUN_MODES if m != "ckptio")):
         records = load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl"))
         out = os.path.join(paths.report, f"{mode}.html")
         try:

@@ -1,8 +1,8 @@
-"""The demo's emulated shared store: one bandwidth budget that ckptio and both DCP baselines must share.
+"""The demo's emulated shared store: one bandwidth budget that ckptio and the DCP baselines must share.
 
 ckptio writes through :class:`~ckptio.testing.wrappers.ThrottledStorage`; the DCP baselines write through
 :class:`ThrottledFileSystemWriter`, which books its bytes on the same state file with the same semantics
-(reserve a slot on the shared virtual clock, write for real, sleep out the remainder). So all three modes
+(reserve a slot on the shared virtual clock, write for real, sleep out the remainder). So all four modes
 face exactly the same emulated filesystem, and concurrent ranks split its bandwidth like clients of a
 saturated filesystem do.
 

@@ -1,77 +1,20 @@
-"""The demo's numbers and how they are shown: one row per run, computed by the report module from the events.
+"""How the demo's numbers are shown: the prediction, the table (one row per run), the first saves, the verdict.
 
-Every figure in the table comes from :func:`ckptio.obs.report.summarize` over the run's JSONL events, so the
-table, ``ckptio report`` and the pictures can never disagree on a definition (see that module's docstring
-for "lost" and "flush lag"). Committed steps come from the store itself. This module must never run
-anything."""
+Every measured figure comes from :mod:`ckptio.demo.steady` (per save, on the step kinds and definitions of
+:mod:`ckptio.obs.report`); committed steps come from the store itself. This module must never run anything.
+"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from rich.table import Table
 
 from ckptio.demo.predict import Prediction
-from ckptio.obs.report import Summary
+from ckptio.demo.steady import RunRow
 from ckptio.plan.units import format_bytes, format_rate
 
 _DEMO_FINDINGS = ("flush-behind", "flush-tight", "stall")
-LABELS = {"dcp-sync": "dcp.save (sync)", "dcp-async": "dcp.async_save", "ckptio": "ckptio"}
-
-
-@dataclass(kw_only=True, slots=True)
-class RunRow:
-    """One run's line of the table."""
-
-    mode: str
-    """dcp-sync, dcp-async or ckptio."""
-
-    median_step_s: float | None
-    """Median step time over every rank's steps."""
-
-    p99_step_s: float | None
-    """99th percentile step time."""
-
-    stall_per_save_s: float
-    """Training time lost per save: (blocking + contention) of the slowest rank ÷ saves."""
-
-    blocked_per_save_s: float
-    """Time the training loop spent inside save() per save (the slowest rank)."""
-
-    slowdown_per_save_s: float
-    """Extra step time while a flush ran, per save: the writer competing for the CPU (the slowest rank)."""
-
-    lost_fraction: float | None
-    """Share of training time lost to checkpoints."""
-
-    median_lag_s: float | None
-    """Median save request → committed on every rank."""
-
-    committed: list[int]
-    """Steps committed in the store at the end of the run."""
-
-    saves: int
-    """Saves requested."""
-
-    wall_s: float
-    """Launch to exit of the run's ranks."""
-
-
-def row_from_summary(mode: str, summary: Summary, committed: list[int], wall_s: float) -> RunRow:
-    saves = max(summary.saves, 1)
-    return RunRow(
-        mode=mode,
-        median_step_s=summary.step_s["all"]["p50"],
-        p99_step_s=summary.step_s["all"]["p99"],
-        stall_per_save_s=summary.lost_s / saves,
-        blocked_per_save_s=summary.blocking_s / saves,
-        slowdown_per_save_s=summary.contention_s / saves,
-        lost_fraction=summary.lost_fraction,
-        median_lag_s=summary.median_lag_s,
-        committed=committed,
-        saves=summary.saves,
-        wall_s=wall_s,
-    )
+LABELS = {"dcp-sync": "dcp.save", "dcp-async": "dcp.async_save", "dcp-best": "DCP-best", "ckptio": "ckptio"}
+DCP_MODES = ("dcp-sync", "dcp-async", "dcp-best")
 
 
 def mib_per_s(bytes_per_s: float) -> str:
@@ -91,10 +34,10 @@ def results_table(rows: list[RunRow]) -> Table:
     table = Table()
     headers = (
         "run",
-        "median step",
-        "p99 step",
-        "stall in save()",
+        "clean step",
+        "stall / save",
         "+ slower steps",
+        "lost / save",
         "time lost",
         "flush lag",
         "committed",
@@ -104,15 +47,70 @@ def results_table(rows: list[RunRow]) -> Table:
     for row in rows:
         table.add_row(
             LABELS.get(row.mode, row.mode),
-            _s(row.median_step_s),
-            _s(row.p99_step_s),
-            _s(row.blocked_per_save_s),
-            _s(row.slowdown_per_save_s),
-            _pct(row.lost_fraction),
+            _s(row.clean_step_s),
+            _s(row.stall_per_save_s),
+            _s(row.slower_per_save_s),
+            _s(row.lost_per_save_s),
+            _pct(row.steady_lost_fraction),
             _s(row.median_lag_s),
-            f"{len(row.committed)}/{row.saves}: " + ",".join(map(str, row.committed)),
+            f"{len(row.committed)}/{row.saves}",
         )
     return table
+
+
+def first_save_lines(rows: list[RunRow]) -> list[str]:
+    """The first save of each run, on its own line: it pays the one-time costs the table leaves out."""
+    lines = ["[bold]First save[/] (not in the table: planning, slot allocation, DCP-best's process spawn; "
+             "the run waits until it is durable):"]
+    for row in rows:
+        if row.first is None:
+            continue
+        durable = "—" if row.first_durable_s is None else f"{row.first_durable_s:.2f} s"
+        boot = f"; saver ready {row.ready_s:.2f} s before step 1 (writer boot)" if row.ready_s else ""
+        lines.append(
+            f"  {LABELS.get(row.mode, row.mode):<15} step {row.first.step}: stall {row.first.stall_s:.2f} s, "
+            f"time lost {row.first.lost_s:.2f} s, durable after {durable}{boot}"
+        )
+    return lines
+
+
+def cpu_line(rows: list[RunRow]) -> str:
+    """Where the cores went in each run: the rank processes (training, and DCP's in-process threads) and the
+    saver's own processes, all ranks, step 1 to the last save durable."""
+    parts = []
+    for row in rows:
+        extra = f" + saver processes {row.saver_cpu_s:.1f} s" if row.saver_cpu_s >= 0.05 else ""
+        parts.append(f"{LABELS.get(row.mode, row.mode)} ranks {row.rank_cpu_s:.1f} s{extra}")
+    return "[bold]CPU[/] over each run (all ranks): " + "; ".join(parts) + "."
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    if num is None or den is None:
+        return "—"
+    return "inf" if den <= 0 else f"{num / den:.2f}x"
+
+
+def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) -> str:
+    """One line: ckptio's steady time lost ÷ the best DCP mode's, its stall ÷ DCP-best's, the resume check,
+    and the planner's prediction for ckptio against the measurement."""
+    by_mode = {row.mode: row for row in rows}
+    ckptio = by_mode.get("ckptio")
+    dcp = [by_mode[m] for m in DCP_MODES if m in by_mode and by_mode[m].lost_per_save_s is not None]
+    if ckptio is None or ckptio.lost_per_save_s is None or not dcp:
+        return "[bold]Verdict[/]: not enough steady saves to compare (run with more --saves or --steps)."
+    best = min(dcp, key=lambda row: row.lost_per_save_s or 0.0)
+    dcp_best = by_mode.get("dcp-best")
+    best_stall = dcp_best.stall_per_save_s if dcp_best is not None else None
+    predicted = prediction.staged.stall_s_per_checkpoint
+    resume = "[green]bit-exact[/]" if bit_exact else "[red]NOT bit-exact[/]"
+    return (
+        f"[bold]Verdict[/]: ckptio loses {ckptio.lost_per_save_s:.2f} s per save = "
+        f"{_ratio(ckptio.lost_per_save_s, best.lost_per_save_s)} the best DCP mode's "
+        f"({LABELS[best.mode]}, {best.lost_per_save_s:.2f} s); stall {_s(ckptio.stall_per_save_s)} = "
+        f"{_ratio(ckptio.stall_per_save_s, best_stall)} DCP-best's ({_s(best_stall)}); resume {resume}; "
+        f"planner predicted {predicted:.2f} s lost per save for ckptio, measured {ckptio.lost_per_save_s:.2f} s "
+        f"({_ratio(ckptio.lost_per_save_s, predicted)})"
+    )
 
 
 def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:

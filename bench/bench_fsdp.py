@@ -1,0 +1,322 @@
+"""A 2-rank FSDP2 training loop saved four ways, interleaved: ``dcp.save``, default ``dcp.async_save``, DCP-best
+and ckptio, each judged against DCP-best measured in the same run.
+
+The job: Hugging Face ``LlamaForCausalLM`` built from a config (4 layers, hidden 512, intermediate 1376, vocab
+32k; about 45 M parameters, with AdamW about 520 MiB of state) when ``transformers`` is installed, else a plain
+PyTorch transformer of the same sizes; ``fully_shard`` (FSDP2) on every block and the root, gloo on CPU, two
+ranks (``ckptio.testing.ranks``), one torch thread each. The state saved is ``get_state_dict(model, optim)``
+(sharded DTensors) to a directory under ``--dir``, fsync on, no throttle.
+
+A round runs ``--clean`` steps with nothing in flight, then for each mode (the order rotates every round):
+a save, then ``--every`` steps (the save interval), then waiting for that save to be durable before the next
+mode saves, so that no flush overlaps another mode's window. Round 0 is the warm-up (ckptio's writer is booted
+before it; DCP-best's first save spawns its checkpoint process) and is not counted. Per mode, over the
+steady rounds:
+
+* blocking p50: time the training thread is blocked by a save — the save call, plus (DCP-best) the wait on
+  ``staging_completion`` before the next ``optimizer.step`` — the slowest rank per save, median over saves;
+* time lost per save: blocking + Σ over the interval's steps of (step − median clean step, the staging wait
+  taken out) + the wait for durability at the end of the interval (what the next save of the same mode would
+  wait), slowest rank, median over saves;
+* step inflation: median step time while the save's flush was still running ÷ median clean step.
+
+    .venv/bin/python bench/bench_fsdp.py [--rounds 3] [--every 3] [--dir /tmp] [--plain]
+
+Goals (bench/README.md, issue 08): ckptio ÷ DCP-best ≤ 1.0 on blocking p50, ≤ 0.5 on time lost per save,
+≤ 1.0 on step inflation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from _common import DcpBest, MiB, quiet_dcp, ratio_line, scratch_dir, verdict
+
+MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
+
+
+@dataclass(kw_only=True, slots=True)
+class Spec:
+    root: str
+    rounds: int
+    every: int
+    clean: int
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    seq: int
+    batch: int
+    plain: bool
+
+
+def build_model(spec: Spec) -> tuple[Any, list[Any], str]:
+    """(model, blocks to shard, what it is): HF Llama from a config when transformers is installed."""
+    import torch
+
+    torch.manual_seed(0)
+    if not spec.plain:
+        try:
+            from transformers import LlamaConfig, LlamaForCausalLM
+        except ImportError:
+            pass
+        else:
+            config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                                 num_hidden_layers=spec.layers, num_attention_heads=8, num_key_value_heads=8,
+                                 max_position_embeddings=max(256, spec.seq))
+            model = LlamaForCausalLM(config)
+            return model, list(model.model.layers), "HF LlamaForCausalLM"
+    model = _plain_lm_class()(spec)
+    return model, list(model.blocks), "plain PyTorch transformer"
+
+
+def _plain_lm_class() -> Any:
+    import torch
+
+    class _PlainLM(torch.nn.Module):
+        """Embedding → pre-norm encoder blocks (causal mask) → LM head, Llama's sizes."""
+
+        def __init__(self, spec: Spec) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(spec.vocab, spec.hidden)
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.TransformerEncoderLayer(spec.hidden, 8, dim_feedforward=spec.intermediate, dropout=0.0,
+                                                 batch_first=True, norm_first=True)
+                for _ in range(spec.layers))
+            self.head = torch.nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+        def forward(self, ids: Any) -> Any:
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            hidden = self.embed(ids)
+            for block in self.blocks:
+                hidden = block(hidden, src_mask=mask, is_causal=True)
+            return self.head(hidden)
+
+    return _PlainLM
+
+
+class Loop:
+    """One rank's model, optimizer and step."""
+
+    def __init__(self, spec: Spec, rank: int) -> None:
+        import torch
+        from torch.distributed.fsdp import fully_shard
+
+        self.spec = spec
+        self.model, blocks, self.kind = build_model(spec)
+        for block in blocks:
+            fully_shard(block)
+        fully_shard(self.model)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        gen = torch.Generator().manual_seed(rank)
+        self.ids = torch.randint(0, spec.vocab, (spec.batch, spec.seq + 1), generator=gen)
+
+    def step(self, before_update: Any = None) -> float:
+        """One step; returns the seconds ``before_update`` waited (the staging wait)."""
+        import torch.nn.functional as F
+
+        inputs, targets = self.ids[:, :-1], self.ids[:, 1:]
+        out = self.model(inputs)
+        logits = out.logits if hasattr(out, "logits") else out
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        waited = before_update() if before_update is not None else 0.0
+        self.optim.step()
+        return waited
+
+    def state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optim)
+        return {"model": model_sd, "optim": optim_sd}
+
+
+class Savers:
+    """The four savers of one rank; ``save`` starts one, ``done``/``drain`` track its durability."""
+
+    def __init__(self, spec: Spec, rank: int) -> None:
+        import torch.distributed as dist
+
+        import ckptio
+
+        self.root = spec.root
+        self.async_group = dist.new_group(backend="gloo")
+        self.best = DcpBest(process_group=dist.new_group(backend="gloo"))
+        self.ck = ckptio.Checkpointer(os.path.join(spec.root, "ckptio"), max_pending=1, keep_last=2,
+                                      events_path=os.path.join(spec.root, "events.rank{rank}.jsonl"))
+        self.pending: Any = None
+        self.mode = ""
+
+    def save(self, mode: str, step: int, state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.mode = mode
+        path = os.path.join(self.root, mode, f"step-{step:06d}")
+        if mode == "dcp-sync":
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+            self.pending = None
+        elif mode == "dcp-async":
+            self.pending = dcp.async_save(state, checkpoint_id=path, process_group=self.async_group)
+        elif mode == "dcp-best":
+            self.pending = self.best.save(state, path).upload_completion
+        else:
+            self.pending = self.ck.save(step, state)
+
+    def before_update(self) -> float:
+        return self.best.wait_staged() if self.mode == "dcp-best" else 0.0
+
+    def done(self) -> bool:
+        return self.pending is None or bool(self.pending.done())
+
+    def drain(self) -> None:
+        if self.pending is None:
+            return
+        if self.mode == "dcp-best":
+            self.best.wait()
+        elif self.mode == "ckptio":
+            self.pending.wait()
+        else:
+            self.pending.result()
+        self.pending = None
+
+    def close(self) -> None:
+        self.drain()
+        self.best.close()
+        self.ck.close()
+
+
+def _rank(rank: int, world: int, spec: Spec) -> None:
+    import torch.distributed as dist
+
+    quiet_dcp()
+    loop = Loop(spec, rank)
+    savers = Savers(spec, rank)
+    savers.ck.writer_ready(300)
+    for _ in range(2):
+        loop.step()  # AdamW's state exists from here on: every save has its full size
+    clean: list[float] = []
+    saves: list[dict[str, Any]] = []
+    step = 0
+    try:
+        for rnd in range(spec.rounds + 1):
+            for _ in range(spec.clean):
+                t0 = time.perf_counter()
+                loop.step()
+                clean.append(time.perf_counter() - t0)
+                step += 1
+            for i in range(len(MODES)):
+                mode = MODES[(i + rnd) % len(MODES)]
+                dist.barrier()
+                step += 1
+                saves.append(_one_save(loop, savers, mode, step, spec=spec, rnd=rnd))
+                step += spec.every
+    finally:
+        savers.close()
+    with open(os.path.join(spec.root, f"result.rank{rank}.json"), "w") as f:
+        json.dump({"clean": clean, "saves": saves, "kind": loop.kind}, f)
+
+
+def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, rnd: int) -> dict[str, Any]:
+    """A save, its interval of steps, and the wait for durability at the end of it."""
+    t0 = time.perf_counter()
+    savers.save(mode, step, loop.state())
+    blocking = time.perf_counter() - t0
+    steps, inflight, waits = [], [], 0.0
+    for _ in range(spec.every):
+        t0 = time.perf_counter()
+        waited = loop.step(savers.before_update)
+        seconds = time.perf_counter() - t0 - waited
+        waits += waited
+        steps.append(seconds)
+        if not savers.done():
+            inflight.append(seconds)
+    t0 = time.perf_counter()
+    savers.drain()
+    return {"mode": mode, "round": rnd, "blocking": blocking + waits, "steps": steps, "inflight": inflight,
+            "drain": time.perf_counter() - t0}
+
+
+def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, float]]:
+    """Per mode: blocking p50, time lost per save (p50), step inflation; slowest rank per save."""
+    clean = statistics.median(s for r in results for s in r["clean"])
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        per_rank = [[s for s in r["saves"] if s["mode"] == mode and s["round"] > 0] for r in results]
+        blocking, lost, inflight = [], [], []
+        for saves in zip(*per_rank, strict=True):
+            blocking.append(max(s["blocking"] for s in saves))
+            lost.append(max(s["blocking"] + max(0.0, sum(t - clean for t in s["steps"])) + s["drain"]
+                            for s in saves))
+            inflight.extend(t for s in saves for t in s["inflight"])
+        out[mode] = {
+            "blocking_p50": statistics.median(blocking),
+            "lost_per_save": statistics.median(lost),
+            "inflation": statistics.median(inflight) / clean if inflight else 1.0,
+            "inflight_steps": float(len(inflight)),
+        }
+    out["clean"] = {"step_s": clean, "every": float(every)}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="steady rounds (after one warm-up round)")
+    parser.add_argument("--every", type=int, default=3, help="steps between saves")
+    parser.add_argument("--clean", type=int, default=3, help="steps with nothing in flight at each round's start")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--intermediate", type=int, default=1376)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--plain", action="store_true", help="a plain PyTorch transformer even with transformers")
+    parser.add_argument("--dir", default=None, help="parent of the scratch directory (default: $TMPDIR or /tmp)")
+    args = parser.parse_args()
+
+    quiet_dcp()
+    from ckptio.testing.ranks import run_ranks
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # DCP-best's checkpoint process rendezvouses here
+    with scratch_dir(args.dir, "ckptio-bench-fsdp-") as root:
+        spec = Spec(root=str(root), rounds=args.rounds, every=args.every, clean=args.clean, layers=args.layers,
+                    hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab, seq=args.seq,
+                    batch=args.batch, plain=args.plain)
+        began = time.perf_counter()
+        run_ranks(2, _rank, spec)
+        results = []
+        for rank in range(2):
+            with open(root / f"result.rank{rank}.json") as f:
+                results.append(json.load(f))
+        state_bytes = sum(p.stat().st_size for p in (root / "dcp-sync").rglob("*") if p.is_file())
+        state_bytes //= max(1, args.rounds + 1)
+    figures = summarize(results, args.every)
+    print(f"{results[0]['kind']}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; FSDP2 on 2 gloo "
+          f"ranks; checkpoint ≈ {state_bytes / MiB:.0f} MiB; clean step {figures['clean']['step_s'] * 1e3:.0f} ms; "
+          f"a save every {args.every} steps, {args.rounds} steady rounds; {time.perf_counter() - began:.0f} s")
+    print(json.dumps({"spec": asdict(spec) | {"root": "<scratch>"}}))
+    for mode in MODES:
+        f = figures[mode]
+        print(f"{mode:<10} blocking p50 {f['blocking_p50'] * 1e3:7.1f} ms   "
+              f"time lost / save {f['lost_per_save']:6.2f} s   "
+              f"step inflation {f['inflation']:.3f} (n={f['inflight_steps']:.0f})")
+    ck, best = figures["ckptio"], figures["dcp-best"]
+    block, lost, infl = (ck["blocking_p50"] / best["blocking_p50"], ck["lost_per_save"] / best["lost_per_save"],
+                         ck["inflation"] / best["inflation"])
+    print(f"ckptio / DCP-best: blocking {block:.2f} ({verdict(block, 1.0, at_most=True)}), time lost {lost:.2f} "
+          f"({verdict(lost, 0.5, at_most=True)}), inflation {infl:.2f} ({verdict(infl, 1.0, at_most=True)})")
+    ratio_line(blocking_vs_dcp_best=block, lost_vs_dcp_best=lost, inflation_vs_dcp_best=infl,
+               lost_vs_dcp_async=ck["lost_per_save"] / figures["dcp-async"]["lost_per_save"],
+               lost_vs_dcp_save=ck["lost_per_save"] / figures["dcp-sync"]["lost_per_save"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
