@@ -37,6 +37,7 @@ class CheckpointerOptions(TypedDict, total=False):
     max_pending: int
     staging_dir: str | os.PathLike[str] | None
     overflow: Literal["block", "skip"]
+    staging: Literal["async", "sync"]
     keep_last: int
     every_steps: int | None
     every_seconds: float | None
@@ -166,8 +167,16 @@ class CheckpointerConfig:
     disk works too (the page cache absorbs the copy) but a slow one slows ``save()``."""
 
     overflow: Literal["block", "skip"] = "block"
-    """What ``save()`` does when no staging slot is free on some rank: wait for one, or drop this save.
-    All ranks take the same decision."""
+    """What ``save()`` does when this rank's staging slots are all busy: ``block`` waits for this rank's own slot;
+    ``skip`` gives the save up. Every rank ends with the same outcome, without a collective per save: a rank that
+    skips leaves a drop marker, and every other rank's save of that step completes as dropped (``handle.skipped``
+    and ``handle.dropped``, a ``save_skipped`` event, the skipped-saves metric) instead of committing."""
+
+    staging: Literal["async", "sync"] = "async"
+    """``async``: ``save()`` launches the copy into the staging slot and returns; a staging thread (CPU) or a side
+    CUDA stream (GPU) copies meanwhile. The state must not be mutated until the copy is done: use
+    ``Checkpointer.guard(optimizer, model)``, or call ``wait_staged()`` before mutating. ``sync``: the copy runs
+    inside ``save()`` on the training thread (the state may be mutated as soon as it returns)."""
 
     keep_last: int = 3
     """Committed steps kept on the durable tier (0 keeps all). The newest committed step is never deleted."""
