@@ -13,7 +13,7 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
@@ -37,6 +37,7 @@ class CheckpointerOptions(TypedDict, total=False):
     max_pending: int
     staging_dir: str | os.PathLike[str] | None
     overflow: Literal["block", "skip"]
+    staging: Literal["async", "sync"]
     keep_last: int
     every_steps: int | None
     every_seconds: float | None
@@ -171,8 +172,16 @@ class CheckpointerConfig:
     disk works too (the page cache absorbs the copy) but a slow one slows ``save()``."""
 
     overflow: Literal["block", "skip"] = "block"
-    """What ``save()`` does when no staging slot is free on some rank: wait for one, or drop this save.
-    All ranks take the same decision."""
+    """What ``save()`` does when this rank's staging slots are all busy: ``block`` waits for this rank's own slot;
+    ``skip`` gives the save up. Every rank ends with the same outcome, without a collective per save: a rank that
+    skips leaves a drop marker, and every other rank's save of that step completes as dropped (``handle.skipped``
+    and ``handle.dropped``, a ``save_skipped`` event, the skipped-saves metric) instead of committing."""
+
+    staging: Literal["async", "sync"] = "async"
+    """``async``: ``save()`` launches the copy into the staging slot and returns; a staging thread (CPU) or a side
+    CUDA stream (GPU) copies meanwhile. The state must not be mutated until the copy is done: use
+    ``Checkpointer.guard(optimizer, model)``, or call ``wait_staged()`` before mutating. ``sync``: the copy runs
+    inside ``save()`` on the training thread (the state may be mutated as soon as it returns)."""
 
     keep_last: int = 3
     """Committed steps kept on the durable tier (0 keeps all). The newest committed step is never deleted."""
@@ -377,3 +386,14 @@ class WriterConfig:
 
     writer_nice: int
     """CPU niceness the writer adds to itself; its I/O goes to the lowest best-effort class when > 0."""
+
+
+def resolve_config(root: Any, config: CheckpointerConfig | None, options: Mapping[str, Any]) -> CheckpointerConfig:
+    """The Checkpointer's config from either ``config=`` or keyword options (never both)."""
+    if config is None:
+        if root is None:
+            raise ConfigError("Checkpointer needs a root (or a config)")
+        return CheckpointerConfig(root=root, **options)
+    if root is not None or options:
+        raise ConfigError("pass either config= or keyword options, not both")
+    return config

@@ -1,4 +1,4 @@
-"""overflow="skip" on a throttled store: every rank skips the same steps, memory stays bounded."""
+"""overflow="skip" on a throttled store: every rank ends with the same skipped steps, memory stays bounded."""
 
 from __future__ import annotations
 
@@ -19,17 +19,20 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 def _saver(rank: int, world_size: int, root: str, state_path: str, out: str) -> None:
     store = ThrottledStorage(PosixStorage(root), write_bytes_per_s=8 << 20, state_path=state_path)
-    skipped, saved, max_slots = [], [], 0
+    handles, max_slots = {}, 0
     with ckptio.Checkpointer(store, max_pending=1, overflow="skip", keep_last=0) as ck:
         for step in range(1, 13):
             state = {"w": torch.full((512, 1024), float(step))}  # 2 MiB per rank, ~0.5 s of store time each
-            h = ck.save(step, state)
-            (skipped if h.skipped else saved).append(step)
+            handles[step] = ck.save(step, state)
+            ck.wait_staged()
             slots = [n for n in os.listdir(SHM_DIR) if n.startswith(f"{SLOT_PREFIX}{os.getpid()}-")]
             max_slots = max(max_slots, len(slots))
             torch.distributed.barrier()
         ck.wait()
         latest = ck.latest_step()
+    # A rank with a busy slot skips at once; the others learn it from its drop marker and their save is dropped.
+    skipped = [step for step, h in handles.items() if h.skipped]
+    saved = [step for step, h in handles.items() if not h.skipped]
     with open(os.path.join(out, f"{rank}.json"), "w") as f:
         json.dump({"skipped": skipped, "saved": saved, "latest": latest, "max_slots": max_slots}, f)
 

@@ -122,10 +122,11 @@ def test_plain_dcp_load_reads_a_ckptio_checkpoint(root):
     assert target["meta"]["step"] == 3
 
 
-def test_state_can_be_mutated_right_after_save_returns(root):
+def test_state_can_be_mutated_right_after_save_returns_with_sync_staging(root):
     state = {"w": torch.full((256, 256), 1.0)}
-    with ckptio.Checkpointer(root) as ck:
+    with ckptio.Checkpointer(root, staging="sync") as ck:
         h = ck.save(1, state)
+        assert h.staged()
         state["w"].fill_(2.0)  # the snapshot was taken before save() returned
         h.wait(timeout=120)
         target = {"w": torch.zeros(256, 256)}

@@ -113,8 +113,6 @@ def test_every_generator_round_trips(tmp_path):
     assert not AppState(model).reapply_rng()  # nothing restored yet
 
 
-@pytest.mark.xfail(strict=True, reason="Checkpointer.save draws its save id from the global `random` module on rank 0 "
-                   "(ckptio/group.py), shifting the training's python RNG stream; a private random.Random() fixes it")
 def test_a_save_leaves_the_python_random_stream_alone(ck):
     random.seed(0)
     expected = random.random()

@@ -12,6 +12,7 @@ before the measurement it is compared with."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -19,7 +20,9 @@ from typing import Literal
 import torch
 
 from ckptio.demo.model import ModelShape, Trainer
+from ckptio.plan.background import HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
+from ckptio.plan.host import measure_writer_costs
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 3
@@ -46,6 +49,10 @@ class Prediction:
 
     staged: BurstBudget
     """The plan for an async save with one staging slot (ckptio): blocks for the copy only."""
+
+    modes: dict[str, ModeCost]
+    """The background-cost model's cost per save of every save mode (``ckptio.plan.background``): blocking plus
+    the training time the writer's CPU takes from the step, with this host's cores and measured per-byte costs."""
 
 
 def measure_step_time(shape: ModelShape, world: int, seed: int) -> float:
@@ -198,6 +205,9 @@ def predict(
             mode=mode,
         )
 
-    return Prediction(
-        step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"), staged=plan("async")
-    )
+    state_bytes = shape.state_bytes()
+    host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1))
+    modes = predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
+                          costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s)
+    return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
+                      staged=plan("async"), modes=modes)

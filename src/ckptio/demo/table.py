@@ -101,7 +101,7 @@ def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) ->
     best = min(dcp, key=lambda row: row.lost_per_save_s or 0.0)
     dcp_best = by_mode.get("dcp-best")
     best_stall = dcp_best.stall_per_save_s if dcp_best is not None else None
-    predicted = prediction.staged.stall_s_per_checkpoint
+    predicted = prediction.modes["ckptio"].lost_per_save_s
     resume = "[green]bit-exact[/]" if bit_exact else "[red]NOT bit-exact[/]"
     return (
         f"[bold]Verdict[/]: ckptio loses {ckptio.lost_per_save_s:.2f} s per save = "

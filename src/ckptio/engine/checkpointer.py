@@ -1,12 +1,11 @@
-"""The Checkpointer: save / maybe_save / wait / restore / latest_step / close.
+"""The Checkpointer: save / maybe_save / wait_staged / guard / wait / restore / latest_step / close.
 
-``save`` runs on the training thread and does only what must happen there: agree with every rank (one tiny
-collective on a gloo side group), re-plan when the state's structure changed, copy tensors into a reusable staging
-slot, and hand the slot to this rank's writer process. Everything else — serialization, checksums, writes, uploads,
-commit — happens in the writer. A failed save never kills training: it is reported by ``SaveHandle.wait``,
-``Checkpointer.wait``, a log line at the next ``save``, events and metrics, and ``close()`` raises the first failure
-that was never reported. ``close()`` is bounded by ``close_timeout_s``. The book of pending saves and the writer's
-replies live in ``engine.pending``.
+``save`` runs on the training thread and does only what must happen there: decide on this rank alone (no
+collective on the steady path; ``engine.decide`` agrees the planning saves), re-plan when the structure changed,
+and launch the copy into a reusable staging slot (``engine.stager``), which then goes to this rank's writer process:
+serialization, checksums, writes, uploads, commit-or-drop. A failed save never kills training: it is reported by
+``SaveHandle.wait``, ``Checkpointer.wait``, a log line at the next ``save``, events and metrics, and ``close()``
+raises the first failure never reported (within ``close_timeout_s``). Pending saves live in ``engine.pending``.
 """
 
 from __future__ import annotations
@@ -14,41 +13,31 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
-
 from ckptio import format as fmt
-from ckptio.config import CheckpointerConfig, CheckpointerOptions
+from ckptio.config import CheckpointerConfig, CheckpointerOptions, resolve_config
 from ckptio.engine import protocol
-from ckptio.engine.dcp import (
-    check_supported,
-    coordinated_plan,
-    flatten_like_dcp,
-    make_planner,
-    quick_fingerprint,
-    resolve_objects,
-    resolve_tensors,
-    statefuls_to_state_dict,
-)
-from ckptio.engine.group import SideGroup
+from ckptio.engine.dcp import coordinated_plan, resolve_objects, resolve_tensors
+from ckptio.engine.decide import agree_to_plan, prepare_state
+from ckptio.engine.group import SaveIds, SideGroup
 from ckptio.engine.handle import SaveHandle
 from ckptio.engine.levels import TwoLevels
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.pending import SaveTracker
 from ckptio.engine.restore import restore_step
+from ckptio.engine.stager import Stager, StagingGuard, checked_sizes
 from ckptio.engine.staging import (
     StagingArea,
     check_fits_on_every_rank,
-    copy_into_slot,
     remove_stale_slots,
     staging_dir,
 )
 from ckptio.engine.step_rules import StepRules, checked_step
 from ckptio.engine.writer_proxy import WriterProxy
-from ckptio.errors import CheckpointerClosedError, CkptError, CommitError, ConfigError, UnsupportedStateError
+from ckptio.errors import CheckpointerClosedError, CkptError, CommitError, ConfigError
 from ckptio.format.layout import plan_layout
 from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_exporter
@@ -63,35 +52,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptio")
 
 
-def _resolve_config(root: Any, config: CheckpointerConfig | None, options: Mapping[str, Any]) -> CheckpointerConfig:
-    if config is None:
-        if root is None:
-            raise ConfigError("Checkpointer needs a root (or a config)")
-        return CheckpointerConfig(root=root, **options)
-    if root is not None or options:
-        raise ConfigError("pass either config= or keyword options, not both")
-    return config
-
-
-def _destroy_side_group(group: SideGroup) -> None:
-    """Undo the gloo group SideGroup created (a failed construction only: a live group stays until exit)."""
-    if group.group is not None:
-        dist.destroy_process_group(group.group)
-
-
 class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks live in engine/levels.py
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
                  **options: Unpack[CheckpointerOptions]) -> None:
-        self.config = config = _resolve_config(root, config, options)
+        self.config = config = resolve_config(root, config, options)
         # All or nothing: each step that holds something (side group, storage client, event file, root claim, port,
         # process) registers its undo as it succeeds; when a later step raises, the undos run in reverse and the
         # error goes on. Once built, ``_resources`` is what close() undoes.
         with contextlib.ExitStack() as undo_on_failure:
             self.group = SideGroup(process_group)
             if process_group is None:
-                undo_on_failure.callback(_destroy_side_group, self.group)
+                undo_on_failure.callback(self.group.destroy)
             self.rank, self.world_size = self.group.rank, self.group.world_size
             self.storage: Storage = open_storage(config.root, **self._storage_options())
             if not isinstance(config.root, Storage):  # a Storage the caller passed is the caller's to close
@@ -113,8 +86,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._exporter: Any = None
         self._close_deadline: float | None = None
         self._plan_key: int | None = None
-        self._fast_flatten = True
-        self._plan_id = 0
+        self._fast_flatten, self._plan_id = True, 0
         self._tensor_items: list[Any] = []
         self._object_items: list[Any] = []
         self._layout: Any = None
@@ -142,6 +114,9 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._writer = WriterProxy(self._writer_spec(), on_message=self._tracker.on_message,
                                    on_death=lambda code: self._tracker.on_writer_death(code, self._writer.pid))
         resources.callback(self._stop_writer)
+        self._stager = Stager(config.staging, self.events, self._tracker, writer=self._writer, storage=self.storage,
+                              rank=self.rank)
+        resources.callback(self._stager.close)  # before the writer stops: queued copies still reach it
         self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
                                 pending_wait_s=config.close_timeout_s, ack_wait_s=config.commit_timeout_s)
         if config.start_writer == "on_init" or self._levels is not None:  # partner servers serve restores
@@ -173,106 +148,109 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         """Residency, store capabilities and volume checks on rank 0, before any byte is written; the verdict is
         shared."""
         error: CkptError | None = None
+        nonce = secrets.randbits(48)  # rank 0's is the run's: the save ids derive from it (group.SaveIds)
         if self.rank == 0:
             try:
                 from ckptio.engine.preflight import check_store
 
                 check_store(self.storage, self.config)  # residency (on by default), then store capabilities
-                self._check_volumes()
-                self._check_writable()
+                self._check_root()
                 if self.config.lease_s > 0:
                     self._owner = claim_root(self.storage, lease_s=self.config.lease_s, job_id=self.config.job_id)
                     self._resources.callback(release_root, self.storage, self._owner)
             except CkptError as exc:
                 error = exc
-        error = self.group.broadcast_from_rank0(error)
+        error, nonce = self.group.broadcast_from_rank0((error, nonce))
+        self._save_ids = SaveIds(nonce)
         if error is not None:
             raise error
 
-    def _check_writable(self) -> None:
-        """Fail at construction, not at the first background save, when the root cannot be written."""
-        key = f".ckptio-write-test-{os.getpid()}"
-        self.storage.put(key, b"ok")
-        self.storage.delete(key)
-
-    def _check_volumes(self) -> None:
+    def _check_root(self) -> None:
+        """The volume policy; then fail at construction, not at the first background save, when the root cannot
+        be written."""
         # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
         root = parse_root(self.storage.url) if self.storage.is_posix else None
         if isinstance(root, PosixRoot):
             enforce_volume_policy(root.path, self.config.data_dirs, mode=self.config.volume_check)
+        key = f".ckptio-write-test-{os.getpid()}"
+        self.storage.put(key, b"ok")
+        self.storage.delete(key)
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
-        """Stage ``state`` and return; the caller may mutate ``state`` right after. All ranks call together.
+        """Decide, launch the copy of ``state`` into a staging slot, and return. All ranks call together.
 
-        ``step`` is an int >= 0 (else ConfigError, and the writer is untouched). Saving a step again supersedes
-        it: this call first waits for a pending save of the same step, and the step then holds the later state.
+        With ``staging="async"`` (default) the copy runs after ``save`` returns: mutate ``state`` only once it is
+        staged — ``guard(optimizer, model)`` makes that automatic, else call ``wait_staged()`` first. ``step`` is
+        an int >= 0 (else ConfigError, and the writer is untouched). Saving a step again supersedes it: this call
+        first waits for a pending save of the same step, and the step then holds the later state.
         """
         self._check_open()
         t0 = time.monotonic()
-        local_error: CkptError | None = None
-        try:
-            step = checked_step(step)
-        except ConfigError as exc:
-            local_error, step = exc, None  # type: ignore[assignment]  # agreed below, raised on this rank only
+        save_id = self._save_ids.next()  # on every call and every rank, so that the ranks' ids stay aligned
+        step = checked_step(step)
         self.events.emit(Event.SAVE_REQUESTED, step)
         self._tracker.log_unreported()
-        reserved = False
-        if local_error is None:
-            local_error, reserved = self._step_rules.before_agreement(step)
+        local_error, reserved = self._step_rules.before_agreement(step)
         try:
-            return self._save(step, state, t0, local_error)
+            handle = self._save(step, state, save_id, local_error)
         finally:
-            self._step_rules.after_agreement(step, reserved)
+            if reserved:  # released once the job (queued on the staging thread) holds the step in the writer
+                self._stager.after(lambda: self._step_rules.after_agreement(step, True))
+        if not handle.skipped:
+            handle.requested_mono, handle.returned_mono = t0, time.monotonic()
+            handle.blocking_s = handle.returned_mono - t0
+            self.events.emit(Event.SAVE_RETURNED, step, blocking_s=handle.blocking_s, bytes=handle.bytes)
+        return handle
 
-    def _save(self, step: int, state: dict[str, Any], t0: float, local_error: CkptError | None) -> SaveHandle:
+    def _save(self, step: int, state: dict[str, Any], save_id: int, local_error: CkptError | None) -> SaveHandle:
         state_dict: Any = None
         flat: dict[str, Any] = {}
         key: int | None = None
         if local_error is None:
-            state_dict, flat, key, local_error = self._prepare(state)
-        agreed, blocked_s = self._agree(changed=key != self._plan_key, error=local_error is not None)
-        if agreed.any_error:
-            return self._skip_for_error(step, local_error, blocked_s)
-        if not agreed.all_free:
-            self.events.emit(Event.SAVE_SKIPPED, step, reason="no free staging slot", pending=self._staging.pending())
-            return SaveHandle(step, skipped=True, skip_reason="no free staging slot")
-        self.events.emit(Event.SAVE_AGREED, step, blocked_s=blocked_s, pending=self._staging.pending())
-        if agreed.any_changed or self._plan_key is None:
-            flat = self._replan(state_dict, flat, key)
-        handle = self._stage_and_submit(step, flat, agreed.save_id, t0)
-        handle.blocking_s = time.monotonic() - t0
-        self.events.emit(Event.SAVE_RETURNED, step, blocking_s=handle.blocking_s, bytes=handle.bytes)
-        return handle
-
-    def _prepare(self, state: dict[str, Any]) -> tuple[Any, dict[str, Any], int | None, CkptError | None]:
-        """Flatten and fingerprint the state; a bad state is an error to agree on, not to raise yet."""
-        try:
-            state_dict = statefuls_to_state_dict(state)
-            if self._fast_flatten:
-                flat = flatten_like_dcp(state_dict)
-            else:
-                flat = make_planner(state_dict, is_coordinator=self.rank == 0).state_dict
-            key = quick_fingerprint(flat)
-            if key != self._plan_key:
-                check_supported(flat)  # before the agreement: a rank must not fail alone after it
-            return state_dict, flat, key, None
-        except CkptError as exc:
-            return None, {}, None, exc
-        except Exception as exc:
-            return None, {}, None, UnsupportedStateError(f"state cannot be planned: {type(exc).__name__}: {exc}")
-
-    def _agree(self, *, changed: bool, error: bool) -> tuple[Any, float]:
-        """Agree on save/skip/block with every rank; with overflow="block" wait for this rank's slot and retry."""
+            state_dict, flat, key, local_error = prepare_state(state, plan_key=self._plan_key,
+                                                               fast=self._fast_flatten, rank=self.rank)
+        if self._plan_key is None or (key is not None and key != self._plan_key):
+            return self._planning_save(step, (state_dict, flat, key), save_id, local_error)
+        # The steady path: no collective. Whatever this rank decides alone, it leaves a drop marker for the others.
         t0 = time.monotonic()
-        error = error or self._tracker.writer_error is not None
-        while True:
-            agreed = self.group.agree(free=self._staging.free_slot_id() is not None, changed=changed, error=error)
-            if agreed.all_free or agreed.any_error or self.config.overflow == "skip":
-                return agreed, time.monotonic() - t0
-            self._staging.wait_free(timeout=1.0)
+        if local_error is not None or self._tracker.writer_error is not None:
+            self._stager.drop(step, save_id, f"rank {self.rank} refused the save")
+            self._raise_local(step, local_error)
+        if self._staging.free_slot_id() is None:
+            if self.config.overflow == "skip":
+                self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot")
+                return self._skipped(step, "no free staging slot")
+            while not self._staging.wait_free(timeout=1.0):
+                self._check_open()
+        self.events.emit(Event.SAVE_AGREED, step, blocked_s=time.monotonic() - t0, pending=self._staging.pending())
+        return self._stage(step, flat, save_id)
 
-    def _skip_for_error(self, step: int, local_error: CkptError | None, blocked_s: float) -> SaveHandle:
+    def _planning_save(self, step: int, prepared: tuple[Any, dict[str, Any], int | None], save_id: int,
+                       local_error: CkptError | None) -> SaveHandle:
+        """The first save and a structure change plan collectively, so they are agreed collectively too."""
+        t0 = time.monotonic()
+        try:
+            agreed = agree_to_plan(self.group, self._staging, step=step, timeout_s=self.config.commit_timeout_s,
+                                   overflow=self.config.overflow,
+                                   error=local_error is not None or self._tracker.writer_error is not None)
+        except ConfigError:
+            self._stager.drop(step, save_id, f"rank {self.rank} planned alone")
+            raise
+        if agreed.any_error:
+            self._raise_local(step, local_error)
+            return self._skipped(step, "another rank reported an error", reason="error on a rank")
+        if not agreed.all_free:
+            return self._skipped(step, "no free staging slot")
+        self.events.emit(Event.SAVE_AGREED, step, blocked_s=time.monotonic() - t0, pending=self._staging.pending())
+        return self._stage(step, self._replan(*prepared), save_id)
+
+    def _skipped(self, step: int, why: str, *, reason: str | None = None) -> SaveHandle:
+        self.events.emit(Event.SAVE_SKIPPED, step, reason=reason or why, pending=self._staging.pending())
+        return SaveHandle(step, skipped=True, skip_reason=why)
+
+    def _raise_local(self, step: int, local_error: CkptError | None) -> None:
+        """Raise this rank's own reason to give a save up: a dead writer (restarted first) or a bad state."""
         self.events.emit(Event.SAVE_SKIPPED, step, reason="error on a rank", pending=self._staging.pending())
         if self._tracker.writer_error is not None:
             error, self._tracker.writer_error = self._tracker.writer_error, None
@@ -283,7 +261,6 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
             local_error.step = step
             local_error.rank = self.rank
             raise local_error
-        return SaveHandle(step, skipped=True, skip_reason="another rank reported an error")
 
     def _replan(self, state_dict: dict[str, Any], flat: dict[str, Any], key: int | None) -> dict[str, Any]:
         """DCP global planning (dedup across ranks) once per structure, through rank 0 as coordinator. Returns the
@@ -299,37 +276,34 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._plan_key = key
         self._plan_id += 1
         self._writer.ensure_started()
-        self._writer.send_plan(protocol.WriterPlan(self._plan_id, layout, metadata_skeleton=plan.metadata_skeleton))
+        message = protocol.WriterPlan(self._plan_id, layout, metadata_skeleton=plan.metadata_skeleton)
+        self._stager.after(lambda: self._writer.send_plan(message))  # after the jobs of the previous plan
         return plan.flat
 
-    def _stage_and_submit(self, step: int, flat: dict[str, Any], save_id: int, t0: float) -> SaveHandle:
+    def _stage(self, step: int, flat: dict[str, Any], save_id: int) -> SaveHandle:
         slot_id = self._staging.free_slot_id()
-        assert slot_id is not None  # agreed free above; only this thread acquires slots
-        handle = SaveHandle(step)
-        handle.slot_id, handle.save_id, handle.requested_mono = slot_id, save_id, t0
+        assert slot_id is not None  # checked free above; only this thread acquires slots
+        handle = SaveHandle(step, slot_id=slot_id, save_id=save_id)
         self._step_rules.seen(step)
-        handle.interval_s = t0 - self._last_save_mono if self._last_save_mono is not None else None
-        self._last_save_mono = t0
+        last, self._last_save_mono = self._last_save_mono, time.monotonic()
+        handle.interval_s = self._last_save_mono - last if last is not None else None
         slot = self._staging.acquire(slot_id, self._layout)
         try:
-            self.events.emit(Event.STAGE_BEGIN, step)
-            ts = time.monotonic()
-            handle.bytes = copy_into_slot(slot, resolve_tensors(flat, self._tensor_items))
-            objects = resolve_objects(flat, self._object_items)
-            self.events.emit(Event.STAGE_END, step, bytes=handle.bytes, seconds=time.monotonic() - ts)
+            tensors = resolve_tensors(flat, self._tensor_items)
+            handle.bytes = checked_sizes(slot, tensors)
+            objects = resolve_objects(flat, self._object_items)  # pickled now: objects are not guarded
         except BaseException as exc:
             self._staging.release(slot_id)
-            # The other ranks already agreed to save this step: tell their writers it cannot commit.
+            # The other ranks are saving this step: tell their writers it cannot commit.
             fmt.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
             raise
         rollback, replaces = self._tracker.job_rules(handle)
         self._tracker.add(handle)
-        self.events.emit(Event.QUEUE, step, pending=self._staging.pending())
+        job = protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
+                               slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
+                               rollback=rollback, replaces=replaces, **self._level_fields())
         self._writer.ensure_started()
-        self._writer.submit(protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
-                                             slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
-                                             rollback=rollback, replaces=replaces, **self._level_fields()))
-        handle.returned_mono = time.monotonic()
+        self._stager.stage(handle, slot, tensors, job)
         return handle
 
     def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
@@ -359,6 +333,23 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         if failures:
             raise failures[0]
 
+    def wait_staged(self, timeout: float | None = None) -> None:
+        """Block until every save launched so far is staged (the state may be mutated after this); raise the first
+        staging error not raised here yet. ``TimeoutError`` if ``timeout`` passes first."""
+        if not self._stager.wait_idle(timeout):
+            raise TimeoutError(f"staging not complete within {timeout} s")
+        error = self._stager.take_error()
+        if error is not None:
+            raise error
+
+    def guard(self, optimizer: Any = None, model: Any = None) -> StagingGuard:
+        """Make the state's first mutation after a save wait until the save is staged, through hooks: a step
+        pre-hook on ``optimizer`` (one or a list), and forward pre-hooks on the modules of ``model`` that own
+        buffers (BatchNorm and the like: the wait applies while the module is in training mode). Mutations
+        elsewhere (in-place edits outside ``optimizer.step``/``forward``) still need ``wait_staged()``. Returns a
+        handle whose ``remove()`` takes the hooks off (also a context manager)."""
+        return StagingGuard(self._stager, optimizer, model)
+
     def writer_ready(self, timeout: float | None = None) -> bool:
         """Wait until this rank's writer process has booted (True), or ``timeout`` passed (False)."""
         self._writer.ensure_started()
@@ -381,6 +372,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._check_open()
         if step is not None:
             step = checked_step(step)
+        self._stager.wait_idle()  # a copy still reading the state must finish before restore overwrites it
         if self._levels is not None:  # issue 10: newest restorable step on any level, fastest intact copies
             chosen = self._restore_levels(state, step)
         else:

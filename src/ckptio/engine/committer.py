@@ -4,9 +4,11 @@ One background thread per writer takes jobs in order. On rank 0 it is the commit
 save present → (after a restore: retire the abandoned trajectory) → uncommit a step saved before → ``.metadata``
 → manifest → ``latest``, then retention on the durable tier (see ``format.rollback`` for the rules). On other
 ranks it watches for the manifest of its own save. Either way it tells the trainer :class:`SaveDone` or
-:class:`SaveFailed`, then evicts older steps from the local tier. A failed save's data files are deleted from both
-tiers at once (a full disk must not fill up with leftovers). Cleanup runs after ``done`` is sent: a save is done
-once its manifest exists, and a failed deletion must never fail it. Every deletion runs under
+:class:`SaveFailed` — or :class:`SaveDropped` when a rank gave the attempt up on purpose and left a drop marker (the
+ranks agree on commit-or-drop through the store, never through a collective) — then evicts older steps from the
+local tier. A failed or dropped save's data files are deleted from both tiers at once (a full disk must not fill
+up with leftovers). Cleanup runs after ``done`` is sent: a save is done once its manifest exists, and a failed
+deletion must never fail it. Every deletion runs under
 :meth:`LiveSteps.cleaning` and leaves live steps alone.
 
 It must never write a data file or a rank index (the job pipeline in ``engine.writer`` does), nor read a
@@ -26,7 +28,7 @@ from typing import TypeVar
 
 from ckptio.engine.live import LiveSteps
 from ckptio.engine.ownership import ensure_lease
-from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveFailed, WriterStart
+from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveDropped, SaveFailed, WriterStart
 from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, RootInUseError, StorageError
 from ckptio.format import (
     Manifest,
@@ -36,7 +38,7 @@ from ckptio.format import (
     checksum,
     committed_steps,
     manifest_key,
-    read_failures,
+    read_failure_markers,
     remove_unlisted_files,
     step_dir,
     update_latest,
@@ -109,6 +111,10 @@ def discard_attempt(start: WriterStart, step: int, save_id: int, n_files: int) -
                 delete_data_files(tier, step, names)
 
 
+class _Dropped(Exception):
+    """A rank gave up this save on purpose (a drop marker): it commits nowhere and is reported as skipped."""
+
+
 class Committer:
     """The commit (rank 0) or watch (other ranks) thread of one writer, with retention and local eviction."""
 
@@ -131,6 +137,11 @@ class Committer:
         while (request := self._requests.get()) is not None:
             try:
                 done, superseded = self._commit(request) if self.start.rank == 0 else self._watch(request)
+            except _Dropped as drop:
+                discard_attempt(self.start, request.step, request.save_id, request.n_files)
+                self.live.remove(request.step)
+                self.out.send(SaveDropped(request.step, request.save_id, str(drop)))
+                continue
             except BaseException as exc:
                 if self.start.rank == 0:
                     write_failure(self.durable, request.step, "commit", request.save_id, exc)
@@ -156,10 +167,13 @@ class Committer:
             result = ready()
             if result is not None:
                 return result
-            failures = read_failures(self.durable, request.step, request.save_id)
+            markers = read_failure_markers(self.durable, request.step, request.save_id)
+            failures = [text for text, dropped in markers if not dropped]
             if failures:
                 raise CommitError("another rank failed this save: " + "; ".join(failures),
                                   root=self.durable.url, step=request.step, rank=self.start.rank)
+            if markers:  # dropped on purpose by a rank: no rank's index of it ever completes the set
+                raise _Dropped("; ".join(text for text, _ in markers))
             if time.monotonic() > deadline:
                 raise CommitError(f"timed out after {timeout_s:.0f} s waiting for the commit",
                                   root=self.durable.url, step=request.step, rank=self.start.rank)

@@ -3,17 +3,21 @@
 Planning goes through one coordinator: rank 0 gathers every rank's local plan and sends each rank back only its
 own final plan (what DCP does), so a re-plan moves O(N) bytes across the job, not the O(N²) of an all-gather.
 
-A save is agreed before anything is staged: one tiny ``all_reduce`` tells every rank whether all ranks have a free
-staging slot, whether any rank's state structure changed (re-plan), whether any rank has an error to report, and
-carries rank 0's save id. Every rank therefore takes the same decision (save, skip, block) — a step is never written
-by some ranks only. Without ``torch.distributed`` the same code runs with world size 1 and no communication.
+The steady path runs no collective: every rank derives the same save id from a run nonce agreed once at
+construction and the save's ordinal (:class:`SaveIds`), and commit-or-drop is agreed through the store (drop
+markers, see ``engine.committer``). Only a *planning* save — the first one, and one whose state structure changed —
+is agreed collectively: a bounded barrier (a structure change on some ranks only is a named error, never a hang),
+then one tiny ``all_reduce`` tells every rank whether all ranks have a free staging slot and whether any rank has
+an error to report, so every rank takes the same decision before the collective planning. Without
+``torch.distributed`` the same code runs with world size 1 and no communication.
 
 Never call these from a background thread: collectives on a group shared with the training loop deadlock.
 """
 
 from __future__ import annotations
 
-import random
+import datetime
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +34,20 @@ class Agreement:
     all_free: bool
     any_changed: bool
     any_error: bool
-    save_id: int
+
+
+class SaveIds:
+    """Save ids every rank derives alike without communicating: a run nonce agreed once, and the save's ordinal
+    (every rank calls ``save`` together, so ordinals match). A fresh nonce per Checkpointer keeps a restarted job's
+    attempts apart from the last run's."""
+
+    def __init__(self, nonce: int) -> None:
+        self.nonce, self.count = nonce, 0
+
+    def next(self) -> int:
+        self.count += 1
+        digest = hashlib.blake2b(f"{self.nonce}:{self.count}".encode(), digest_size=8).digest()
+        return (int.from_bytes(digest, "big") & ((1 << 52) - 1)) or 1  # 52 bits: exact in JSON readers' doubles
 
 
 class SideGroup:
@@ -41,23 +58,39 @@ class SideGroup:
         if not self.distributed:
             if process_group is not None:
                 raise ConfigError("process_group given but torch.distributed is not initialized")
-            self.rank, self.world_size, self.group = 0, 1, None
+            self.rank, self.world_size, self.group, self._owns_group = 0, 1, None, False
             return
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         # Every rank constructs the Checkpointer together, so new_group (a collective itself) is safe here.
         # A private gloo group keeps ckptio's CPU collectives off the (often NCCL) training group.
         self.group = dist.new_group(backend="gloo") if process_group is None else process_group
+        self._owns_group = process_group is None
 
     def agree(self, *, free: bool, changed: bool, error: bool) -> Agreement:
-        save_id = random.getrandbits(52) if self.rank == 0 else 0
         if not self.distributed:
-            return Agreement(all_free=free, any_changed=changed, any_error=error, save_id=save_id)
-        vec = torch.tensor([int(free), int(changed), int(error), save_id], dtype=torch.int64)
+            return Agreement(all_free=free, any_changed=changed, any_error=error)
+        vec = torch.tensor([int(free), int(changed), int(error)], dtype=torch.int64)
         dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=self.group)
-        free_n, changed_n, error_n, sid = (int(x) for x in vec.tolist())
-        return Agreement(all_free=free_n == self.world_size, any_changed=changed_n > 0, any_error=error_n > 0,
-                         save_id=sid)
+        free_n, changed_n, error_n = (int(x) for x in vec.tolist())
+        return Agreement(all_free=free_n == self.world_size, any_changed=changed_n > 0, any_error=error_n > 0)
+
+    def gate(self, timeout_s: float, what: str) -> None:
+        """A barrier that gives up after ``timeout_s``: every rank must reach ``what`` together. ConfigError when
+        some rank does not come (its state structure did not change at this save, or it raised before it)."""
+        if not self.distributed or dist.get_backend(self.group) != "gloo":
+            return  # monitored_barrier is gloo's; another backend's plain collectives stay unbounded
+        try:
+            dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=timeout_s),
+                                   wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise ConfigError(f"not every rank reached {what} within {timeout_s:.0f} s: a state structure change "
+                              f"must happen on every rank at the same step ({exc})", rank=self.rank) from exc
+
+    def destroy(self) -> None:
+        """Undo the gloo group this created (a failed construction only: a live group stays until exit)."""
+        if self.group is not None and self._owns_group:
+            dist.destroy_process_group(self.group)
 
     def gather_to_rank0(self, obj: Any) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (in rank order), None elsewhere: N objects in, not N² as an all-gather."""

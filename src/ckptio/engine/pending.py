@@ -128,6 +128,20 @@ class SaveTracker:
                 self.complete(save_id, None)
             case protocol.SaveFailed(save_id=save_id, error=error):
                 self.complete(save_id, error)
+            case protocol.SaveDropped(save_id=save_id, reason=reason):
+                self.complete(save_id, None, dropped=reason)
+
+    def staging_finished(self, handle: SaveHandle, error: BaseException | None) -> bool:
+        """The staging thread is done copying ``handle``'s snapshot. True when the save is still pending (submit
+        it); False when it completed meanwhile (its slot is given back here)."""
+        with self.lock:
+            handle._mark_staged(error)
+            if handle.save_id in self._pending:
+                return True
+            slot_id, handle.slot_id = handle.slot_id, None
+        if slot_id is not None:
+            self.staging.release(slot_id)
+        return False
 
     def _release_slot(self, save_id: int, slot_id: int) -> None:
         with self.lock:  # once: a save that completed already gave its slot back then
@@ -137,25 +151,30 @@ class SaveTracker:
             handle.slot_id = None
         self.staging.release(slot_id)
 
-    def complete(self, save_id: int, error: BaseException | None) -> None:
+    def complete(self, save_id: int, error: BaseException | None, *, dropped: str | None = None) -> None:
         with self.lock:
             handle = self._pending.pop(save_id, None)
             if handle is None:
                 return
             if error is not None:
                 self._failed.append(handle)
-            elif handle.rolls_back:
+            elif handle.rolls_back and dropped is None:
                 self.rollback_above, self._since_restore = None, []  # the abandoned steps are retired
-        if handle.slot_id is not None:
-            self.staging.release(handle.slot_id)
-            handle.slot_id = None
+            # A copy still running owns its slot: the staging thread gives it back (``staging_finished``).
+            slot_id, handle.slot_id = (handle.slot_id, None) if handle.staged() else (None, handle.slot_id)
+        if slot_id is not None:
+            self.staging.release(slot_id)
         now = time.monotonic()
-        if error is None:
+        if dropped is not None:
+            # The same event a local skip emits, so metrics and reports count it on every rank alike.
+            self.events.emit(Event.SAVE_SKIPPED, handle.step, reason=f"dropped: {dropped}", dropped=True,
+                             pending=self.staging.pending())
+        elif error is None:
             self.events.emit(Event.COMMITTED, handle.step, flush_s=now - handle.returned_mono, bytes=handle.bytes,
                              lag_s=now - handle.requested_mono, interval_s=handle.interval_s)
         else:
             self.events.emit(Event.SAVE_FAILED, handle.step, error=str(error), error_type=type(error).__name__)
-        handle._finish(error)
+        handle._finish(error, dropped=dropped)
 
     def fail_all(self, error_for: type[CkptError], message: str) -> None:
         """Fail every pending save (the writer died or was killed); tell the other ranks' writers at once."""

@@ -5,7 +5,7 @@ state's structure changes, :class:`SaveJob` per save, and :class:`WriterStop` at
 one this trainer already saved or restored is bracketed by :class:`SaveReserve` (answered by :class:`Reserved`)
 and :class:`SaveRelease`, so that no cleanup deletes the step's directory while any rank may be writing it.
 Writer → trainer: :class:`WriterEvent` (an event record for the trainer's log), :class:`SlotFree` (the staging
-slot may be reused), then exactly one of :class:`SaveDone` / :class:`SaveFailed` per job, and
+slot may be reused), then exactly one of :class:`SaveDone` / :class:`SaveFailed` / :class:`SaveDropped` per job, and
 :class:`WriterStopped` last. Replies name the save by ``save_id`` (one step may be saved twice).
 
 Messages are frozen: the receiver never writes into what it was sent. Both ends dispatch with ``match`` on these
@@ -166,12 +166,22 @@ class SaveFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class SaveDropped:
+    """The save ``save_id`` of ``step`` was given up on every rank (a rank had no free staging slot or refused the
+    save): nothing of it commits, and the trainer reports it as skipped."""
+
+    step: int
+    save_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriterStopped:
     """The last message of a writer that stopped when asked (a death sends nothing)."""
 
 
 ToWriter = WriterStart | WriterPlan | SaveJob | SaveReserve | SaveRelease | WriterStop
-FromWriter = WriterEvent | Reserved | SlotFree | SaveDone | SaveFailed | WriterStopped
+FromWriter = WriterEvent | Reserved | SlotFree | SaveDone | SaveFailed | SaveDropped | WriterStopped
 
 
 class Outbox:

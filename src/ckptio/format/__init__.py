@@ -10,6 +10,7 @@ from __future__ import annotations
 from ckptio.format.commit import (
     all_step_dirs,
     committed_steps,
+    read_failure_markers,
     read_failures,
     read_latest,
     read_manifest,
@@ -55,6 +56,7 @@ __all__ = [
     "index_key",
     "manifest_key",
     "parse_step_dir",
+    "read_failure_markers",
     "read_failures",
     "read_latest",
     "read_manifest",

@@ -24,16 +24,21 @@ from ckptio.format.records import Manifest
 from ckptio.storage.base import IfMatch, Storage, join_key
 
 
-def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException) -> None:
-    """Tell the committer and the other ranks' watchers that this save attempt cannot commit."""
-    body = {"save_id": save_id, "error": f"{type(error).__name__}: {error}", "time": time.time()}
+def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException | str, *,
+                  dropped: bool = False) -> None:
+    """Tell the committer and the other ranks' watchers that this save attempt cannot commit. ``dropped``: no
+    rank failed, the attempt is given up on purpose (a rank had no free staging slot, or refused the save), so the
+    other ranks report it as skipped, not failed."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    body = {"save_id": save_id, "error": text, "time": time.time(), "dropped": dropped}
     try:
         storage.put(failed_key(step, who), json.dumps(body).encode())
     except StorageError:
         pass  # the committer's timeout is the fallback
 
 
-def read_failures(storage: Storage, step: int, save_id: int) -> list[str]:
+def read_failure_markers(storage: Storage, step: int, save_id: int) -> list[tuple[str, bool]]:
+    """The markers of attempt ``save_id`` of ``step``: ("who: error", dropped) each."""
     prefix = join_key(step_dir(step), FAILED_DIR) + "/"
     out = []
     for info in storage.list(prefix):
@@ -42,8 +47,13 @@ def read_failures(storage: Storage, step: int, save_id: int) -> list[str]:
         except (StorageError, ValueError):
             continue
         if body.get("save_id") == save_id:
-            out.append(f"{info.key.rsplit('/', 1)[-1].removesuffix('.json')}: {body.get('error')}")
+            out.append((f"{info.key.rsplit('/', 1)[-1].removesuffix('.json')}: {body.get('error')}",
+                        bool(body.get("dropped"))))
     return out
+
+
+def read_failures(storage: Storage, step: int, save_id: int) -> list[str]:
+    return [text for text, _ in read_failure_markers(storage, step, save_id)]
 
 
 def write_manifest(storage: Storage, manifest: Manifest, *, verify: bool = False) -> None:
