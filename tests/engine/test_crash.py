@@ -41,7 +41,7 @@ def test_kill_9_whole_job_never_loses_committed_state(tmp_path, with_local_tier,
     rng = random.Random(1234 + with_local_tier)
     trials = 20 if not with_local_tier else 5
     newest_seen = -1
-    for _ in range(trials):
+    for trial in range(trials):
         proc = _start(root, local)
         step, ok = _restored_line(proc)
         assert ok, f"restored step {step} is not bit-exact"
@@ -49,12 +49,17 @@ def test_kill_9_whole_job_never_loses_committed_state(tmp_path, with_local_tier,
             assert step >= newest_seen, f"restored {step} after having seen {newest_seen}"
             newest_seen = step
         # Kill at a random moment while saves are flowing: after a random number of save() returns, plus jitter,
-        # so kills land in staging, serialization, fsync, the rank index or the manifest.
+        # so kills land in staging, serialization, fsync, the rank index or the manifest. save() returns as soon
+        # as the copy is launched (asynchronous staging), so the jitter spans a whole save's flush.
         saves = rng.randint(1, 6)
         for _ in range(saves):
             assert proc.stdout is not None
             assert proc.stdout.readline().startswith("saved")
-        time.sleep(rng.uniform(0.0, 0.4))
+        time.sleep(rng.uniform(0.0, 2.0))
+        if trial == 0:  # one kill after a commit for sure: a fresh job's first commit can outlast the jitter
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(root, "latest")) and time.monotonic() < deadline:
+                time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         assert proc.stdout is not None

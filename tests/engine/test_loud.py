@@ -82,10 +82,13 @@ def test_close_timeout_argument_overrides_the_option(root):
 
 
 def _rank_whose_writer_dies(rank: int, world_size: int, root: str, out: str) -> None:
-    slow = ThrottledStorage(PosixStorage(root), write_bytes_per_s=4 << 20, state_path=os.path.join(out, "thr"))
+    slow = ThrottledStorage(PosixStorage(root), write_bytes_per_s=1 << 20, state_path=os.path.join(out, "thr"))
     ck = ckptio.Checkpointer(slow, commit_timeout_s=60.0, close_timeout_s=120.0)
-    h = ck.save(1, {"w": torch.randn(1024, 1024)})  # 4 MiB per rank through a 4 MiB/s store
+    # A key of its own per rank: a replicated tensor would be written by rank 0 only (DCP de-duplicates it), and
+    # rank 1's writer would finish its empty share before the kill. 4 MiB per rank at 1 MiB/s: seconds to write.
+    h = ck.save(1, {f"w{rank}": torch.randn(1024, 1024)})
     if rank == 1:
+        h.wait_staged()  # the job is with the writer (staging is asynchronous), which is still writing it
         time.sleep(0.3)
         os.kill(ck._writer.pid, signal.SIGKILL)
     outcome = "committed"

@@ -44,7 +44,9 @@ def test_rank1_writer_serializes_a_save_without_torch(root):
         if isinstance(msg, WriterEvent) and msg.record.get("event") == "writer_started":
             started.set()
 
-    config = CheckpointerConfig(root=root, commit_timeout_s=1.0, writer_nice=0)
+    # No rank 0 commits this save: the watcher fails it after commit_timeout_s and deletes its files, so the files
+    # are read back while it still waits.
+    config = CheckpointerConfig(root=root, commit_timeout_s=10.0, writer_nice=0)
     start = WriterStart(config=config.writer_config(), rank=1, world_size=2, durable=open_storage(root), local=None,
                         owner=None)
     proxy = WriterProxy(start, on_message=on_message, on_death=lambda code: None)
@@ -67,15 +69,17 @@ def test_rank1_writer_serializes_a_save_without_torch(root):
             assert time.monotonic() < deadline, "the writer wrote no rank index"
             time.sleep(0.05)
         assert not _torch_mapped(proxy.pid), "serializing a save loaded libtorch in a rank-1 writer"
+        # What it wrote is what torch.load reads, item by item.
+        with open(index_path) as f:
+            index = json.load(f)
+        blobs = {}
+        for item in index["items"]:
+            with open(os.path.join(root, "step-00000003", item["file"]), "rb") as f:
+                f.seek(item["file_offset"])
+                blobs[item["fqn"]] = f.read(item["length"])
     finally:
         proxy.stop()
         area.close()
-    # What it wrote is what torch.load reads, item by item.
-    with open(index_path) as f:
-        index = json.load(f)
-    for item in index["items"]:
-        with open(os.path.join(root, "step-00000003", item["file"]), "rb") as f:
-            f.seek(item["file_offset"])
-            blob = f.read(item["length"])
+    for fqn, blob in blobs.items():
         loaded = torch.load(io.BytesIO(blob), weights_only=True)
-        assert torch.equal(loaded, state[item["fqn"]]), item["fqn"]
+        assert torch.equal(loaded, state[fqn]), fqn

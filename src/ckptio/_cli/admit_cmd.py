@@ -27,6 +27,7 @@ from ckptio.policy.residency import Residency
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "admit",
+        usage="ckptio admit [options]  (ckptio admit --help lists them)",
         help="admission gate: may this job start on this store? (exit 0 admit, 1 refuse, 2 usage)",
         description="Refuse a job whose store cannot finish a save within the interval, whose stall is over "
         "budget, whose root lacks space for keep_last + 1 checkpoints, whose burst exceeds the PUT rate, "

@@ -38,6 +38,7 @@ _MODE_LABELS = {"dcp_sync": "dcp.save", "dcp_async": "dcp.async_save", "dcp_best
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "plan",
+        usage="ckptio plan [options]  (ckptio plan --help lists them)",
         help="burst budget of a job's checkpoints on a store",
         description="Size one checkpoint of the job and its burst on the store: blocking, flush, "
         "whether the flush keeps up, overhead, Young/Daly intervals, each save mode's cost to the step, "

@@ -35,6 +35,7 @@ from ckptio.storage.capabilities import StoreCapabilities
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "probe",
+        usage="ckptio probe [options]  (ckptio probe --help lists them)",
         help="measure a store: write/read throughput vs writers, fsync, metadata ops",
         description="Write, fsync, read back and delete files shaped like the job's in TARGET (a directory, "
         "or s3://bucket/prefix where that backend is installed), within --max-seconds; everything the probe "

@@ -28,6 +28,7 @@ _SHOWN_RECORDS = 12
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "simulate",
+        usage="ckptio simulate [options]  (ckptio simulate --help lists them)",
         help="simulate the job's saves on a model of the store: stalls, flush lag, skips, idle GPUs",
         description="Run --checkpoints saves of the job through a fluid model of ranks, writers, queues and "
         "a shared store (max-min fair bandwidth, per-writer caps, request limits, data-loader reads).",

@@ -18,6 +18,7 @@ staging slot.
 from __future__ import annotations
 
 import contextlib
+import json
 import pickle
 import queue
 import threading
@@ -29,7 +30,14 @@ from typing import TypeVar
 from ckptio.engine.live import LiveSteps
 from ckptio.engine.ownership import ensure_lease
 from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveDropped, SaveFailed, WriterStart
-from ckptio.errors import CkptError, CommitError, CorruptCheckpointError, RootInUseError, StorageError
+from ckptio.errors import (
+    AlreadyExistsError,
+    CkptError,
+    CommitError,
+    CorruptCheckpointError,
+    RootInUseError,
+    StorageError,
+)
 from ckptio.format import (
     Manifest,
     RankIndex,
@@ -189,8 +197,42 @@ class Committer:
         indexes = [RankIndex.from_json(raw, key=k) for k, raw in self.durable.get_many(keys).items()]
         current = [ix for ix in indexes if ix.save_id == request.save_id]
         if len({ix.rank for ix in current}) < world_size:
+            self._refuse_if_taken(request)
             return None  # some ranks still show an index from an older attempt at this step
         return sorted(current, key=lambda ix: ix.rank)
+
+    def _refuse_if_taken(self, request: CommitRequest) -> None:
+        """Fail at once, not after commit_timeout_s, when another save committed this step and this one may not
+        replace it: a racing job's rank indexes overwrote ours, so ours would never complete."""
+        try:
+            manifest = Manifest.from_json(self.durable.get(manifest_key(request.step)))
+        except (StorageError, CorruptCheckpointError):
+            return
+        if manifest.save_id != request.save_id and not request.may_replace(manifest):
+            raise CommitError("step is already committed by another save", root=self.durable.url, step=request.step)
+
+    def _lock_step(self, step: int, save_id: int) -> str:
+        """Create-only ``commit.lock`` in the step directory for the ``.metadata`` → manifest window: a second
+        committer of the same step (two jobs racing on one root with ownership off) fails here instead of
+        overwriting the winner's ``.metadata``. A lock older than ``commit_timeout_s`` is a crashed committer's."""
+        key = join_key(step_dir(step), "commit.lock")
+        body = json.dumps({"save_id": save_id, "time": time.time()}).encode()
+        for _ in range(2):
+            try:
+                self.durable.put(key, body, mode="create")
+                return key
+            except AlreadyExistsError:
+                try:
+                    held = json.loads(self.durable.get(key))
+                except (StorageError, ValueError):
+                    held = {}
+                if held.get("save_id") == save_id:
+                    return key
+                if time.time() - float(held.get("time", 0)) < self.start.config.commit_timeout_s:
+                    raise CommitError("another save is committing this step", root=self.durable.url,
+                                      step=step) from None
+                self.durable.delete(key)  # stale: its committer died
+        raise CommitError("cannot take the step's commit lock", root=self.durable.url, step=step)
 
     def _commit(self, request: CommitRequest) -> tuple[_Committed, Superseded | None]:
         durable, step = self.durable, request.step
@@ -214,16 +256,21 @@ class Committer:
                             metadata_crc32c=checksum([raw_metadata]))
         # A step saved again supersedes the committed one: uncommit it first, so that no reader ever pairs the
         # old manifest with the new .metadata.
-        superseded = uncommit(durable, step, save_id=request.save_id, may_replace=request.may_replace)
+        lock = self._lock_step(step, request.save_id)
         try:
-            durable.put(join_key(step_dir(step), ".metadata"), raw_metadata)
-            t2 = time.monotonic()
-            ensure_lease(durable, self.start.owner)
-            write_manifest(durable, manifest, verify=self.start.config.commit == "lease")
-        except BaseException:
-            if superseded is not None:
-                reinstate(durable, step, superseded)
-            raise
+            superseded = uncommit(durable, step, save_id=request.save_id, may_replace=request.may_replace)
+            try:
+                durable.put(join_key(step_dir(step), ".metadata"), raw_metadata)
+                t2 = time.monotonic()
+                ensure_lease(durable, self.start.owner)
+                write_manifest(durable, manifest, verify=self.start.config.commit == "lease")
+            except BaseException:
+                if superseded is not None:
+                    reinstate(durable, step, superseded)
+                raise
+        finally:
+            with contextlib.suppress(StorageError):
+                durable.delete(lock)
         t3 = time.monotonic()
         self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t2 - t1, bytes=0, tier="durable",
                        waited_s=t1 - t0)

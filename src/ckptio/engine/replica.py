@@ -53,6 +53,13 @@ from ckptio.storage.base import join_key
 T = TypeVar("T")
 
 
+class _Superseded:
+    """A watched local step that rank 0 committed and has since evicted for a newer one."""
+
+
+_SUPERSEDED = _Superseded()
+
+
 class LocalLevel:
     """One writer's part of the local level: partner server, replication, local commits, eviction."""
 
@@ -119,10 +126,11 @@ class LocalLevel:
                     self._mark_failed(job, "commit", exc)
                 self._failed(job, exc)
                 continue
-            self.out.event(Event.LEVEL_COMMITTED, job.step, level="local", durable_too=job.durable,
-                           holders=sorted({n for hs in manifest.holders.values() for n in hs}))
+            holders = sorted({n for hs in manifest.holders.values() for n in hs}) if manifest is not None else []
+            self.out.event(Event.LEVEL_COMMITTED, job.step, level="local", durable_too=job.durable, holders=holders)
             if not job.durable:
-                info = CommitInfo(total_bytes=manifest.manifest.total_bytes, files=len(manifest.manifest.files))
+                info = (CommitInfo(total_bytes=manifest.manifest.total_bytes, files=len(manifest.manifest.files))
+                        if manifest is not None else CommitInfo(total_bytes=0, files=0))
                 self.out.send(SaveDone(job.step, job.save_id, info))
             self._evict(job.step)
 
@@ -183,14 +191,23 @@ class LocalLevel:
         write_local_manifest(self.durable, local_manifest)
         return local_manifest
 
-    def _watch(self, job: SaveJob) -> LocalManifest:
-        def ready() -> LocalManifest | None:
+    def _watch(self, job: SaveJob) -> LocalManifest | None:
+        """Rank 0's local manifest of this save; None when it committed and was already evicted for a newer local
+        step (rank 0 keeps only the newest, and this watcher may lag several saves behind it)."""
+        def ready() -> LocalManifest | _Superseded | None:
             try:
-                return read_local_manifest(self.durable, job.step)
+                found = read_local_manifest(self.durable, job.step)
+                if found is None and any(s > job.step for s in local_committed_steps(self.durable)):
+                    # Committed in order on rank 0, failures leave markers (checked by _wait_for first).
+                    return _SUPERSEDED if not self._failures(job) else None
+                return found
             except StorageError:
                 return None
 
         manifest = self._wait_for(job, ready)
+        if manifest is _SUPERSEDED:
+            return None
+        assert isinstance(manifest, LocalManifest)
         if manifest.manifest.save_id != job.save_id:
             raise CommitError("local level: step was committed by another save", root=self.durable.url,
                               step=job.step, rank=self.start.rank)

@@ -16,6 +16,7 @@ each bounded by ``commit_timeout_s`` — and exits. SIGKILL still ends it at onc
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import queue
 import signal
@@ -100,6 +101,11 @@ def writer_main(conn: Connection, start: WriterStart) -> None:
     _lower_priority(start.config.writer_nice)
     out = Outbox(conn, start.rank)
     out.event(Event.WRITER_STARTED, None, pid=os.getpid())
+    if start.rank == 0:
+        # Rank 0's committer needs DCP's classes for .metadata (seconds to import torch): load them in the
+        # background now, so the first commit does not pay for it. Other ranks' writers never import torch.
+        threading.Thread(target=importlib.import_module, args=("ckptio.engine.dcp",), name="ckptio-preload",
+                         daemon=True).start()
     live = LiveSteps()
     writer = Writer(start, out, live)
     stop_heartbeat = threading.Event()
