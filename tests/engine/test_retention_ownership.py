@@ -69,3 +69,17 @@ def test_a_dead_owner_frees_the_root_at_once(root):
     assert os.path.exists(os.path.join(root, ".ckptio-owner.json"))
     with ckptio.Checkpointer(root) as ck:
         ck.save(1, {"w": torch.ones(2)}).wait(timeout=120)
+
+
+def test_retention_records_the_committed_steps_it_deletes(root):
+    # A rank whose watcher lags behind rank 0 reads this record to learn that its save committed before
+    # retention removed it (keep_last=1 with saves faster than the watcher).
+    from ckptio.format.retention import read_retired
+
+    with ckptio.Checkpointer(root, keep_last=1) as ck:
+        handles = [ck.save(step, {"w": torch.full((8,), float(step))}) for step in (1, 2, 3)]
+        for h in handles:
+            h.wait(timeout=120)
+    retired = read_retired(PosixStorage(root))
+    assert {step: retired.get(step) for step in (1, 2)} == {1: handles[0].save_id, 2: handles[1].save_id}
+    assert 3 not in retired

@@ -117,6 +117,8 @@ def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: T
     lags = saver.lags()
     for record in result.saves:
         record.lag_s = lags.get(record.step)
+    # Every rank's saves are done before rank 0 prunes: another rank may still be waiting to see a manifest.
+    dist.barrier()
     if rank == 0:
         result.committed = saver.committed()
         prune_older_steps(job.stores[result.mode], result.committed)

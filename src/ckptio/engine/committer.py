@@ -55,6 +55,7 @@ from ckptio.format import (
     write_manifest,
 )
 from ckptio.format.layout import data_file_name
+from ckptio.format.retention import read_retired
 from ckptio.format.rollback import (
     Superseded,
     delete_data_files,
@@ -298,6 +299,11 @@ class Committer:
             try:
                 raw = self.durable.get(manifest_key(request.step))
             except StorageError:
+                # Rank 0 may have committed this save and retention already deleted it (keep_last=1, fast
+                # saves): its record of retired steps says so.
+                if read_retired(self.durable).get(request.step) == request.save_id:
+                    return Manifest(step=request.step, world_size=self.start.world_size, save_id=request.save_id,
+                                    files={}, total_bytes=0)
                 return None
             manifest = Manifest.from_json(raw)
             # Another save's manifest is the step this save supersedes: rank 0 replaces it, keep watching.

@@ -11,9 +11,10 @@ listing instead). Storage backends refuse keys that leave the root (POSIX: throu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
-from ckptio.errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from ckptio.errors import CheckpointNotFoundError, CorruptCheckpointError, NotFoundError, StorageError
 from ckptio.format.commit import all_step_dirs, committed_steps, read_manifest
 from ckptio.format.keys import hash_prefix_enabled, manifest_key, step_dir
 from ckptio.format.records import Manifest
@@ -72,10 +73,16 @@ def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) 
         except StorageError as exc:
             first_error = first_error or exc
 
+    retired: dict[int, int] = {}
     if keep_last > 0:
         for step in committed[:-keep_last]:
             if step != newest_committed:
+                with_id = _save_id(storage, step)
                 attempt(delete_step, step)
+                if step in removed and with_id is not None:
+                    retired[step] = with_id
+    if retired:
+        _record_retired(storage, retired)
     for step in all_step_dirs(storage):
         if step < newest_committed and step not in committed:
             attempt(_delete_uncommitted, step)
@@ -94,3 +101,31 @@ def remove_unlisted_files(storage: Storage, manifest: Manifest) -> list[str]:
             storage.delete(info.key)
             removed.append(name)
     return removed
+
+
+RETIRED = "retired.json"
+"""Root-level record of the newest committed steps retention deleted (step → save id), so that a rank whose watcher
+lags behind rank 0 learns its save committed even after retention removed the step (keep_last=1, fast saves)."""
+_RETIRED_KEPT = 256
+
+
+def _save_id(storage: Storage, step: int) -> int | None:
+    try:
+        return read_manifest(storage, step).save_id
+    except (CheckpointNotFoundError, CorruptCheckpointError, StorageError):
+        return None
+
+
+def read_retired(storage: Storage) -> dict[int, int]:
+    """Step → save id of committed steps retention deleted recently (empty when there is no valid record)."""
+    try:
+        body = json.loads(storage.get(RETIRED))
+        return {int(k): int(v) for k, v in body.items()}
+    except (NotFoundError, StorageError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _record_retired(storage: Storage, retired: dict[int, int]) -> None:
+    merged = {**read_retired(storage), **retired}
+    newest = dict(sorted(merged.items())[-_RETIRED_KEPT:])
+    storage.put(RETIRED, json.dumps({str(k): v for k, v in newest.items()}).encode())
