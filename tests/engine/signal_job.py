@@ -32,7 +32,8 @@ def main() -> None:
 
 
 def _save_and_idle(ck: ckptio.Checkpointer, state: dict) -> None:
-    ck.save(1, state)
+    # Staging is asynchronous: once staged, the save is the writer's ("in flight"); before that it does not exist.
+    ck.save(1, state).wait_staged()
     print(f"saved {os.getpid()} {ck._writer.pid}", flush=True)
     while True:
         time.sleep(0.1)

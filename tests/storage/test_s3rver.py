@@ -34,3 +34,8 @@ class TestS3rver(StoreTests):
                           multipart_threshold=1 * MiB, max_concurrency=4, retry_base_s=0.01)
         yield store
         store.close()
+
+    @pytest.mark.skip(reason="s3rver writes an object's file in place: a concurrent GET can see a partial body "
+                             "(seen here); AWS, MinIO and moto replace objects atomically")
+    def test_reader_never_sees_a_partial_object(self, storage: Storage) -> None:  # type: ignore[override]
+        raise AssertionError("skipped")
