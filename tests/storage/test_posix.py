@@ -25,6 +25,14 @@ class TestPosixNoFsync(StoreTests):
         return PosixStorage(tmp_path / "root", fsync=False, region="eu-west-1")
 
 
+class TestPosixDirectIO(StoreTests):
+    """Every object through O_DIRECT (the default only uses it for large objects on an fsynced tier)."""
+
+    @pytest.fixture
+    def storage(self, tmp_path: Path) -> Storage:
+        return PosixStorage(tmp_path / "root", fsync=True, direct_io=True)
+
+
 def test_no_temp_files_left_after_a_lost_create(tmp_path: Path) -> None:
     storage = PosixStorage(tmp_path, fsync=False)
     storage.put("m", b"1", mode="create")

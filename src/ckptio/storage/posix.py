@@ -19,7 +19,7 @@ import fcntl
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
@@ -34,6 +34,7 @@ from ckptio.storage.base import (
     check_put_mode,
     join_key,
 )
+from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks, write_direct
 
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
@@ -56,11 +57,17 @@ class PosixStorage(Storage):
     """A directory as a key space. ``fsync=False`` trades durability for speed (RAM tiers, tests).
 
     ``region`` labels where the filesystem is, for residency rules (a directory cannot tell by itself).
+    ``direct_io``: write large objects with ``O_DIRECT``, bypassing the page cache (:mod:`ckptio.storage.direct_io`
+    says why). ``None`` (the default) does so for objects of 16 MiB or more when ``fsync`` is on, and falls back to
+    buffered writes for good on a filesystem that refuses it; ``False`` never; ``True`` for every object.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, region: str | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, region: str | None = None,
+                 direct_io: bool | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
+        self.direct_io = direct_io
+        self._direct_refused = False
         self._region = region
         # Percent-encoded (spaces, non-ASCII): ckptio.storage.parse_root turns it back into self.root.
         self._url = Path(self.root).as_uri()
@@ -78,10 +85,11 @@ class PosixStorage(Storage):
         return self._region
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "fsync": self.fsync, "region": self._region}
+        return {"root": self.root, "fsync": self.fsync, "region": self._region, "direct_io": self.direct_io}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["root"], fsync=state["fsync"], region=state["region"])  # type: ignore[misc]
+        self.__init__(state["root"], fsync=state["fsync"], region=state["region"],  # type: ignore[misc]
+                      direct_io=state.get("direct_io"))
 
     def local_path(self, key: str) -> str:
         """The path of ``key``; StorageError when the key is not a plain relative key or when the path goes through
@@ -115,6 +123,8 @@ class PosixStorage(Storage):
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
         def copy(tmp: str) -> None:
+            if self._try_direct(tmp, os.path.getsize(path), lambda: file_chunks(path)):
+                return
             with open(path, "rb") as src, open(tmp, "xb") as dst:
                 shutil.copyfileobj(src, dst, _WRITE_SLICE)
                 dst.flush()
@@ -149,10 +159,25 @@ class PosixStorage(Storage):
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
 
+    def _try_direct(self, tmp: str, size: int, parts: Callable[[], Iterable[memoryview]]) -> bool:
+        """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
+        wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= MIN_BYTES)
+        if not wanted or self._direct_refused:
+            return False
+        try:
+            write_direct(tmp, parts(), fsync=self.fsync)
+        except DirectIOUnsupported:
+            self._direct_refused = True  # this filesystem never will: stop asking
+            return False
+        return True
+
     def _write_tmp(self, tmp: str, data: Data) -> None:
+        buffers = as_buffers(data)
+        if self._try_direct(tmp, sum(b.nbytes for b in buffers), lambda: buffers):
+            return
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            for buf in as_buffers(data):
+            for buf in buffers:
                 for start in range(0, buf.nbytes, _WRITE_SLICE):
                     view = buf[start : start + _WRITE_SLICE]
                     while view.nbytes:
