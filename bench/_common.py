@@ -101,6 +101,25 @@ def ratio_line(**ratios: float | str) -> str:
     return line
 
 
+def prediction_check(rows: dict[str, tuple[float, float, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Issue 12's check: per mode ``(predicted s, measured s, seconds between saves)`` of time lost per save.
+    Prints a table and the two closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and
+    ``POINTS lost_<mode>=(predicted − measured) ÷ the time between saves × 100``. Goal: each within 0.8–1.2 or
+    within ±3 points. Returns (ratios, points)."""
+    print(f"{'mode':<10}{'predicted ms':>14}{'measured ms':>13}{'pred %':>9}{'meas %':>9}{'ratio':>8}{'points':>8}"
+          "  goal")
+    ratios, points = {}, {}
+    for mode, (pred, meas, between) in rows.items():
+        ratios[mode] = pred / meas if meas > 0 else float("inf")
+        points[mode] = 100.0 * (pred - meas) / between
+        met = 0.8 <= ratios[mode] <= 1.2 or abs(points[mode]) <= 3.0
+        print(f"{mode:<10}{pred * 1e3:>14.1f}{meas * 1e3:>13.1f}{100 * pred / between:>9.1f}"
+              f"{100 * meas / between:>9.1f}{ratios[mode]:>8.2f}{points[mode]:>+8.1f}  {'met' if met else 'MISSED'}")
+    print("RATIOS " + " ".join(f"lost_{m}={ratios[m]:.3f}" for m in rows), flush=True)
+    print("POINTS " + " ".join(f"lost_{m}={points[m]:+.2f}" for m in rows), flush=True)
+    return ratios, points
+
+
 def verdict(value: float, goal: float, *, at_most: bool) -> str:
     ok = value <= goal if at_most else value >= goal
     return f"{'meets' if ok else 'MISSES'} goal {'<=' if at_most else '>='} {goal:g}"

@@ -35,9 +35,10 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from _common import DcpBest, MiB, quiet_dcp, ratio_line, scratch_dir, verdict
+from _common import DcpBest, MiB, prediction_check, quiet_dcp, ratio_line, scratch_dir, verdict
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -266,6 +267,30 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
     return out
 
 
+def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
+    """The store's bandwidth for the planner: one 64 MiB O_DIRECT write + fsync into ``directory`` (best of 2)."""
+    from ckptio.storage.direct_io import write_direct
+
+    data = memoryview(os.urandom(nbytes))
+    best = float("inf")
+    for n in range(2):
+        path = directory / f"bandwidth-probe-{n}"
+        began = time.perf_counter()
+        write_direct(str(path), [data])
+        best = min(best, time.perf_counter() - began)
+        path.unlink()
+    return nbytes / best
+
+
+def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float) -> dict[str, Any]:
+    """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
+    from ckptio.plan.background import HostModel, predict_modes
+
+    host = HostModel(cores_per_rank=(os.cpu_count() or 1) / 2, train_cores=1.0)
+    return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
+                         costs=costs, interval_s=every * clean_step_s)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="steady rounds (after one warm-up round)")
@@ -289,6 +314,12 @@ def main() -> int:
         spec = Spec(root=str(root), rounds=args.rounds, every=args.every, clean=args.clean, layers=args.layers,
                     hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab, seq=args.seq,
                     batch=args.batch, plain=args.plain)
+        # The planner's inputs come first, measured before any mode runs.
+        from ckptio.plan.background import WriterCosts
+        from ckptio.plan.host import measure_writer_costs
+
+        costs = WriterCosts(**measure_writer_costs(directory=str(root)))
+        disk = disk_write_bytes_per_s(root)
         began = time.perf_counter()
         run_ranks(2, _rank, spec)
         results = []
@@ -312,6 +343,12 @@ def main() -> int:
                          ck["inflation"] / best["inflation"])
     print(f"ckptio / DCP-best: blocking {block:.2f} ({verdict(block, 1.0, at_most=True)}), time lost {lost:.2f} "
           f"({verdict(lost, 0.5, at_most=True)}), inflation {infl:.2f} ({verdict(infl, 1.0, at_most=True)})")
+    clean = figures["clean"]["step_s"]
+    predicted = predict(state_bytes, args.every, clean, costs, disk)
+    print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s, {os.cpu_count()} cores for 2 ranks; time lost per save, "
+          "predicted against measured:")
+    prediction_check({mode.replace("-", "_"): (predicted[mode.replace("-", "_")].lost_per_save_s,
+                                               figures[mode]["lost_per_save"], args.every * clean) for mode in MODES})
     ratio_line(blocking_vs_dcp_best=block, lost_vs_dcp_best=lost, inflation_vs_dcp_best=infl,
                lost_vs_dcp_async=ck["lost_per_save"] / figures["dcp-async"]["lost_per_save"],
                lost_vs_dcp_save=ck["lost_per_save"] / figures["dcp-sync"]["lost_per_save"])

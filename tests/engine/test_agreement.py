@@ -110,3 +110,31 @@ def test_a_step_one_rank_cannot_stage_is_dropped_on_every_rank_and_never_committ
     for r in range(2):
         skipped = [e for e in load_events(rank_path(events, r)) if e["event"] == "save_skipped"]
         assert [e["step"] for e in skipped] == [2], r
+
+
+def _time_based(rank: int, world_size: int, root: str, out: str) -> None:
+    # Each rank's clock and pace differ (rank 0's decides); maybe_save runs no blocking collective, yet every rank
+    # must save the same steps.
+    rng = random.Random(7 + rank)
+    saved = []
+    with ckptio.Checkpointer(PosixStorage(root, fsync=False), every_seconds=0.3, keep_last=0) as ck:
+        for step in range(1, 41):
+            time.sleep(rng.random() * 0.05)
+            if ck.maybe_save(step, {f"w{rank}": torch.full((64,), float(step))}) is not None:
+                saved.append(step)
+        ck.wait()
+    with open(os.path.join(out, f"time-{rank}.json"), "w") as f:
+        json.dump(saved, f)
+
+
+def test_every_seconds_saves_the_same_steps_on_every_rank(tmp_path):
+    root, out = str(tmp_path / "ckpt"), str(tmp_path)
+    os.makedirs(root)
+    run_ranks(3, _time_based, root, out)
+    saved = []
+    for r in range(3):
+        with open(os.path.join(out, f"time-{r}.json")) as f:
+            saved.append(json.load(f))
+    assert saved[0] == saved[1] == saved[2], saved
+    assert len(saved[0]) >= 2, saved  # 40 steps of ~25 ms + work against a 0.3 s interval
+    assert _committed_on_disk(root) == saved[0]

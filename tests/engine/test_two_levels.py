@@ -79,19 +79,20 @@ NODES4 = ["n0", "n0", "n1", "n1"]  # 2 ranks x 2 nodes
 NODES2 = ["n0", "n1"]
 
 
-def _train_then_lose_node(base: Path, nodes: list[str]) -> None:
-    job = Job(base, nodes, "hang", steps=5)
+def _train_then_lose_node(base: Path, nodes: list[str], lost: tuple[str, ...] = ("n1",), **extra: Any) -> None:
+    job = Job(base, nodes, "hang", steps=5, **extra)
     for r in range(len(nodes)):
         assert job.line(r, "done")["done"] == 5
-    job.kill([r for r, n in enumerate(nodes) if n == "n1"])  # node n1 dies with its writers
-    job.kill([r for r, n in enumerate(nodes) if n != "n1"])  # the launcher tears the job down
-    shutil.rmtree(base / "local-n1")  # and n1 comes back with an empty local disk
+    job.kill([r for r, n in enumerate(nodes) if n in lost])  # the lost nodes die with their writers
+    job.kill([r for r, n in enumerate(nodes) if n not in lost])  # the launcher tears the job down
+    for node in lost:
+        shutil.rmtree(base / f"local-{node}")  # and they come back with empty local disks
     root = open_storage(str(base / "root"))
     assert local_committed_steps(root)[-1] == 5
 
 
-def _relaunch(base: Path, nodes: list[str]) -> list[dict[str, Any]]:
-    job = Job(base, nodes, "exit")
+def _relaunch(base: Path, nodes: list[str], **extra: Any) -> list[dict[str, Any]]:
+    job = Job(base, nodes, "exit", **extra)
     lines = [job.line(r, "restored") for r in range(len(nodes))]
     assert job.wait() == [0] * len(nodes)
     return lines
@@ -114,6 +115,18 @@ def test_node_loss_restores_from_partners_bit_exact_newer_than_durable(tmp_path)
             assert set(line["last_restore"]["sources"]) == {"partner"}, line
         else:
             assert set(line["last_restore"]["sources"]) == {"local"}, line
+
+
+def test_three_nodes_with_two_replicas_survive_losing_two_nodes(tmp_path):
+    # Partners are the same local rank on the next nodes: with replicas=2 on 3 nodes every node holds a copy of
+    # every other's shards, so n0 alone still holds all of step 5.
+    nodes = ["n0", "n1", "n2"]
+    _train_then_lose_node(tmp_path, nodes, lost=("n1", "n2"), replicas=2)
+    lines = _relaunch(tmp_path, nodes, replicas=2)
+    for r, line in enumerate(lines):
+        assert line["restored"] == 5 and line["ok"], line  # newer than the newest durable step (4), bit-exact
+        assert line["last_restore"]["level"] == "local"
+        assert set(line["last_restore"]["sources"]) == ({"local"} if r == 0 else {"partner"}), line
 
 
 def test_node_and_partner_lost_restores_from_durable(two_rank_base, tmp_path):

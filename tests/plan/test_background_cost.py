@@ -70,14 +70,29 @@ def test_a_niced_writer_takes_idle_time_first() -> None:
 
 def test_per_mode_work_follows_the_costs() -> None:
     costs = WriterCosts(copy_bytes_per_s=1e9, fresh_copy_bytes_per_s=0.5e9, checksum_bytes_per_s=2e9,
-                        page_cache_bytes_per_s=2e9, torch_save_bytes_per_s=0.25e9)
-    modes = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=HostModel(cores_per_rank=1.0))
+                        page_cache_bytes_per_s=2e9, torch_save_bytes_per_s=0.25e9, direct_write_bytes_per_s=4e9)
+    modes = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=HostModel(cores_per_rank=1.0),
+                          direct_io=False)
     assert modes["dcp_sync"].lost_per_save_s == pytest.approx(4.0)  # the write is slower than the store
     assert modes["dcp_async"].blocking_s == pytest.approx(2.0)  # fresh allocation + copy
     assert modes["dcp_best"].blocking_s == 0.0
     assert modes["dcp_best"].background_cpu_s == pytest.approx(1.0 + 4.0)  # staging thread + writer process
     assert modes["ckptio"].blocking_s == pytest.approx(1.0)
     assert modes["ckptio"].background_cpu_s == pytest.approx(0.5 + 0.5)  # crc32c + page cache
+    direct = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=HostModel(cores_per_rank=1.0))
+    assert direct["ckptio"].background_cpu_s == pytest.approx(0.5 + 0.25)  # crc32c + O_DIRECT's bounce copy
+
+
+def test_writing_around_the_page_cache_never_costs_the_step_more() -> None:
+    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
+    for page_cache in (0.3e9, 1e9, 3e9):
+        costs = WriterCosts(page_cache_bytes_per_s=page_cache, direct_write_bytes_per_s=5e9)
+        direct, buffered = (predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs,
+                                          direct_io=d)["ckptio"] for d in (True, False))
+        assert direct.lost_per_save_s < buffered.lost_per_save_s
+        # DCP's writers go through the page cache whatever ckptio does.
+        assert predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs, direct_io=True)["dcp_best"] \
+            == predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs, direct_io=False)["dcp_best"]
 
 
 def test_a_device_copy_is_dma() -> None:

@@ -3,10 +3,9 @@
 The demo measures this machine's step time (a few steps of one rank's share of the model, in this process)
 and its copy bandwidth (the "device-to-host" copy of a CPU job is a memcpy), then asks
 :mod:`ckptio.plan.budget` two things: the save interval at which the flush keeps up with headroom
-(:func:`choose_every`), and what a synchronous save and an async (ckptio) save should cost on the emulated
-store at the interval used. The planner models two modes, sync and async; the demo's four savers map onto
-them (``dcp.save`` → sync; ckptio → async), and the per-mode predictions for DCP's async paths wait for the
-planner to model them. This module must never start ranks or touch the store: the prediction has to come
+(:func:`choose_every`), and what each of the four save modes should cost at the interval used
+(:func:`ckptio.plan.background.predict_modes`, with this host's cores and its measured per-byte costs).
+This module must never start ranks or touch the store: the prediction has to come
 before the measurement it is compared with."""
 
 from __future__ import annotations
@@ -191,8 +190,10 @@ def predict(
     every: int,
     step_time_s: float,
     copy_bytes_per_s: float,
+    direct_io: bool = True,
 ) -> Prediction:
-    """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps."""
+    """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``direct_io``:
+    ckptio's writer writes around the page cache (the directory store; not the embedded S3 server)."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -208,6 +209,7 @@ def predict(
     state_bytes = shape.state_bytes()
     host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1))
     modes = predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
-                          costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s)
+                          costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s,
+                          direct_io=direct_io)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
                       staged=plan("async"), modes=modes)

@@ -33,6 +33,7 @@ from ckptio.demo.table import (
     cpu_line,
     first_save_lines,
     mib_per_s,
+    prediction_check_lines,
     prediction_findings,
     prediction_heading,
     prediction_table,
@@ -207,7 +208,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         "flush lag = save() call → committed."
     )
     console.print(results_table(rows))
-    for line in first_save_lines(rows):
+    for line in first_save_lines(rows) + prediction_check_lines(rows, prediction):
         console.print(line)
     console.print(cpu_line(rows))
     reports = _write_reports(console, paths)
@@ -284,6 +285,7 @@ def _plan(
         every=choice.every,
         step_time_s=step_time_s,
         copy_bytes_per_s=copy_bytes_per_s,
+        direct_io=config.store == "posix",
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))

@@ -122,20 +122,47 @@ def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
     )
 
 
+MODEL_KEYS = {"dcp-sync": "dcp_sync", "dcp-async": "dcp_async", "dcp-best": "dcp_best", "ckptio": "ckptio"}
+"""The demo's runs → :data:`ckptio.plan.background.MODES`."""
+
+
 def prediction_table(prediction: Prediction) -> Table:
-    sync, staged = prediction.sync, prediction.staged
+    """The background-cost model's cost per save for every run, at the demo's interval."""
+    interval = prediction.sync.interval_s
     table = Table()
-    for header in ("save", "stall / save", "time lost", "flush", "keeps up"):
+    for header in ("save", "stall / save", "lost / save", "time lost", "flush", "keeps up"):
         table.add_column(header, justify="left" if header == "save" else "right")
-    for label, plan in (("synchronous (dcp.save)", sync), ("staged + background flush (ckptio)", staged)):
+    for run, key in MODEL_KEYS.items():
+        cost = prediction.modes[key]
+        flush = cost.flush_s if cost.step_inflation is not None else cost.blocking_s
         table.add_row(
-            label,
-            _s(plan.stall_s_per_checkpoint),
-            _pct(plan.overhead_fraction),
-            _s(plan.flush_s),
-            "yes" if plan.keeps_up else "no",
+            LABELS[run],
+            _s(cost.blocking_s),
+            _s(cost.lost_per_save_s),
+            _pct(cost.lost_per_save_s / interval if interval > 0 else None),
+            _s(flush),
+            "yes" if flush <= interval else "no",
         )
     return table
+
+
+def prediction_check_lines(rows: list[RunRow], prediction: Prediction) -> list[str]:
+    """Predicted against measured time lost per save, per run: the ratio, and the difference in percentage points
+    of the training time between saves (issue 12's bar: within 20 % or 3 points)."""
+    lines = ["[bold]Planner against measurement[/], time lost per save (predicted ÷ measured; predicted − measured "
+             "in points of the time between saves):"]
+    for row in rows:
+        key = MODEL_KEYS.get(row.mode)
+        if key is None or row.lost_per_save_s is None or row.clean_step_s is None:
+            continue
+        predicted, measured = prediction.modes[key].lost_per_save_s, row.lost_per_save_s
+        between = (prediction.sync.interval_steps or 0) * row.clean_step_s
+        points = 100 * (predicted - measured) / between if between > 0 else 0.0
+        within = abs(points) <= 3 or (measured > 0 and abs(predicted / measured - 1) <= 0.2)
+        mark = "[green]✓[/]" if within else "[yellow]off[/]"
+        lines.append(f"  {LABELS[row.mode]:<15} predicted {predicted:.2f} s, measured {measured:.2f} s "
+                     f"({_ratio(predicted, measured)}, {points:+.1f} points) {mark}")
+    return lines
 
 
 def prediction_findings(prediction: Prediction) -> list[str]:

@@ -36,6 +36,7 @@ from ckptio.engine.staging import (
     staging_dir,
 )
 from ckptio.engine.step_rules import StepRules, checked_step
+from ckptio.engine.votes import MaybeSaveVotes
 from ckptio.engine.writer_proxy import WriterProxy
 from ckptio.errors import CheckpointerClosedError, CkptError, CommitError, ConfigError
 from ckptio.format.layout import plan_layout
@@ -111,6 +112,9 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         resources.callback(self._staging.close)
         self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank)
         self._setup_levels()  # issue 10: partner sockets exchanged on the side group (every rank together)
+        self._votes = MaybeSaveVotes(self.group, every_seconds=config.every_seconds, timeout_s=config.commit_timeout_s,
+                                     watch_preemption=self._levels is not None and config.preempt_grace_s > 0)
+        resources.callback(self._votes.drain)
         self._writer = WriterProxy(self._writer_spec(), on_message=self._tracker.on_message,
                                    on_death=lambda code: self._tracker.on_writer_death(code, self._writer.pid))
         resources.callback(self._stop_writer)
@@ -307,18 +311,20 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         return handle
 
     def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
-        """Save when ``every_steps`` divides ``step`` or ``every_seconds`` passed (rank 0's clock decides).
-        ConfigError when neither is configured, or for a step that is not an int >= 0."""
+        """Save when ``every_steps`` divides ``step`` or ``every_seconds`` passed (rank 0's clock decides; the save
+        comes two calls after it passed, so that every rank agrees without a blocking collective). Call it at the
+        same steps on every rank. ConfigError when neither is configured, or for a step that is not an int >= 0."""
         self._check_open()
         if self.config.every_steps is None and self.config.every_seconds is None:
             raise ConfigError("maybe_save needs every_steps or every_seconds (or call save)", root=self.storage.url,
                               rank=self.rank)
         step = checked_step(step)
-        self._exit_if_preempted(step, state)  # issue 10: SIGTERM on any rank: emergency save, SystemExit(0)
-        due = self.config.every_steps is not None and step % self.config.every_steps == 0
-        if self.config.every_seconds is not None:
-            elapsed = time.monotonic() - (self._last_save_mono or self._created_mono)
-            due = self.group.any_true(due or (self.rank == 0 and elapsed >= self.config.every_seconds))
+        # Agreed without blocking (engine.votes): the decisions land on every rank at the same call, 2 calls late.
+        time_due, preempted = self._votes.decide(
+            elapsed_s=time.monotonic() - (self._last_save_mono or self._created_mono), preempted=self._preempted())
+        if preempted:
+            self._exit_preempted(step, state)  # issue 10: SIGTERM on any rank: emergency save, SystemExit(0)
+        due = time_due or (self.config.every_steps is not None and step % self.config.every_steps == 0)
         return self.save(step, state) if due else None
 
     # ---- wait / restore / close --------------------------------------------------------------------------------

@@ -126,3 +126,10 @@ class SideGroup:
         t = torch.tensor([int(flag)], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return int(t.item()) > 0
+
+    def any_true_async(self, flags: list[bool]) -> tuple[Any, torch.Tensor]:
+        """Start an all-reduce of ``flags`` (how many ranks raised each) without waiting: (work or None, tensor)."""
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+        if not self.distributed:
+            return None, t
+        return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group, async_op=True), t

@@ -184,18 +184,13 @@ class TwoLevels:
     def _lv_start(self) -> LevelsStart | None:
         return self._levels.start if self._levels is not None else None
 
-    def _preempt_due(self) -> bool:
-        """Has any rank received SIGTERM? Agreed on the side group, so every rank takes the same step."""
-        levels = self._levels
-        if levels is None or self.config.preempt_grace_s <= 0:
-            return False
-        return self.group.any_true(levels.preempted_at is not None)
+    def _preempted(self) -> bool:
+        """Has this rank received SIGTERM? (``maybe_save`` agrees it across ranks: engine.votes.)"""
+        return self._levels is not None and self._levels.preempted_at is not None
 
-    def _exit_if_preempted(self, step: int, state: dict[str, Any]) -> None:
+    def _exit_preempted(self, step: int, state: dict[str, Any]) -> None:
         """After a SIGTERM on any rank: the emergency save, then a clean exit (pending durable uploads are
         abandoned: the local level holds a newer step)."""
-        if not self._preempt_due():
-            return
         self.emergency_save(step, state)
         self.close(wait=False)
         raise SystemExit(0)

@@ -16,8 +16,9 @@ The modes:
 * ``dcp_best`` — ``dcp.async_save`` with a PROCESS checkpointer and a ``DefaultStager`` (async staging into cached
   shared memory): the copy runs in a staging thread of the training process, the write in a separate process,
   both at the trainer's priority; ``save()`` itself blocks for next to nothing.
-* ``ckptio`` — the copy into a reused shared-memory slot blocks ``save()``; a writer process at ``writer_nice``
-  checksums (crc32c) and writes the slot's bytes zero-copy.
+* ``ckptio`` — the copy into a reused shared-memory slot runs on a staging thread; a writer process at
+  ``writer_nice`` checksums (crc32c) and writes the slot's bytes, with ``O_DIRECT`` through a small bounce buffer on
+  a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere.
 """
 
 from __future__ import annotations
@@ -60,11 +61,16 @@ class WriterCosts:
     checksum_bytes_per_s: float = 11e9
     """crc32c over the bytes (ckptio's per-file checksum)."""
 
-    page_cache_bytes_per_s: float = 3.5e9
-    """``write()`` of new bytes into the page cache (the client side of a write; no fsync)."""
+    page_cache_bytes_per_s: float = 0.5e9
+    """``write()`` of bytes into a new file through the page cache, its page allocation included (the client side
+    of a write; no fsync). On a VM whose free memory returns to the hypervisor the allocation dominates."""
 
-    torch_save_bytes_per_s: float = 1.5e9
+    torch_save_bytes_per_s: float = 0.4e9
     """``torch.save`` of a tensor into a new file, zip CRC32 on (what DCP's FileSystemWriter does per item)."""
+
+    direct_write_bytes_per_s: float = 5e9
+    """``O_DIRECT`` write of new bytes through ckptio's bounce buffer (``ckptio.storage.direct_io``): the bounce
+    copy and the system calls; the device moves the bytes by DMA."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -157,6 +163,7 @@ def predict_modes(
     costs: WriterCosts | None = None,
     interval_s: float | None = None,
     device_copy_s: float | None = None,
+    direct_io: bool = True,
 ) -> dict[str, ModeCost]:
     """Each of :data:`MODES`' cost per save for a rank writing ``bytes_per_rank`` whose bytes take ``store_s``
     to reach the store (all ranks writing at once), saving every ``interval_s`` seconds of compute (None: far
@@ -164,6 +171,8 @@ def predict_modes(
 
     ``device_copy_s``: seconds to copy the rank's state off the accelerator (a DMA: it blocks, or for DCP-best
     overlaps, but costs the host's cores nothing); None for a CPU job, whose copies are memcpys at ``costs``.
+    ``direct_io``: ckptio's writer writes with ``O_DIRECT`` (a durable POSIX tier: ``PosixStorage``'s default for
+    large files with fsync on); False for a store it writes through the page cache or a socket.
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
     if bytes_per_rank < 0 or store_s < 0 or (device_copy_s is not None and device_copy_s < 0):
@@ -177,6 +186,7 @@ def predict_modes(
     copy = b / costs.copy_bytes_per_s * slow if device_copy_s is None else device_copy_s
     fresh_copy = b / costs.fresh_copy_bytes_per_s * slow if device_copy_s is None else device_copy_s
     staging_cpu = b / costs.copy_bytes_per_s if device_copy_s is None else 0.0
+    write_rate = costs.direct_write_bytes_per_s if direct_io else costs.page_cache_bytes_per_s
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
         "dcp_sync": _sync((device_copy_s or 0.0) + max(store_s, torch_save * slow)),
@@ -192,8 +202,7 @@ def predict_modes(
         ),
         "ckptio": _background(
             blocking_s=copy,
-            work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / costs.page_cache_bytes_per_s,
-                             nice=host.writer_nice),
+            work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice),
             store_s=store_s, host=host, interval_s=interval_s,
         ),
     }

@@ -147,14 +147,18 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
 
     Keys are :class:`ckptio.plan.background.WriterCosts`'s fields. Each figure is CPU time of the calling thread
     (``time.thread_time``: user and kernel, page faults included), so other processes' load on a shared host
-    slows the wall clock but not the figure; the best of a few repeats. ``directory`` holds the page-cache and
-    ``torch.save`` sinks (default: the temp dir); they are removed. Runs in this process: ``torch.save`` here
-    keeps torch's zip CRC on, as DCP's writer does.
+    slows the wall clock but not the figure; the best of a few repeats. ``directory`` holds the file sinks
+    (default: the temp dir); they are removed. Every write goes to a new file kept until the end, as every save
+    writes new files: the page cache grows, and its page allocation is part of the cost (on a VM whose free
+    memory goes back to the hypervisor it is most of it). Runs in this process: ``torch.save`` here keeps torch's
+    zip CRC on, as DCP's writer does.
     """
     import tempfile
 
     import crc32c
     import torch
+
+    from ckptio.storage.direct_io import DirectIOUnsupported, write_direct
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the writers and the staging copies each run on one thread
@@ -162,17 +166,26 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
     target = torch.empty_like(source).copy_(source)  # touched: a reused staging slot
     raw = source.numpy().data.cast("B")
     try:
-        with tempfile.TemporaryFile(dir=directory) as sink:
-            # Each write goes to an emptied file, as every save writes new files: the kernel allocates its pages.
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-costs-") as sinks:
+            names = iter(range(1 << 30))
+
+            def new_file() -> str:
+                return os.path.join(sinks, str(next(names)))
+
             def page_cache_write() -> None:
-                sink.seek(0)
-                sink.truncate()
-                sink.write(raw)
+                with open(new_file(), "wb", buffering=0) as f:
+                    f.write(raw)
 
             def torch_save() -> None:
-                sink.seek(0)
-                sink.truncate()
-                torch.save(source, sink)
+                with open(new_file(), "wb") as f:
+                    torch.save(source, f)
+
+            def direct_write() -> None:
+                path = new_file()
+                try:
+                    write_direct(path, [raw], fsync=False)
+                except DirectIOUnsupported:  # no O_DIRECT here: ckptio writes buffered, and so costs a page-cache write
+                    page_cache_write()
 
             work = {
                 "copy_bytes_per_s": lambda: target.copy_(source),
@@ -180,6 +193,7 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
                 "checksum_bytes_per_s": lambda: crc32c.crc32c(raw),
                 "page_cache_bytes_per_s": page_cache_write,
                 "torch_save_bytes_per_s": torch_save,
+                "direct_write_bytes_per_s": direct_write,
             }
             return {name: raw.nbytes / _best_cpu_seconds(fn) for name, fn in work.items()}
     finally:

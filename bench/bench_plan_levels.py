@@ -8,7 +8,7 @@
 2. Model against failures: each schedule run through ``--failures`` injected failures (node loss, whole-job
    loss, soft), simulated lost share ÷ planned. Goal: within 0.9–1.1.
 
-    .venv/bin/python bench/bench_two_level.py [--share 0.05] [--failures 5000] [--seed 0]
+    .venv/bin/python bench/bench_plan_levels.py [--share 0.05] [--failures 5000] [--seed 0]
 """
 
 from __future__ import annotations
