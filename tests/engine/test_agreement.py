@@ -11,6 +11,7 @@ import json
 import os
 import random
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +50,15 @@ def _random_delays(rank: int, world_size: int, root: str, state_path: str, out: 
         json.dump(_outcomes(handles), f)
 
 
+def _results(out: str, n: int, prefix: str = "") -> list[Any]:
+    """Each rank's JSON result file, in rank order."""
+    results = []
+    for r in range(n):
+        with open(os.path.join(out, f"{prefix}{r}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
 def _committed_on_disk(root: str) -> list[int]:
     return sorted(int(n.split("-")[1]) for n in os.listdir(root)
                   if n.startswith("step-") and os.path.exists(os.path.join(root, n, "manifest.json")))
@@ -58,10 +68,7 @@ def test_skip_outcomes_are_identical_on_three_ranks_with_random_delays(tmp_path)
     root, out = str(tmp_path / "ckpt"), str(tmp_path)
     os.makedirs(root)
     run_ranks(3, _random_delays, root, str(tmp_path / "throttle"), out)
-    results = []
-    for r in range(3):
-        with open(os.path.join(out, f"{r}.json")) as f:
-            results.append(json.load(f))
+    results = _results(out, 3)
     assert all(r["failed"] == [] for r in results), results
     assert all(r["skipped"] == results[0]["skipped"] for r in results), f"ranks disagreed: {results}"
     assert all(r["committed"] == results[0]["committed"] for r in results), f"ranks disagreed: {results}"
@@ -95,10 +102,7 @@ def test_a_step_one_rank_cannot_stage_is_dropped_on_every_rank_and_never_committ
     root, out, events = str(tmp_path / "ckpt"), str(tmp_path), str(tmp_path / "events.jsonl")
     os.makedirs(root)
     run_ranks(2, _one_slow_rank, root, out)
-    results = []
-    for r in range(2):
-        with open(os.path.join(out, f"{r}.json")) as f:
-            results.append(json.load(f))
+    results = _results(out, 2)
     assert results[1]["skipped"] == [2] and results[1]["dropped"] == [], results  # rank 1 skipped at once
     assert results[0]["skipped"] == [2] and results[0]["dropped"] == [2]  # rank 0 staged it, then it was dropped
     assert "rank 1 had no free staging slot" in results[0]["reason2"]
@@ -131,10 +135,7 @@ def test_every_seconds_saves_the_same_steps_on_every_rank(tmp_path):
     root, out = str(tmp_path / "ckpt"), str(tmp_path)
     os.makedirs(root)
     run_ranks(3, _time_based, root, out)
-    saved = []
-    for r in range(3):
-        with open(os.path.join(out, f"time-{r}.json")) as f:
-            saved.append(json.load(f))
+    saved = _results(out, 3, "time-")
     assert saved[0] == saved[1] == saved[2], saved
     assert len(saved[0]) >= 2, saved  # 40 steps of ~25 ms + work against a 0.3 s interval
     assert _committed_on_disk(root) == saved[0]

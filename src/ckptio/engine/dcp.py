@@ -39,7 +39,7 @@ from torch.futures import Future
 
 from ckptio.engine.group import SideGroup
 from ckptio.errors import CorruptCheckpointError, StructureMismatchError, UnsupportedStateError
-from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, step_dir
+from ckptio.format import FileRecord, Manifest, RankIndex, check_file, step_dir
 from ckptio.format.crosscheck import metadata_problems
 from ckptio.format.safe_pickle import load_metadata, load_object
 from ckptio.storage.base import Storage, join_key
@@ -209,20 +209,6 @@ def build_metadata(skeleton: Metadata, indexes: Sequence[RankIndex], checkpoint_
         storage_meta=StorageMeta(checkpoint_id=checkpoint_id),
         version=CURRENT_DCP_VERSION,
     )
-
-
-def item_records(entries: Sequence[tuple[MetadataIndex, str, int, int]]) -> list[ItemRecord]:
-    return [
-        ItemRecord(
-            fqn=idx.fqn,
-            offset=list(idx.offset) if idx.offset is not None else None,
-            index_hint=idx.index,
-            file=file,
-            file_offset=off,
-            length=length,
-        )
-        for idx, file, off, length in entries
-    ]
 
 
 # ---- restore -----------------------------------------------------------------------------------------------------

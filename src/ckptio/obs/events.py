@@ -13,8 +13,11 @@ below is a contract. Each line is one JSON object with at least::
 Events and their extra fields:
 
     save_requested   step                       save() called
-    save_agreed      step, blocked_s, pending   all ranks agreed to save (blocked_s: waiting for a free slot)
-    save_skipped     step, reason, pending      all ranks agreed to skip (overflow="skip")
+    save_agreed      step, blocked_s, pending   the save goes ahead on this rank: its slot is free (a steady save
+                                                decides alone; the first save and a structure change agree with
+                                                every rank). blocked_s: waiting for the slot (overflow=block)
+    save_skipped     step, reason, pending      not saved: this rank had no free slot (overflow="skip", a drop
+                                                marker tells the others), or the step was dropped for another rank
     stage_begin      step
     stage_end        step, bytes, seconds       tensors copied into the staging slot
     save_returned    step, blocking_s, bytes    save() returned to the training loop (blocking_s: whole call)

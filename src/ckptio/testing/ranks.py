@@ -26,6 +26,9 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
+        # Every rank is done before any tears its groups down: a gloo rank that closes its sockets while a peer's
+        # I/O threads still use them can abort that peer (seen as SIGABRT/SIGBUS at exit in 4-rank tests).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
