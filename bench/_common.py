@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.obs.eventfiles import load_events, read_event_file
+from ckptio.plan.background import prediction_error
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -110,9 +111,7 @@ def prediction_check(rows: dict[str, tuple[float, float, float]]) -> tuple[dict[
           "  goal")
     ratios, points = {}, {}
     for mode, (pred, meas, between) in rows.items():
-        ratios[mode] = pred / meas if meas > 0 else float("inf")
-        points[mode] = 100.0 * (pred - meas) / between
-        met = 0.8 <= ratios[mode] <= 1.2 or abs(points[mode]) <= 3.0
+        ratios[mode], points[mode], met = prediction_error(pred, meas, between)
         print(f"{mode:<10}{pred * 1e3:>14.1f}{meas * 1e3:>13.1f}{100 * pred / between:>9.1f}"
               f"{100 * meas / between:>9.1f}{ratios[mode]:>8.2f}{points[mode]:>+8.1f}  {'met' if met else 'MISSED'}")
     print("RATIOS " + " ".join(f"lost_{m}={ratios[m]:.3f}" for m in rows), flush=True)

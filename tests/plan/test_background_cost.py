@@ -143,3 +143,13 @@ def test_host_load_slows_work_on_the_training_thread_not_a_dma() -> None:
     assert dma["ckptio"].blocking_s == 0.2
     with pytest.raises(ConfigError):
         HostModel(cpu_share=0.0)
+
+
+def test_prediction_error_is_within_the_bar_by_ratio_or_by_points() -> None:
+    from ckptio.plan.background import prediction_error
+
+    assert prediction_error(1.1, 1.0, 100.0) == pytest.approx((1.1, 0.1, True))  # 10 % off
+    ratio, points, within = prediction_error(0.2, 1.0, 10.0)  # 5x off, 8 points of a 10 s interval
+    assert (ratio, within) == (pytest.approx(0.2), False) and points == pytest.approx(-8.0)
+    assert prediction_error(0.2, 1.0, 100.0)[2]  # 5x off, but only 0.8 points of the time between saves
+    assert prediction_error(0.1, 0.0, 10.0)[0] == float("inf")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ckptio.demo.predict import Prediction
 from ckptio.demo.steady import RunRow
+from ckptio.plan.background import prediction_error
 from ckptio.plan.units import format_bytes, format_rate
 
 _DEMO_FINDINGS = ("flush-behind", "flush-tight", "stall")
@@ -157,8 +158,7 @@ def prediction_check_lines(rows: list[RunRow], prediction: Prediction) -> list[s
             continue
         predicted, measured = prediction.modes[key].lost_per_save_s, row.lost_per_save_s
         between = (prediction.sync.interval_steps or 0) * row.clean_step_s
-        points = 100 * (predicted - measured) / between if between > 0 else 0.0
-        within = abs(points) <= 3 or (measured > 0 and abs(predicted / measured - 1) <= 0.2)
+        _, points, within = prediction_error(predicted, measured, between)
         mark = "[green]✓[/]" if within else "[yellow]off[/]"
         lines.append(f"  {LABELS[row.mode]:<15} predicted {predicted:.2f} s, measured {measured:.2f} s "
                      f"({_ratio(predicted, measured)}, {points:+.1f} points) {mark}")

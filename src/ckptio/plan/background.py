@@ -208,6 +208,14 @@ def predict_modes(
     }
 
 
+def prediction_error(predicted_s: float, measured_s: float, between_s: float) -> tuple[float, float, bool]:
+    """How far a predicted time lost per save is from the measured one: (predicted ÷ measured, predicted − measured
+    in percentage points of the time between saves, within the bar of 20 % relative or 3 points)."""
+    ratio = predicted_s / measured_s if measured_s > 0 else math.inf
+    points = 100.0 * (predicted_s - measured_s) / between_s if between_s > 0 else 0.0
+    return ratio, points, abs(ratio - 1.0) <= 0.2 or abs(points) <= 3.0
+
+
 def _sync(stall_s: float) -> ModeCost:
     return ModeCost(blocking_s=stall_s, background_cpu_s=0.0, stolen_s=0.0, flush_s=0.0, step_inflation=None,
                     lost_per_save_s=stall_s)
