@@ -123,7 +123,7 @@ class PosixStorage(Storage):
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
         def copy(tmp: str) -> None:
-            if self._try_direct(tmp, os.path.getsize(path), lambda: file_chunks(path)):
+            if self._try_direct(tmp, os.path.getsize(path), file_chunks(path)):  # lazy: opens nothing unless used
                 return
             with open(path, "rb") as src, open(tmp, "xb") as dst:
                 shutil.copyfileobj(src, dst, _WRITE_SLICE)
@@ -159,13 +159,13 @@ class PosixStorage(Storage):
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
 
-    def _try_direct(self, tmp: str, size: int, parts: Callable[[], Iterable[memoryview]]) -> bool:
+    def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview]) -> bool:
         """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
         wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= MIN_BYTES)
         if not wanted or self._direct_refused:
             return False
         try:
-            write_direct(tmp, parts(), fsync=self.fsync)
+            write_direct(tmp, parts, fsync=self.fsync)
         except DirectIOUnsupported:
             self._direct_refused = True  # this filesystem never will: stop asking
             return False
@@ -173,7 +173,7 @@ class PosixStorage(Storage):
 
     def _write_tmp(self, tmp: str, data: Data) -> None:
         buffers = as_buffers(data)
-        if self._try_direct(tmp, sum(b.nbytes for b in buffers), lambda: buffers):
+        if self._try_direct(tmp, sum(b.nbytes for b in buffers), buffers):
             return
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
