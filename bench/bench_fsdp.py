@@ -288,7 +288,7 @@ def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_
 
     host = HostModel(cores_per_rank=(os.cpu_count() or 1) / 2, train_cores=1.0)
     return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
-                         costs=costs, interval_s=every * clean_step_s)
+                         costs=costs, interval_s=every * clean_step_s, dtensor_share=1.0)
 
 
 def main() -> int:

@@ -102,6 +102,29 @@ def test_a_device_copy_is_dma() -> None:
     assert modes["dcp_sync"].lost_per_save_s == pytest.approx(0.3 + max(1.0, GIB / COSTS.torch_save_bytes_per_s))
 
 
+def test_default_async_save_copies_a_dtensor_three_times_on_cpu_and_once_more_off_a_device() -> None:
+    costs = WriterCosts(fresh_copy_bytes_per_s=1e9)
+    host = HostModel(cores_per_rank=1.0)
+
+    def blocking(share: float, device_copy_s: float | None = None) -> float:
+        return predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host, dtensor_share=share,
+                             device_copy_s=device_copy_s)["dcp_async"].blocking_s
+
+    assert blocking(0.0) == pytest.approx(1.0)  # a plain tensor: one fresh copy
+    assert blocking(1.0) == pytest.approx(3.0)  # deepcopy (two copies), then the copy into it
+    assert blocking(0.5) == pytest.approx(2.0)
+    assert blocking(0.0, device_copy_s=0.2) == pytest.approx(0.2)  # the D2H lands in the new buffer
+    assert blocking(1.0, device_copy_s=0.2) == pytest.approx(1.2)  # .to("cpu"), then a host copy
+    # DCP-best copies into its cached buffers and ckptio into its slot, DTensor or not.
+    for mode in ("dcp_best", "ckptio", "dcp_sync"):
+        plain, sharded = (predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host,
+                                        dtensor_share=share)[mode] for share in (0.0, 1.0))
+        assert plain == sharded
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="dtensor_share"):
+            predict_modes(bytes_per_rank=1e9, store_s=0.5, dtensor_share=bad)
+
+
 @pytest.mark.parametrize(
     "bad",
     [{"cores_per_rank": 0}, {"train_cores": -1.0}, {"cores_per_rank": float("nan")}, {"writer_nice": 20}],

@@ -69,6 +69,16 @@ def test_zero3_every_rank_writes_an_equal_share() -> None:
     assert _shape(3) == {3500.0: 4}
 
 
+@pytest.mark.parametrize(
+    ("parallelism", "share"),
+    [(Parallelism(dp=4), 0.0), (Parallelism(pp=4), 0.0), (Parallelism(tp=2), 1.0), (Parallelism(dp=4, zero=3), 1.0),
+     (Parallelism(dp=4, zero=1), 1.0), (Parallelism(dp=1, zero=3), 0.0)],
+)
+def test_a_sharded_job_saves_dtensors(parallelism: Parallelism, share: float) -> None:
+    model = CheckpointModel(params=1e6, weights_dtype="fp32", optimizer="adam-fp32", parallelism=parallelism)
+    assert shape_checkpoint(model).dtensor_share == share
+
+
 def test_pipeline_stages_hold_embedding_first_and_lm_head_last() -> None:
     # head width 4, kv_dim 4: per layer 8 + 8×16 + 64 + 8 + 3×16×8 = 592; embedding 80; final norm + head 88.
     arch = Architecture(layers=4, hidden=8, ffn=16, heads=2, kv_heads=1, vocab=10)

@@ -62,6 +62,10 @@ class ModelShape:
         if self.d_model % self.heads:
             raise ConfigError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
 
+    def sharded_bytes(self) -> int:
+        """Bytes of the embedding table with its two Adam moments: the part of the state saved as DTensors."""
+        return 12 * self.vocab * self.d_model
+
     def state_bytes(self) -> int:
         """Bytes of the whole checkpoint (all ranks): fp32 parameters plus Adam's two moments."""
         block = self.layers * (12 * self.d_model * self.d_model + 13 * self.d_model)

@@ -110,7 +110,7 @@ def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) ->
         f"({LABELS[best.mode]}, {best.lost_per_save_s:.2f} s); stall {_s(ckptio.stall_per_save_s)} = "
         f"{_ratio(ckptio.stall_per_save_s, best_stall)} DCP-best's ({_s(best_stall)}); resume {resume}; "
         f"planner predicted {predicted:.2f} s lost per save for ckptio, measured {ckptio.lost_per_save_s:.2f} s "
-        f"({_ratio(ckptio.lost_per_save_s, predicted)})"
+        f"({_ratio(predicted, ckptio.lost_per_save_s)} predicted ÷ measured, as in the lines above)"
     )
 
 

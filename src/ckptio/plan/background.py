@@ -11,8 +11,9 @@ arrives as ``store_s``, the seconds the bytes take to reach it (``budget`` compu
 The modes:
 
 * ``dcp_sync`` — ``torch.distributed.checkpoint.save``: training waits for the whole write.
-* ``dcp_async`` — default ``dcp.async_save``: a blocking copy into freshly allocated memory, then a thread of the
-  training process writes with ``torch.save`` (zip CRC on) at the trainer's priority.
+* ``dcp_async`` — default ``dcp.async_save``: a blocking copy into freshly allocated memory (three of them for a
+  CPU DTensor: see ``dtensor_share``), then a thread of the training process writes with ``torch.save`` (zip CRC on)
+  and fsyncs each file, at the trainer's priority.
 * ``dcp_best`` — ``dcp.async_save`` with a PROCESS checkpointer and a ``DefaultStager`` (async staging into cached
   shared memory): the copy runs in a staging thread of the training process, the write in a separate process,
   both at the trainer's priority; ``save()`` itself blocks for next to nothing.
@@ -66,7 +67,8 @@ class WriterCosts:
     of a write; no fsync). On a VM whose free memory returns to the hypervisor the allocation dominates."""
 
     torch_save_bytes_per_s: float = 0.4e9
-    """``torch.save`` of a tensor into a new file, zip CRC32 on (what DCP's FileSystemWriter does per item)."""
+    """``torch.save`` of a tensor into a new file, zip CRC32 on, then fsync (what DCP's FileSystemWriter does per
+    file with ``sync_files`` on, its default)."""
 
     direct_write_bytes_per_s: float = 5e9
     """``O_DIRECT`` write of new bytes through ckptio's bounce buffer (``ckptio.storage.direct_io``): the bounce
@@ -164,6 +166,7 @@ def predict_modes(
     interval_s: float | None = None,
     device_copy_s: float | None = None,
     direct_io: bool = True,
+    dtensor_share: float = 0.0,
 ) -> dict[str, ModeCost]:
     """Each of :data:`MODES`' cost per save for a rank writing ``bytes_per_rank`` whose bytes take ``store_s``
     to reach the store (all ranks writing at once), saving every ``interval_s`` seconds of compute (None: far
@@ -173,10 +176,17 @@ def predict_modes(
     overlaps, but costs the host's cores nothing); None for a CPU job, whose copies are memcpys at ``costs``.
     ``direct_io``: ckptio's writer writes with ``O_DIRECT`` (a durable POSIX tier: ``PosixStorage``'s default for
     large files with fsync on); False for a store it writes through the page cache or a socket.
+    ``dtensor_share``: the share of the state's bytes held in DTensors (FSDP2 and tensor parallelism: 1).
+    Default ``async_save`` stages through ``_create_cpu_state_dict`` then ``_copy_state_dict`` on every save
+    (torch 2.13): a CPU DTensor is deep-copied (two copies) and then copied into, three fresh copies of its
+    bytes; a GPU DTensor is moved with ``.to("cpu")`` and then copied, the device copy and one fresh host copy.
+    A plain tensor is copied once.
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
     if bytes_per_rank < 0 or store_s < 0 or (device_copy_s is not None and device_copy_s < 0):
         raise ConfigError(f"bytes and times must be >= 0, got {bytes_per_rank}, {store_s} and {device_copy_s}")
+    if not 0.0 <= dtensor_share <= 1.0:
+        raise ConfigError(f"dtensor_share must be within [0, 1], got {dtensor_share!r}")
     host = host or HostModel()
     costs = costs or WriterCosts()
     b = float(bytes_per_rank)
@@ -184,14 +194,16 @@ def predict_modes(
     # CPU work on the training thread runs at the share of a core the host gives it; a DMA does not.
     slow = 1.0 / host.cpu_share
     copy = b / costs.copy_bytes_per_s * slow if device_copy_s is None else device_copy_s
-    fresh_copy = b / costs.fresh_copy_bytes_per_s * slow if device_copy_s is None else device_copy_s
+    fresh_copy = b / costs.fresh_copy_bytes_per_s * slow
+    dcp_staging = (1.0 + 2.0 * dtensor_share) * fresh_copy if device_copy_s is None \
+        else device_copy_s + dtensor_share * fresh_copy
     staging_cpu = b / costs.copy_bytes_per_s if device_copy_s is None else 0.0
     write_rate = costs.direct_write_bytes_per_s if direct_io else costs.page_cache_bytes_per_s
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
         "dcp_sync": _sync((device_copy_s or 0.0) + max(store_s, torch_save * slow)),
         "dcp_async": _background(
-            blocking_s=fresh_copy,
+            blocking_s=dcp_staging,
             work=_Background(cpu_s=torch_save, nice=0),
             store_s=store_s, host=host, interval_s=interval_s,
         ),

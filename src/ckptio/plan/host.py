@@ -147,7 +147,7 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
 
     Keys are :class:`ckptio.plan.background.WriterCosts`'s fields. Each figure is CPU time of the calling thread
     (``time.thread_time``: user and kernel, page faults included), so other processes' load on a shared host
-    slows the wall clock but not the figure; the best of a few repeats. ``directory`` holds the file sinks
+    slows the wall clock but not the figure; the median of a few repeats. ``directory`` holds the file sinks
     (default: the temp dir); they are removed. Every write goes to a new file kept until the end, as every save
     writes new files: the page cache grows, and its page allocation is part of the cost (on a VM whose free
     memory goes back to the hypervisor it is most of it). Runs in this process: ``torch.save`` here keeps torch's
@@ -177,8 +177,12 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
                     f.write(raw)
 
             def torch_save() -> None:
+                # As DCP's FileSystemWriter writes a file: torch.save, then flush and fsync (sync_files=True, its
+                # default). The fsync's writeback runs in the caller and is part of what the writer costs.
                 with open(new_file(), "wb") as f:
                     torch.save(source, f)
+                    f.flush()
+                    os.fsync(f.fileno())
 
             def direct_write() -> None:
                 path = new_file()
@@ -195,17 +199,20 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
                 "torch_save_bytes_per_s": torch_save,
                 "direct_write_bytes_per_s": direct_write,
             }
-            return {name: raw.nbytes / _best_cpu_seconds(fn) for name, fn in work.items()}
+            return {name: raw.nbytes / _median_cpu_seconds(fn) for name, fn in work.items()}
     finally:
         torch.set_num_threads(threads)
 
 
-def _best_cpu_seconds(fn: object) -> float:
+def _median_cpu_seconds(fn: object) -> float:
+    """The median, not the best: work that allocates memory costs what the host's memory state makes it (pages
+    freed a moment ago are cheap to take again, pages the hypervisor reclaimed are not), and a save meets the
+    typical state, not the luckiest one."""
     assert callable(fn)
     fn()  # warm-up: first touch, allocator and file growth
-    best = float("inf")
+    times = []
     for _ in range(_COST_REPEATS):
         began = time.thread_time()
         fn()
-        best = min(best, time.thread_time() - began)
-    return max(best, 1e-9)
+        times.append(time.thread_time() - began)
+    return max(statistics.median(times), 1e-9)

@@ -244,6 +244,11 @@ class CheckpointShape:
     classes: tuple[RankClass, ...]
     """Rank classes, largest writer first; their counts sum to :attr:`ranks`."""
 
+    dtensor_share: float = 0.0
+    """Share of a rank's bytes held in DTensors: 1 for a sharded job (tensor parallel, or sharded data parallel
+    as torch's FSDP2 does it). DCP's default staging copies a DTensor more times than a plain tensor
+    (:func:`ckptio.plan.background.predict_modes`)."""
+
     @property
     def total_bytes(self) -> float:
         return sum(c.count * c.bytes for c in self.classes)
@@ -287,7 +292,9 @@ def shape_checkpoint(model: CheckpointModel) -> CheckpointShape:
             counts[round(others)] = counts.get(round(others), 0) + par.tp * (par.dp - 1)
     classes = [_rank_class(count, float(data), model) for data, count in counts.items()]
     classes.sort(key=lambda c: c.bytes, reverse=True)
-    return CheckpointShape(params=model.param_count, ranks=par.ranks, classes=tuple(classes))
+    sharded = par.tp > 1 or (par.zero > 0 and par.dp > 1)
+    return CheckpointShape(params=model.param_count, ranks=par.ranks, classes=tuple(classes),
+                           dtensor_share=1.0 if sharded else 0.0)
 
 
 def uniform_shape(
