@@ -285,10 +285,17 @@ def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
 def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
     from ckptio.plan.background import HostModel, predict_modes
+    from ckptio.plan.host import dirty_background_bytes
 
     host = HostModel(cores_per_rank=(os.cpu_count() or 1) / 2, train_cores=1.0)
+    dirty = dirty_background_bytes()
     return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
-                         costs=costs, interval_s=every * clean_step_s, dtensor_share=1.0)
+                         costs=costs, interval_s=every * clean_step_s,
+                         # The store is this host's disk: DCP's buffered files move at their fsync.
+                         dirty_background_bytes=None if dirty is None else dirty / 2,
+                         # The loop's async_save gets checkpoint_id=, not a FileSystemWriter: DCP stages through its
+                         # DefaultStager, one copy per tensor, DTensors included.
+                         dtensor_share=0.0)
 
 
 def main() -> int:

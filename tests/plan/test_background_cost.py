@@ -1,17 +1,20 @@
 """The background-cost model: what each save mode costs the step, and how that moves with cores and the store.
 
-Pure arithmetic on figures given here (no timing is measured or asserted): the model's directions must hold for
+Pure arithmetic on figures given here (no timing is measured or asserted; the kernel's write-back threshold is read
+from files written here): the model's directions must hold for
 every mode, and its special cases must say what the module docstring says.
 """
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from ckptio.errors import ConfigError
 from ckptio.plan.background import MODES, HostModel, WriterCosts, cfs_weight, predict_modes, writer_rate
+from ckptio.plan.host import dirty_background_bytes
 
 GIB = float(1 << 30)
 COSTS = WriterCosts()
@@ -123,6 +126,42 @@ def test_default_async_save_copies_a_dtensor_three_times_on_cpu_and_once_more_of
     for bad in (-0.1, 1.5):
         with pytest.raises(ConfigError, match="dtensor_share"):
             predict_modes(bytes_per_rank=1e9, store_s=0.5, dtensor_share=bad)
+
+
+def test_a_file_below_the_writeback_threshold_moves_at_its_fsync() -> None:
+    costs = WriterCosts(torch_save_bytes_per_s=1e9, checksum_bytes_per_s=1e12, direct_write_bytes_per_s=1e12)
+    host = HostModel(cores_per_rank=1.0)
+
+    def sync(dirty: float | None, direct_io: bool = True) -> dict[str, float]:
+        modes = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host, dirty_background_bytes=dirty,
+                              direct_io=direct_io)
+        return {m: modes[m].lost_per_save_s if m == "dcp_sync" else modes[m].flush_s for m in modes}
+
+    assert sync(None)["dcp_sync"] == pytest.approx(1.0)  # the store takes bytes as they come: the slower wins
+    assert sync(2e9)["dcp_sync"] == pytest.approx(1.5)  # nothing moves before the fsync: write, then transfer
+    assert sync(0.0)["dcp_sync"] == pytest.approx(1.0)  # write-back from the first byte
+    assert sync(0.5e9)["dcp_sync"] == pytest.approx(1.25)  # half serial, half overlapped
+    # Each mode's flush only grows as less of the write overlaps; ckptio's O_DIRECT chunks are always serial.
+    for mode in MODES:
+        flushes = [sync(d)[mode] for d in (0.0, 0.5e9, 2e9)]
+        assert all(later >= earlier for earlier, later in itertools.pairwise(flushes)), mode
+    assert sync(0.0)["ckptio"] > sync(None)["ckptio"]
+    assert sync(0.0, direct_io=False)["ckptio"] == pytest.approx(sync(None, direct_io=False)["ckptio"])
+    with pytest.raises(ConfigError, match="dirty_background_bytes"):
+        predict_modes(bytes_per_rank=1e9, store_s=0.5, dirty_background_bytes=-1.0)
+
+
+def test_the_writeback_threshold_is_read_from_the_kernel(tmp_path: Path) -> None:
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 8000 kB\nMemAvailable: 4000 kB\n")
+    (vm / "dirty_background_bytes").write_text("0\n")
+    (vm / "dirty_background_ratio").write_text("10\n")
+    assert dirty_background_bytes(str(vm), str(meminfo)) == pytest.approx(0.1 * 4000 * 1024)
+    (vm / "dirty_background_bytes").write_text("1048576\n")
+    assert dirty_background_bytes(str(vm), str(meminfo)) == 1048576.0
+    assert dirty_background_bytes(str(tmp_path / "absent"), str(meminfo)) is None
 
 
 @pytest.mark.parametrize(

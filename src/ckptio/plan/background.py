@@ -155,6 +155,8 @@ class ModeCost:
 class _Background:
     cpu_s: float
     nice: int
+    serial: float | None = None
+    """Share of the work done before any byte moves to the store (:func:`overlapped_write_s`)."""
 
 
 def predict_modes(
@@ -167,6 +169,7 @@ def predict_modes(
     device_copy_s: float | None = None,
     direct_io: bool = True,
     dtensor_share: float = 0.0,
+    dirty_background_bytes: float | None = None,
 ) -> dict[str, ModeCost]:
     """Each of :data:`MODES`' cost per save for a rank writing ``bytes_per_rank`` whose bytes take ``store_s``
     to reach the store (all ranks writing at once), saving every ``interval_s`` seconds of compute (None: far
@@ -176,17 +179,32 @@ def predict_modes(
     overlaps, but costs the host's cores nothing); None for a CPU job, whose copies are memcpys at ``costs``.
     ``direct_io``: ckptio's writer writes with ``O_DIRECT`` (a durable POSIX tier: ``PosixStorage``'s default for
     large files with fsync on); False for a store it writes through the page cache or a socket.
-    ``dtensor_share``: the share of the state's bytes held in DTensors (FSDP2 and tensor parallelism: 1).
-    Default ``async_save`` stages through ``_create_cpu_state_dict`` then ``_copy_state_dict`` on every save
-    (torch 2.13): a CPU DTensor is deep-copied (two copies) and then copied into, three fresh copies of its
-    bytes; a GPU DTensor is moved with ``.to("cpu")`` and then copied, the device copy and one fresh host copy.
-    A plain tensor is copied once.
+    ``dtensor_share``: the share of the state's bytes held in DTensors (FSDP2 and tensor parallelism: 1) when
+    default ``async_save`` is given a ``FileSystemWriter`` as ``storage_writer`` (the pattern of DCP's own
+    example): it then stages with the writer's ``stage()``, ``_create_cpu_state_dict`` then ``_copy_state_dict``
+    on every save (torch 2.13), and a CPU DTensor is deep-copied (two copies) and then copied into, three fresh
+    copies of its bytes; a GPU DTensor is moved with ``.to("cpu")`` and then copied, the device copy and one
+    fresh host copy. A plain tensor is copied once. Given only ``checkpoint_id=``, ``async_save`` stages with
+    its ``DefaultStager``, one copy of every tensor: pass 0.
+    ``dirty_background_bytes``: when the store is this host's own filesystem, the bytes of a rank's file the
+    kernel leaves dirty in the page cache before it starts writing back (``vm.dirty_background_*`` ÷ the ranks
+    on the host; :func:`ckptio.plan.host.dirty_background_bytes`): see :func:`overlapped_write_s`. None: the
+    store takes bytes as they are written (a parallel filesystem client's write-back, the demo's paced store).
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
     if bytes_per_rank < 0 or store_s < 0 or (device_copy_s is not None and device_copy_s < 0):
         raise ConfigError(f"bytes and times must be >= 0, got {bytes_per_rank}, {store_s} and {device_copy_s}")
     if not 0.0 <= dtensor_share <= 1.0:
         raise ConfigError(f"dtensor_share must be within [0, 1], got {dtensor_share!r}")
+    if dirty_background_bytes is not None and not dirty_background_bytes >= 0:
+        raise ConfigError(f"dirty_background_bytes must be >= 0, got {dirty_background_bytes!r}")
+    # Share of a buffered writer's bytes written before the kernel starts moving any to the store. ckptio's
+    # O_DIRECT writes have no write-behind: each chunk reaches the device before the next is prepared.
+    dcp_serial: float | None = None
+    ckptio_serial: float | None = None
+    if dirty_background_bytes is not None:
+        dcp_serial = min(1.0, dirty_background_bytes / bytes_per_rank) if bytes_per_rank > 0 else 1.0
+        ckptio_serial = 1.0 if direct_io else dcp_serial
     host = host or HostModel()
     costs = costs or WriterCosts()
     b = float(bytes_per_rank)
@@ -201,20 +219,21 @@ def predict_modes(
     write_rate = costs.direct_write_bytes_per_s if direct_io else costs.page_cache_bytes_per_s
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
-        "dcp_sync": _sync((device_copy_s or 0.0) + max(store_s, torch_save * slow)),
+        "dcp_sync": _sync((device_copy_s or 0.0) + overlapped_write_s(torch_save * slow, store_s, dcp_serial)),
         "dcp_async": _background(
             blocking_s=dcp_staging,
-            work=_Background(cpu_s=torch_save, nice=0),
+            work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
             store_s=store_s, host=host, interval_s=interval_s,
         ),
         "dcp_best": _background(
             blocking_s=0.0,
-            work=_Background(cpu_s=staging_cpu + torch_save, nice=0),
+            work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
             store_s=store_s, host=host, interval_s=interval_s,
         ),
         "ckptio": _background(
             blocking_s=copy,
-            work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice),
+            work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
+                             serial=ckptio_serial),
             store_s=store_s, host=host, interval_s=interval_s,
         ),
     }
@@ -226,6 +245,22 @@ def prediction_error(predicted_s: float, measured_s: float, between_s: float) ->
     ratio = predicted_s / measured_s if measured_s > 0 else math.inf
     points = 100.0 * (predicted_s - measured_s) / between_s if between_s > 0 else 0.0
     return ratio, points, abs(ratio - 1.0) <= 0.2 or abs(points) <= 3.0
+
+
+def overlapped_write_s(cpu_s: float, store_s: float, serial: float | None) -> float:
+    """Seconds a writer takes whose CPU work takes ``cpu_s`` and whose bytes take ``store_s`` to reach the store.
+
+    ``serial``: the share of the work done before any byte moves. None or 0: the two overlap and the slower sets
+    the time (a store that takes bytes as they come: a file's bytes go out while the next is prepared, a paced
+    store sleeps out the rest). 1: one follows the other — a file written through the page cache and fsynced
+    at the end, smaller than what the kernel lets sit dirty before writing back (``vm.dirty_background_ratio``,
+    10 % of memory by default; otherwise only the 30 s expiry starts it), moves nothing until the fsync; an
+    ``O_DIRECT`` writer sends each chunk before it prepares the next. In between, that share is serial and the
+    rest overlaps.
+    """
+    if serial is None:
+        return max(cpu_s, store_s)
+    return serial * (cpu_s + store_s) + (1.0 - serial) * max(cpu_s, store_s)
 
 
 def _sync(stall_s: float) -> ModeCost:
@@ -255,9 +290,7 @@ def _background(*, blocking_s: float, work: _Background, store_s: float, host: H
     # already its share); a training that spreads over several cores loses it spread over them.
     stolen = work.cpu_s * from_training / rate
     delay = stolen / max(1.0, host.train_cores)
-    # The writer's CPU and the transfer overlap (a file's bytes go out while the next is prepared, and a paced
-    # store sleeps out the rest), so the slower of the two sets the flush.
-    flush = max(store_s, work.cpu_s / rate)
+    flush = overlapped_write_s(work.cpu_s / rate, store_s, work.serial)
     wait = max(0.0, flush - interval_s) if interval_s is not None else 0.0
     inflation = 1.0 + delay / flush if flush > 0 else 1.0
     return ModeCost(blocking_s=blocking_s, background_cpu_s=work.cpu_s, stolen_s=delay, flush_s=flush,

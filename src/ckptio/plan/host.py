@@ -138,6 +138,24 @@ def measure_copy_bandwidth() -> float:
     return _COPY_PROBE_BYTES / max(best, 1e-9)
 
 
+def dirty_background_bytes(vm_dir: str = "/proc/sys/vm", meminfo: str = "/proc/meminfo") -> float | None:
+    """Dirty page-cache bytes past which this host's kernel starts writing back (the whole host's: divide by the
+    ranks that write at once). ``vm.dirty_background_bytes`` when set, else ``vm.dirty_background_ratio`` % of
+    the memory that can hold dirty pages, taken as ``MemAvailable``. None where it cannot be read (not Linux)."""
+    try:
+        with open(os.path.join(vm_dir, "dirty_background_bytes"), encoding="ascii") as f:
+            fixed = int(f.read())
+        if fixed > 0:
+            return float(fixed)
+        with open(os.path.join(vm_dir, "dirty_background_ratio"), encoding="ascii") as f:
+            ratio = int(f.read())
+        with open(meminfo, encoding="ascii") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, StopIteration):
+        return None
+    return ratio / 100.0 * available
+
+
 _COST_PROBE_BYTES = 32 << 20
 _COST_REPEATS = 5
 
