@@ -32,6 +32,10 @@ class FakeRun:
     """Rank r's flush takes (1 + r × this) × flush_s."""
     nbytes: int = 64 << 20
     noise: float = 0.0
+    hiccup_every: int = 0
+    hiccup_x: float = 1.0
+    """Every hiccup_every-th step takes hiccup_x times as long, flush or not (a collector pass, a noisy
+    neighbour): step times that skew right, as real ones do."""
     seed: int = 0
     fail_step: int | None = None
     clock_skew: dict[int, float] = field(default_factory=dict)
@@ -65,7 +69,8 @@ def simulate(run: FakeRun) -> dict[int, list[dict]]:
         ]
         saving = step % run.every == 0
         stage_t = run.stage_s if saving else 0.0
-        length = max(durs) + stage_t  # lockstep: every rank waits for the slowest
+        hiccup = run.hiccup_x if run.hiccup_every and step % run.hiccup_every == 0 else 1.0
+        length = max(durs) * hiccup + stage_t  # lockstep: every rank waits for the slowest
         for r in range(run.ranks):
             sk = run.clock_skew.get(r, 0.0)
             out[r].append(_rec(r, "trainer", "step_begin", t, step, skew=sk))

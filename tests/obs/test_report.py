@@ -10,7 +10,7 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.errors import ConfigError, CorruptCheckpointError
-from ckptio.obs.report import load_events, summarize, summary_to_json, write_report
+from ckptio.obs.report import build_timeline, load_events, summarize, summary_to_json, write_report
 from tests.obs.obs_fakerun import FakeRun, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -53,7 +53,7 @@ def _recompute(records: list[dict]) -> dict:
                 kind = "clean"
             kinds.append((kind, e["seconds"]))
             out["kinds"][kind].append(e["seconds"])
-        clean = np.median([s for k, s in kinds if k == "clean"])
+        clean = np.mean([s for k, s in kinds if k == "clean"])
         contention = max(0.0, sum(s - clean for k, s in kinds if k == "flush"))
         blocking = sum(e["blocking_s"] for e in events if e["event"] == "save_returned")
         out["lost"].append(blocking + contention)
@@ -107,8 +107,22 @@ def test_a_healthy_run_says_so(tmp_path) -> None:
     run = FakeRun(steps=60, every=20, flush_s=0.3, contention=1.0, stage_s=0.001)
     summary = summarize(load_events(write_run(run, str(tmp_path / "ev.jsonl"))))
     assert summary.skipped_steps == [] and summary.failed_steps == []
-    assert summary.contention_s == 0
+    assert summary.contention_s == pytest.approx(0.0, abs=1e-9)
     assert any("no checkpoint cost worth chasing" in v for v in summary.verdicts)
+
+
+def test_slow_steps_that_come_with_or_without_a_flush_are_not_charged_to_it(tmp_path) -> None:
+    # Every 7th step (7 and the save interval 20 share no factor) takes three times as long, flushing or not;
+    # the flush itself costs nothing. Against the median clean step, every flush would be charged its share of
+    # those slow steps.
+    run = FakeRun(steps=700, every=20, flush_s=1.5, contention=1.0, stage_s=0.001, hiccup_every=7, hiccup_x=3.0)
+    summary = summarize(load_events(write_run(run, str(tmp_path / "ev.jsonl"))))
+    clean = [e for e in build_timeline(load_events(str(tmp_path / "ev.rank{rank}.jsonl"))).steps[0]
+             if e.kind == "clean"]
+    skew = np.mean([s.seconds for s in clean]) - np.median([s.seconds for s in clean])
+    median_charge = summary.ranks[0].steps["flush"] * skew
+    assert skew > 0.05 and median_charge > 5.0
+    assert summary.contention_s < 0.2 * median_charge
 
 
 def test_a_skip_on_one_rank_only_is_flagged(tmp_path) -> None:

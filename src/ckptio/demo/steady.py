@@ -10,7 +10,7 @@ Per save, with the step kinds of :mod:`ckptio.obs.report` (``staging``, ``flush`
 
 * stall = time in ``save()`` + the wait for its staging copy before the next optimizer step (DCP-best);
 * time lost = time in ``save()`` + Σ over the ``flush`` steps overlapping its flush of (step − the rank's
-  median clean step), floored at 0 — the report's definition, per save (a staging wait sits inside a flush
+  mean clean step), floored at 0 — the report's definition, per save (a staging wait sits inside a flush
   step, so it is counted once);
 * slower steps = time lost − stall, floored at 0;
 * flush lag = save() call → committed.
@@ -63,7 +63,7 @@ class RunRow:
     """Median step time over every rank's steps."""
 
     clean_step_s: float | None
-    """Median step time of steps that overlap no save and no flush."""
+    """Mean step time of steps that overlap no save and no flush (the baseline of time lost)."""
 
     first: SaveFigures | None
     """The first save."""
@@ -112,8 +112,10 @@ class RunRow:
         return _median([s.lag_s for s in self.steady if s.lag_s is not None])
 
 
-def _clean_median(steps: list[StepSample]) -> float | None:
-    return _median([s.seconds for s in steps if s.kind == "clean"])
+def _clean_mean(steps: list[StepSample]) -> float | None:
+    """A rank's expected step time with no checkpoint work: the mean, not the median (see obs.summary)."""
+    clean = [s.seconds for s in steps if s.kind == "clean"]
+    return statistics.fmean(clean) if clean else None
 
 
 def _lost(trace: SaveTrace, steps: list[StepSample], clean: float | None) -> float:
@@ -135,7 +137,7 @@ def per_save(timeline: Timeline, results: list[RankResult]) -> list[SaveFigures]
     by_step: dict[int, list[tuple[float, float, float | None]]] = {}
     for rank, traces in timeline.saves.items():
         steps = timeline.steps.get(rank, [])
-        clean = _clean_median(steps)
+        clean = _clean_mean(steps)
         for trace in traces:
             if trace.requested is None:
                 continue
@@ -178,7 +180,7 @@ def run_row(mode: str, timeline: Timeline, results: list[RankResult]) -> RunRow:
     return RunRow(
         mode=mode,
         median_step_s=_median(all_steps),
-        clean_step_s=_median(clean),
+        clean_step_s=statistics.fmean(clean) if clean else None,
         first=first,
         first_durable_s=max(durable) if durable else None,
         ready_s=max((r.ready_s for r in results), default=0.0),

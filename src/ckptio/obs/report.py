@@ -13,7 +13,7 @@ Definitions (the docs and tests rely on them):
   save_returned/skipped), else ``flush`` if it overlaps a background flush (save_returned →
   committed/save_failed, or the end of the log), else ``clean``.
 * Seconds lost on a rank = Σ ``save_returned.blocking_s`` + contention, where contention = max(0, Σ over
-  flush steps of (step − median clean step)). Ranks run in lockstep, so the job loses the max over ranks,
+  flush steps of (step − mean clean step)). Ranks run in lockstep, so the job loses the max over ranks,
   not the sum.
 * Flush throughput of a rank = Σ committed bytes ÷ Σ ``flush_s``; the job's = Σ bytes of all ranks ÷ Σ over
   saves of the slowest rank's ``flush_s`` (the burst bandwidth the store delivered).

@@ -34,7 +34,7 @@ class RankSummary:
     blocking_s: float
     """Σ save() blocking seconds."""
     contention_s: float
-    """Σ (flush step − median clean step), floored at 0."""
+    """Σ (flush step − mean clean step), floored at 0."""
     lost_s: float
     """blocking_s + contention_s."""
     saves: int
@@ -115,8 +115,10 @@ def _pcts(values: list[float]) -> dict[str, float | None]:
 def _rank_summary(rank: int, steps: list[StepSample], saves: list[SaveTrace]) -> RankSummary:
     by_kind = {k: [s.seconds for s in steps if s.kind == k] for k in _KINDS}
     step_s = {k: _pcts(v) for k, v in by_kind.items()} | {"all": _pcts([s.seconds for s in steps])}
-    clean_median = float(np.median(by_kind["clean"])) if by_kind["clean"] else None
-    contention = 0.0 if clean_median is None else max(0.0, sum(v - clean_median for v in by_kind["flush"]))
+    # The mean, not the median: step times skew right (a slow step now and then, in clean steps as in flush
+    # steps), so Σ (step − median) over any run of steps is positive with no checkpoint running at all.
+    clean = float(np.mean(by_kind["clean"])) if by_kind["clean"] else None
+    contention = 0.0 if clean is None else max(0.0, sum(v - clean for v in by_kind["flush"]))
     blocking = sum(s.blocking_s for s in saves)
     done = [s for s in saves if s.committed is not None]
     nbytes, flush_s = sum(s.bytes for s in done), sum(s.flush_s or 0.0 for s in done)
