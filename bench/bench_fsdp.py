@@ -15,9 +15,9 @@ steady rounds:
 
 * blocking p50: time the training thread is blocked by a save — the save call, plus (DCP-best) the wait on
   ``staging_completion`` before the next ``optimizer.step`` — the slowest rank per save, median over saves;
-* time lost per save: blocking + Σ over the interval's steps of (step − median clean step, the staging wait
-  taken out) + the wait for durability at the end of the interval (what the next save of the same mode would
-  wait), slowest rank, median over saves;
+* time lost per save: blocking + Σ over the interval's steps of (step − mean clean step, the staging wait
+  taken out; the mean, as the report measures: step times skew right) + the wait for durability at the end of
+  the interval (what the next save of the same mode would wait), slowest rank, median over saves;
 * step inflation: median step time while the save's flush was still running ÷ median clean step.
 
     .venv/bin/python bench/bench_fsdp.py [--rounds 3] [--every 3] [--dir /tmp] [--plain]
@@ -247,7 +247,8 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
 
 def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, float]]:
     """Per mode: blocking p50, time lost per save (p50), step inflation; slowest rank per save."""
-    clean = statistics.median(s for r in results for s in r["clean"])
+    clean_steps = [s for r in results for s in r["clean"]]
+    clean = statistics.fmean(clean_steps)
     out: dict[str, dict[str, float]] = {}
     for mode in MODES:
         per_rank = [[s for s in r["saves"] if s["mode"] == mode and s["round"] > 0] for r in results]
@@ -260,7 +261,7 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
         out[mode] = {
             "blocking_p50": statistics.median(blocking),
             "lost_per_save": statistics.median(lost),
-            "inflation": statistics.median(inflight) / clean if inflight else 1.0,
+            "inflation": statistics.median(inflight) / statistics.median(clean_steps) if inflight else 1.0,
             "inflight_steps": float(len(inflight)),
         }
     out["clean"] = {"step_s": clean, "every": float(every)}
