@@ -204,8 +204,8 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     console.print(
         "[bold]Measured[/], per save after the first (median over saves, slowest rank): stall = training "
         "thread blocked (in save(), and waiting for the staging copy before the next optimizer step); slower "
-        "steps = extra step time while the flush ran; time lost = both, also as a share of training time; "
-        "flush lag = save() call → committed."
+        "steps = extra step time while the flush ran, over the mean step without one; time lost = both, also "
+        "as a share of training time; flush lag = save() call → committed."
     )
     console.print(results_table(rows))
     for line in first_save_lines(rows) + prediction_check_lines(rows, prediction):
