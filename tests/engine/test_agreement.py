@@ -20,7 +20,7 @@ import ckptio
 from ckptio.obs.eventfiles import load_events
 from ckptio.obs.events import rank_path
 from ckptio.storage import PosixStorage
-from ckptio.testing.wrappers import ThrottledStorage
+from ckptio.testing.wrappers import GatedReadStorage, ThrottledStorage
 from tests.engine.engine_workers import run_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -114,6 +114,43 @@ def test_a_step_one_rank_cannot_stage_is_dropped_on_every_rank_and_never_committ
     for r in range(2):
         skipped = [e for e in load_events(rank_path(events, r)) if e["event"] == "save_skipped"]
         assert [e["step"] for e in skipped] == [2], r
+
+
+def _lagging_watcher(rank: int, world_size: int, root: str, base: str) -> None:
+    inner = PosixStorage(root, fsync=False)
+    if rank == 0:  # its step 1 takes seconds to write, so its slot is still busy at step 2: rank 0 drops step 2
+        store: Any = ThrottledStorage(inner, write_bytes_per_s=64 << 10, state_path=os.path.join(base, "throttle"))
+    else:  # rank 1's watcher cannot read step 1's manifest until rank 0 has committed step 3 (and cleaned up)
+        store = GatedReadStorage(inner, key_with="step-00000001/manifest", until_key="step-00000003/manifest.json")
+    handles = {}
+    with ckptio.Checkpointer(store, max_pending=1, overflow="skip", keep_last=0, commit_timeout_s=30) as ck:
+        assert ck.writer_ready(timeout=120)
+        state = {f"w{rank}": torch.ones(64, 1024)}  # 256 KiB: about 4 s on rank 0's store
+        handles[1] = ck.save(1, state)
+        if rank == 1:
+            assert ck._staging.wait_free(timeout=120)
+        torch.distributed.barrier()
+        handles[2] = ck.save(2, state)  # rank 0: no free slot, a drop marker; rank 1 stages and writes it
+        assert ck._staging.wait_free(timeout=120)
+        torch.distributed.barrier()
+        handles[3] = ck.save(3, state)
+        ck.wait()
+    with open(os.path.join(base, f"{rank}.json"), "w") as f:
+        json.dump(_outcomes(handles), f)
+
+
+def test_a_drop_marker_outlives_the_next_commit_for_a_rank_that_reads_it_late(tmp_path):
+    # Rank 1 learns that step 2 was dropped only from rank 0's marker, and reads it after rank 0 committed step 3.
+    # Retention after that commit used to delete step 2's directory, marker included: rank 1 then waited
+    # commit_timeout_s for a manifest that never came and reported the dropped save as failed.
+    root, out = str(tmp_path / "ckpt"), str(tmp_path)
+    os.makedirs(root)
+    run_ranks(2, _lagging_watcher, root, out)
+    results = _results(out, 2)
+    assert all(r["failed"] == [] for r in results), results
+    assert all(r["skipped"] == [2] and r["committed"] == [1, 3] for r in results), results
+    assert results[1]["dropped"] == [2], results
+    assert _committed_on_disk(root) == [1, 3]
 
 
 def _time_based(rank: int, world_size: int, root: str, out: str) -> None:

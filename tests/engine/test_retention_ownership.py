@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,25 @@ def test_retention_never_deletes_before_the_newer_step_is_committed(root):
     os.makedirs(os.path.join(root, "step-00000002", "ranks"))
     assert fmt.apply_retention(storage, keep_last=1, newest_committed=2) == []
     assert fmt.committed_steps(storage) == [1]
+
+
+def test_a_fresh_drop_marker_keeps_its_uncommitted_step_until_it_is_old(root):
+    storage = PosixStorage(root)
+    with ckptio.Checkpointer(root, keep_last=0) as ck:
+        ck.save(6, {"w": torch.ones(8)}).wait(timeout=120)
+    for step in (3, 4, 5):  # attempts that never committed, each with a rank's data file
+        storage.put(f"{fmt.step_dir(step)}/__0_0.distcp", b"partial")
+    fmt.write_failure(storage, 4, "rank2", 7, "rank 2 had no free staging slot", dropped=True)
+    fmt.write_failure(storage, 5, "rank1", 8, "rank 1 had no free staging slot", dropped=True)
+    old = os.path.join(root, fmt.step_dir(5), "failed", "rank1.json")
+    with open(old) as f:
+        body = json.load(f)
+    with open(old, "w") as f:
+        json.dump({**body, "time": body["time"] - 700}, f)
+    fmt.apply_retention(storage, keep_last=0, newest_committed=6, markers_kept_s=600)
+    # Step 3 (no marker) and step 5 (a marker older than the bound) go; step 4's marker is still to be read.
+    assert _steps(root) == ["step-00000004", "step-00000006"]
+    assert fmt.read_failure_markers(storage, 4, 7) == [("rank2: rank 2 had no free staging slot", True)]
 
 
 def test_a_second_job_on_the_same_root_is_refused_until_the_first_closes(root):

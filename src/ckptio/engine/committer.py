@@ -328,7 +328,9 @@ class Committer:
                 remove_unlisted_files(durable, manifest)
             others = live - {step}
             if not others or min(others) > max(committed_steps(durable), default=-1):
-                removed = apply_retention(durable, keep_last=self.start.config.keep_last, newest_committed=step)
+                # Markers stay as long as another rank's watcher may still wait for them (format.retention).
+                removed = apply_retention(durable, keep_last=self.start.config.keep_last, newest_committed=step,
+                                          markers_kept_s=self.start.config.commit_timeout_s)
         except (StorageError, CorruptCheckpointError, RootInUseError) as exc:
             # A failed deletion must not fail the commit; retention is retried at the next one.
             self.out.event(Event.RETRY, step, op="retention", attempt=1, error=str(exc))

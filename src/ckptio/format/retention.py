@@ -12,11 +12,12 @@ listing instead). Storage backends refuse keys that leave the root (POSIX: throu
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from ckptio.errors import CheckpointNotFoundError, CorruptCheckpointError, NotFoundError, StorageError
 from ckptio.format.commit import all_step_dirs, committed_steps, read_manifest
-from ckptio.format.keys import hash_prefix_enabled, manifest_key, step_dir
+from ckptio.format.keys import FAILED_DIR, hash_prefix_enabled, manifest_key, step_dir
 from ckptio.format.records import Manifest
 from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
 
@@ -51,10 +52,12 @@ def _delete_uncommitted(storage: Storage, step: int) -> None:
     _delete_own_hashed(storage, step)
 
 
-def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) -> list[int]:
+def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int,
+                    markers_kept_s: float = 0.0) -> list[int]:
     """Delete committed steps beyond ``keep_last`` and uncommitted leftovers older than ``newest_committed``.
 
-    Uncommitted directories newer than the newest commit may belong to a save in flight and are left alone.
+    Uncommitted directories newer than the newest commit may belong to a save in flight and are left alone, and so
+    are those holding a failure or drop marker younger than ``markers_kept_s`` (see :func:`has_fresh_marker`).
     Returns the steps removed.
     """
     committed = committed_steps(storage)
@@ -84,11 +87,33 @@ def apply_retention(storage: Storage, *, keep_last: int, newest_committed: int) 
     if retired:
         _record_retired(storage, retired)
     for step in all_step_dirs(storage):
-        if step < newest_committed and step not in committed:
+        if step < newest_committed and step not in committed and not has_fresh_marker(storage, step, markers_kept_s):
             attempt(_delete_uncommitted, step)
     if first_error is not None:
         raise first_error
     return sorted(removed)
+
+
+def has_fresh_marker(storage: Storage, step: int, kept_s: float) -> bool:
+    """Does ``step`` hold a failure or drop marker written less than ``kept_s`` ago?
+
+    The marker is how every rank learns that an attempt will not commit, and a rank whose watcher lags behind rank
+    0 (it still writes, or watches an earlier step) reads it only later. Rank 0 can commit the next step meanwhile;
+    deleting the dropped step's directory then would leave that rank watching for a manifest that never comes, and
+    report a dropped save as a commit failure after ``commit_timeout_s``. So a marker stays for that long. A marker
+    without a readable time counts as old (a crashed run's leftover must not stay forever).
+    """
+    if kept_s <= 0:
+        return False
+    now = time.time()
+    for info in storage.list(join_key(step_dir(step), FAILED_DIR) + "/"):
+        try:
+            written = float(json.loads(storage.get(info.key))["time"])
+        except (StorageError, ValueError, TypeError, KeyError):
+            continue
+        if now - written < kept_s:
+            return True
+    return False
 
 
 def remove_unlisted_files(storage: Storage, manifest: Manifest) -> list[str]:

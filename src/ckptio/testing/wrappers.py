@@ -117,6 +117,24 @@ class LatencyStorage(StorageWrapper):
         return self.inner.head(key)
 
 
+class GatedReadStorage(StorageWrapper):
+    """Holds reads of keys containing ``key_with`` until ``until_key`` exists, then ``extra_s`` more (at most
+    ``timeout_s`` in all): a rank whose watcher falls behind rank 0's commits, made deterministic."""
+
+    def __init__(self, inner: Storage, *, key_with: str, until_key: str, extra_s: float = 1.0,
+                 timeout_s: float = 120.0) -> None:
+        super().__init__(inner)
+        self.key_with, self.until_key, self.extra_s, self.timeout_s = key_with, until_key, extra_s, timeout_s
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        if self.key_with in key:
+            deadline = time.monotonic() + self.timeout_s
+            while not self.inner.exists(self.until_key) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(self.extra_s)
+        return self.inner.get(key, offset=offset, length=length)
+
+
 class FaultStorage(StorageWrapper):
     """Fails writes with an errno once a byte budget is spent, or for keys containing ``fail_keys_with``.
 
