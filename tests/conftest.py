@@ -15,10 +15,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+# A shell starts a background job (`make test &`) with SIGINT ignored, and an ignored signal stays ignored in every
+# process spawned from here: the Ctrl-C tests would then see their job finish instead of stop. A Python handler
+# resets to the default in exec'd children, so Ctrl-C reaches them however the suite was launched.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The shipped storage conformance kit is a pytest plugin (its spawn_pool fixture serves tests/storage).
 pytest_plugins = ["ckptio.testing.conformance"]
