@@ -289,7 +289,8 @@ class Committer:
             return []
         with self.live.cleaning() as live:
             retired = retire_abandoned(self.durable, above=rollback.above, keep=request.step,
-                                       own_save_ids=rollback.own_save_ids, live=live)
+                                       own_save_ids=rollback.own_save_ids, live=live,
+                                       markers_kept_s=self.start.config.commit_timeout_s)
         if retired:
             self.out.event(Event.STEPS_RETIRED, request.step, restored_step=rollback.above, retired=retired)
         return retired

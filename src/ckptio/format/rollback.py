@@ -33,7 +33,7 @@ from ckptio.errors import (
 from ckptio.format.commit import committed_steps, read_manifest
 from ckptio.format.keys import LATEST, METADATA, durable_data_key, manifest_key, step_dir
 from ckptio.format.records import Manifest
-from ckptio.format.retention import delete_step
+from ckptio.format.retention import delete_step, has_fresh_marker
 from ckptio.storage.base import Storage, join_key
 
 
@@ -104,11 +104,13 @@ def drop_superseded(storage: Storage, step: int, old: Superseded, new: Manifest)
 
 
 def retire_abandoned(storage: Storage, *, above: int, keep: int, own_save_ids: Collection[int],
-                     live: Collection[int]) -> list[int]:
+                     live: Collection[int], markers_kept_s: float = 0.0) -> list[int]:
     """Retire committed steps above ``above`` (but ``keep``) whose manifest is not one of ``own_save_ids``.
 
-    A step that a save of this writer is writing (``live``) is only uncommitted and its old data files deleted;
-    any other retired step is deleted whole. Returns the steps retired.
+    A step that a save of this writer is writing (``live``), or that a newer attempt left a failure or drop marker
+    in less than ``markers_kept_s`` ago (other ranks may still have to read it: ``retention.has_fresh_marker``), is
+    only uncommitted and its old data files deleted; any other retired step is deleted whole. Returns the steps
+    retired.
     """
     retired = []
     for step in committed_steps(storage):
@@ -120,7 +122,7 @@ def retire_abandoned(storage: Storage, *, above: int, keep: int, own_save_ids: C
             manifest = None  # unreadable above the restored step: not this run's, and restore() must skip it
         if manifest is not None and manifest.save_id in own_save_ids:
             continue
-        if step in live:
+        if step in live or has_fresh_marker(storage, step, markers_kept_s):
             storage.delete(manifest_key(step))
             if manifest is not None:
                 delete_data_files(storage, step, list(manifest.files))
