@@ -1,4 +1,5 @@
-"""Storage wrappers for tests, the probe and the demo: throttle, latency and fault injection on top of any backend.
+"""Storage wrappers for tests, the probe and the demo: throttle, latency, gated reads and fault injection on top of
+any backend.
 
 Used by tests (ENOSPC/EIO without filling a disk), by the probe and by the demo (a local directory behind a
 bandwidth cap that emulates a shared filesystem under contention). Wrappers pickle with their inner storage,
