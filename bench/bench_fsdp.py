@@ -296,7 +296,7 @@ def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_
                          dirty_background_bytes=None if dirty is None else dirty / 2,
                          # The loop's async_save gets checkpoint_id=, not a FileSystemWriter: DCP stages through its
                          # DefaultStager, one copy per tensor, DTensors included.
-                         dtensor_share=0.0)
+                         dtensor_share=0.0, lockstep_ranks=2)
 
 
 def main() -> int:

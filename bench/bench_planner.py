@@ -253,7 +253,8 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts,
                      cpu_share=min(1.0, max(cpu_share, 1e-3)))
     # ckptio's writer goes around the page cache on a disk (O_DIRECT); on tmpfs the bytes land in memory pages.
     direct_io = not os.path.realpath(args.dir or tempfile.gettempdir()).startswith("/dev/shm")
-    return predict_modes(bytes_per_rank=state_bytes, store_s=store_s, host=host, costs=costs, direct_io=direct_io)
+    return predict_modes(bytes_per_rank=state_bytes, store_s=store_s, host=host, costs=costs, direct_io=direct_io,
+                         lockstep_ranks=args.ranks)
 
 
 def _width(state_bytes: int) -> int:

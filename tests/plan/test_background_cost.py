@@ -215,3 +215,35 @@ def test_prediction_error_is_within_the_bar_by_ratio_or_by_points() -> None:
     assert (ratio, within) == (pytest.approx(0.2), False) and points == pytest.approx(-8.0)
     assert prediction_error(0.2, 1.0, 100.0)[2]  # 5x off, but only 0.8 points of the time between saves
     assert prediction_error(0.1, 0.0, 10.0)[0] == float("inf")
+
+
+def test_lockstep_ranks_wait_for_each_others_bursts_only_when_the_store_paces_the_writer() -> None:
+    from ckptio.plan.background import lockstep_delay
+
+    # A writer busy 0.5 s of a 1 s flush robs its rank of 0.4 s: a second rank's bursts, independent of these,
+    # add the part that does not coincide (1 - 0.5); many ranks tend to the theft rate over the whole flush.
+    assert lockstep_delay(0.4, 0.5, 1.0, 1) == pytest.approx(0.4)
+    assert lockstep_delay(0.4, 0.5, 1.0, 2) == pytest.approx(0.4 * 1.5)
+    delays = [lockstep_delay(0.4, 0.5, 1.0, n) for n in (1, 2, 4, 8, 4096)]
+    assert all(later > earlier for earlier, later in itertools.pairwise(delays))
+    assert delays[-1] == pytest.approx(0.4 / 0.5)
+    # A writer busy the whole flush (CPU-bound) robs every rank at once: its theft, whatever the ranks.
+    assert lockstep_delay(0.4, 1.0, 1.0, 4096) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("mode", ["dcp_async", "dcp_best", "ckptio"])
+def test_more_lockstep_ranks_never_cost_less_and_a_cpu_bound_flush_is_unchanged(mode: str) -> None:
+    host = HostModel(cores_per_rank=1.0)
+    paced = [_lost(store_s=20.0, host=host, lockstep_ranks=n)[mode] for n in (1, 2, 8, 1024)]
+    assert all(later >= earlier for earlier, later in itertools.pairwise(paced))
+    assert paced[-1] > paced[0]
+    cpu_bound = [_lost(store_s=0.0, host=host, lockstep_ranks=n)[mode] for n in (1, 2, 1024)]
+    assert cpu_bound == pytest.approx([cpu_bound[0]] * 3)
+    assert _lost(store_s=20.0, host=host, lockstep_ranks=1)["dcp_sync"] == \
+        _lost(store_s=20.0, host=host, lockstep_ranks=1024)["dcp_sync"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_lockstep_ranks_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(ConfigError, match="lockstep_ranks"):
+        predict_modes(bytes_per_rank=GIB, store_s=1.0, lockstep_ranks=bad)  # type: ignore[arg-type]

@@ -210,6 +210,7 @@ def predict(
     host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1))
     modes = predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
                           costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s,
-                          direct_io=direct_io, dtensor_share=shape.sharded_bytes() / state_bytes)
+                          direct_io=direct_io, dtensor_share=shape.sharded_bytes() / state_bytes,
+                          lockstep_ranks=world)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
                       staged=plan("async"), modes=modes)

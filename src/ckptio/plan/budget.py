@@ -336,7 +336,8 @@ def _modes(shape: CheckpointShape, storage: StorageModel, times: tuple[float, fl
     # The store's own part of the flush: the writers' CPU is the background model's to place.
     store = max(data_s - serialize_s(shape, storage), ops_s)
     modes = predict_modes(bytes_per_rank=shape.bytes_per_rank_max, store_s=store, host=host, costs=costs,
-                          interval_s=interval, device_copy_s=copy_s, dtensor_share=shape.dtensor_share)
+                          interval_s=interval, device_copy_s=copy_s, dtensor_share=shape.dtensor_share,
+                          lockstep_ranks=max(1, shape.ranks))
     return {name: cost.to_json() for name, cost in modes.items()}
 
 
