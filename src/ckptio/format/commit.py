@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from ckptio.errors import (
     AlreadyExistsError,
@@ -37,19 +39,20 @@ def write_failure(storage: Storage, step: int, who: str, save_id: int, error: Ba
         pass  # the committer's timeout is the fallback
 
 
-def read_failure_markers(storage: Storage, step: int, save_id: int) -> list[tuple[str, bool]]:
-    """The markers of attempt ``save_id`` of ``step``: ("who: error", dropped) each."""
-    prefix = join_key(step_dir(step), FAILED_DIR) + "/"
-    out = []
-    for info in storage.list(prefix):
+def failure_markers(storage: Storage, step: int) -> Iterator[tuple[str, Any]]:
+    """Every readable marker of ``step``, of any attempt: (who, parsed body); unreadable ones are skipped."""
+    for info in storage.list(join_key(step_dir(step), FAILED_DIR) + "/"):
         try:
             body = json.loads(storage.get(info.key))
         except (StorageError, ValueError):
             continue
-        if body.get("save_id") == save_id:
-            out.append((f"{info.key.rsplit('/', 1)[-1].removesuffix('.json')}: {body.get('error')}",
-                        bool(body.get("dropped"))))
-    return out
+        yield info.key.rsplit("/", 1)[-1].removesuffix(".json"), body
+
+
+def read_failure_markers(storage: Storage, step: int, save_id: int) -> list[tuple[str, bool]]:
+    """The markers of attempt ``save_id`` of ``step``: ("who: error", dropped) each."""
+    return [(f"{who}: {body.get('error')}", bool(body.get("dropped")))
+            for who, body in failure_markers(storage, step) if body.get("save_id") == save_id]
 
 
 def read_failures(storage: Storage, step: int, save_id: int) -> list[str]:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 
 from ckptio.errors import CheckpointNotFoundError, CorruptCheckpointError, NotFoundError, StorageError
-from ckptio.format.commit import all_step_dirs, committed_steps, read_manifest
-from ckptio.format.keys import FAILED_DIR, hash_prefix_enabled, manifest_key, step_dir
+from ckptio.format.commit import all_step_dirs, committed_steps, failure_markers, read_manifest
+from ckptio.format.keys import hash_prefix_enabled, manifest_key, step_dir
 from ckptio.format.records import Manifest
 from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
 
@@ -106,10 +106,10 @@ def has_fresh_marker(storage: Storage, step: int, kept_s: float) -> bool:
     if kept_s <= 0:
         return False
     now = time.time()
-    for info in storage.list(join_key(step_dir(step), FAILED_DIR) + "/"):
+    for _who, body in failure_markers(storage, step):
         try:
-            written = float(json.loads(storage.get(info.key))["time"])
-        except (StorageError, ValueError, TypeError, KeyError):
+            written = float(body["time"])
+        except (ValueError, TypeError, KeyError):
             continue
         if now - written < kept_s:
             return True

@@ -310,9 +310,10 @@ def _background(*, blocking_s: float, work: _Background, store_s: float, host: H
     # CPU the writer takes while training wants the core. Training's thread loses exactly that in wall time,
     # whatever the other load (it takes its slices from all runnable threads in proportion, and training's were
     # already its share); a training that spreads over several cores loses it spread over them.
+    busy = work.cpu_s / rate  # the writer's wall time on its share of the cores
     stolen = work.cpu_s * from_training / rate
-    flush = overlapped_write_s(work.cpu_s / rate, store_s, work.serial)
-    delay = lockstep_delay(stolen / max(1.0, host.train_cores), work.cpu_s / rate, flush, ranks)
+    flush = overlapped_write_s(busy, store_s, work.serial)
+    delay = lockstep_delay(stolen / max(1.0, host.train_cores), busy, flush, ranks)
     wait = max(0.0, flush - interval_s) if interval_s is not None else 0.0
     inflation = 1.0 + delay / flush if flush > 0 else 1.0
     return ModeCost(blocking_s=blocking_s, background_cpu_s=work.cpu_s, stolen_s=delay, flush_s=flush,
