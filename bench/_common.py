@@ -94,6 +94,25 @@ def fmt_times(times: list[float]) -> str:
     return "[" + ", ".join(f"{t * 1e3:.0f}" for t in times) + "] ms"
 
 
+def thread_schedstat() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread (Linux schedstat)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+            on_cpu, waiting = f.read().split()[:2]
+    except OSError:
+        return 0.0, 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def costs_line(costs: Any) -> str:
+    """The planner's measured writer costs (``WriterCosts``), one line: the input a reader checks first when a
+    prediction misses (they move with the host's memory state: see docs/planning.md)."""
+    line = "writer costs (MiB per CPU-second): " + ", ".join(
+        f"{k.removesuffix('_bytes_per_s')} {v / MiB:,.0f}" for k, v in costs.to_json().items())
+    print(line, flush=True)
+    return line
+
+
 def ratio_line(**ratios: float | str) -> str:
     """The one closing line every benchmark prints: ``RATIOS name=value ...``."""
     parts = [f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in ratios.items()]

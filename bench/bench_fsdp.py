@@ -13,8 +13,9 @@ mode saves, so that no flush overlaps another mode's window. Round 0 is the warm
 before it; DCP-best's first save spawns its checkpoint process) and is not counted. Per mode, over the
 steady rounds:
 
-* blocking p50: time the training thread is blocked by a save — the save call, plus (DCP-best) the wait on
-  ``staging_completion`` before the next ``optimizer.step`` — the slowest rank per save, median over saves;
+* blocking p50: time the training thread is blocked by a save — the save call, plus (DCP-best, ckptio) the wait
+  for the staged copy (``staging_completion``, ``wait_staged()``) before the next ``optimizer.step`` — the slowest
+  rank per save, median over saves;
 * time lost per save: blocking + Σ over the interval's steps of (step − mean clean step, the staging wait
   taken out; the mean, as the report measures: step times skew right) + the wait for durability at the end of
   the interval (what the next save of the same mode would wait), slowest rank, median over saves;
@@ -38,7 +39,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import DcpBest, MiB, prediction_check, quiet_dcp, ratio_line, scratch_dir, verdict
+from _common import (
+    DcpBest,
+    MiB,
+    costs_line,
+    prediction_check,
+    quiet_dcp,
+    ratio_line,
+    scratch_dir,
+    thread_schedstat,
+    verdict,
+)
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -172,7 +183,14 @@ class Savers:
             self.pending = self.ck.save(step, state)
 
     def before_update(self) -> float:
-        return self.best.wait_staged() if self.mode == "dcp-best" else 0.0
+        """The async savers' rule: the staged copy is complete before the optimizer mutates the state."""
+        if self.mode == "dcp-best":
+            return self.best.wait_staged()
+        if self.mode == "ckptio":
+            t0 = time.perf_counter()
+            self.ck.wait_staged()
+            return time.perf_counter() - t0
+        return 0.0
 
     def done(self) -> bool:
         return self.pending is None or bool(self.pending.done())
@@ -204,14 +222,16 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     for _ in range(2):
         loop.step()  # AdamW's state exists from here on: every save has its full size
     clean: list[float] = []
+    clean_sched: list[list[float]] = []
     saves: list[dict[str, Any]] = []
     step = 0
     try:
         for rnd in range(spec.rounds + 1):
             for _ in range(spec.clean):
-                t0 = time.perf_counter()
+                t0, before = time.perf_counter(), _sched()
                 loop.step()
                 clean.append(time.perf_counter() - t0)
+                clean_sched.append([b - a for a, b in zip(before, _sched(), strict=True)])
                 step += 1
             for i in range(len(MODES)):
                 mode = MODES[(i + rnd) % len(MODES)]
@@ -222,7 +242,13 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     finally:
         savers.close()
     with open(os.path.join(spec.root, f"result.rank{rank}.json"), "w") as f:
-        json.dump({"clean": clean, "saves": saves, "kind": loop.kind}, f)
+        json.dump({"clean": clean, "clean_sched": clean_sched, "saves": saves, "kind": loop.kind}, f)
+
+
+def _sched() -> tuple[float, float, float]:
+    """The training thread's CPU time and run-queue wait, and its process's CPU time (every thread: training,
+    gloo, DCP's staging and writer threads): what the report splits a save's loss by."""
+    return (*thread_schedstat(), time.process_time())
 
 
 def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, rnd: int) -> dict[str, Any]:
@@ -230,11 +256,12 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
     t0 = time.perf_counter()
     savers.save(mode, step, loop.state())
     blocking = time.perf_counter() - t0
-    steps, inflight, waits = [], [], 0.0
+    steps, inflight, waits, sched = [], [], 0.0, []
     for _ in range(spec.every):
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), _sched()
         waited = loop.step(savers.before_update)
         seconds = time.perf_counter() - t0 - waited
+        sched.append([b - a for a, b in zip(before, _sched(), strict=True)])
         waits += waited
         steps.append(seconds)
         if not savers.done():
@@ -242,7 +269,7 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
     t0 = time.perf_counter()
     savers.drain()
     return {"mode": mode, "round": rnd, "blocking": blocking + waits, "steps": steps, "inflight": inflight,
-            "drain": time.perf_counter() - t0}
+            "sched": sched, "drain": time.perf_counter() - t0}
 
 
 def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, float]]:
@@ -259,13 +286,42 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
                             for s in saves))
             inflight.extend(t for s in saves for t in s["inflight"])
         out[mode] = {
+            **_split(results, per_rank),
             "blocking_p50": statistics.median(blocking),
             "lost_per_save": statistics.median(lost),
             "inflation": statistics.median(inflight) / statistics.median(clean_steps) if inflight else 1.0,
             "inflight_steps": float(len(inflight)),
         }
-    out["clean"] = {"step_s": clean, "every": float(every)}
+    # Cores training keeps busy per rank (HostModel.train_cores): its process's CPU time (training, gloo and
+    # autograd threads) over the clean steps' wall time. FSDP's ranks sleep in their collectives: less than one.
+    process_cpu = sum(p for r in results for _, _, p in r.get("clean_sched") or [])
+    train_cores = process_cpu / sum(clean_steps) if process_cpu > 0 else 1.0
+    out["clean"] = {"step_s": clean, "every": float(every), "train_cores": train_cores}
     return out
+
+
+def _split(results: list[dict[str, Any]], per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """Where a save's interval steps lost their time, per save, mean over ranks and saves: more CPU time on the
+    training thread, more run-queue wait (background work took its core), and more time asleep (waiting for the
+    other rank at a collective, or for the GIL held by a thread of its own process)."""
+    parts = {"cpu": 0.0, "runqueue": 0.0, "asleep": 0.0, "process_cpu": 0.0}
+    n = 0
+    for result, saves in zip(results, per_rank, strict=True):
+        clean = result.get("clean_sched") or []
+        if not clean:
+            return {}
+        base_cpu = statistics.fmean(c for c, _, _ in clean)
+        base_rq = statistics.fmean(r for _, r, _ in clean)
+        base_asleep = statistics.fmean(t - c - r for t, (c, r, _) in zip(result["clean"], clean, strict=True))
+        base_process = statistics.fmean(p for _, _, p in clean)
+        for save in saves:
+            n += 1
+            for t, (c, r, p) in zip(save["steps"], save["sched"], strict=True):
+                parts["cpu"] += c - base_cpu
+                parts["runqueue"] += r - base_rq
+                parts["asleep"] += (t - c - r) - base_asleep
+                parts["process_cpu"] += p - base_process
+    return {f"{k}_per_save": v / max(n, 1) for k, v in parts.items()}
 
 
 def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
@@ -283,12 +339,14 @@ def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
     return nbytes / best
 
 
-def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float) -> dict[str, Any]:
+def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float, *,
+            train_cores: float) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
     from ckptio.plan.background import HostModel, predict_modes
     from ckptio.plan.host import dirty_background_bytes
 
-    host = HostModel(cores_per_rank=(os.cpu_count() or 1) / 2, train_cores=1.0)
+    cores_per_rank = (os.cpu_count() or 1) / 2
+    host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank))
     dirty = dirty_background_bytes()
     return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
                          costs=costs, interval_s=every * clean_step_s,
@@ -311,6 +369,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--plain", action="store_true", help="a plain PyTorch transformer even with transformers")
+    parser.add_argument("--results", default=None, help="also write every rank's per-step records here (JSON)")
     parser.add_argument("--dir", default=None, help="parent of the scratch directory (default: $TMPDIR or /tmp)")
     args = parser.parse_args()
 
@@ -336,25 +395,34 @@ def main() -> int:
                 results.append(json.load(f))
         state_bytes = sum(p.stat().st_size for p in (root / "dcp-sync").rglob("*") if p.is_file())
         state_bytes //= max(1, args.rounds + 1)
+    if args.results:
+        Path(args.results).write_text(json.dumps(results))
     figures = summarize(results, args.every)
     print(f"{results[0]['kind']}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; FSDP2 on 2 gloo "
           f"ranks; checkpoint ≈ {state_bytes / MiB:.0f} MiB; clean step {figures['clean']['step_s'] * 1e3:.0f} ms; "
           f"a save every {args.every} steps, {args.rounds} steady rounds; {time.perf_counter() - began:.0f} s")
     print(json.dumps({"spec": asdict(spec) | {"root": "<scratch>"}}))
+    costs_line(costs)
     for mode in MODES:
         f = figures[mode]
         print(f"{mode:<10} blocking p50 {f['blocking_p50'] * 1e3:7.1f} ms   "
               f"time lost / save {f['lost_per_save']:6.2f} s   "
               f"step inflation {f['inflation']:.3f} (n={f['inflight_steps']:.0f})")
+    print("the interval's steps, more than a clean step, per save (mean of ranks): "
+          + "; ".join(f"{mode} cpu {figures[mode].get('cpu_per_save', 0):+.2f} s, run-queue "
+                      f"{figures[mode].get('runqueue_per_save', 0):+.2f} s, asleep "
+                      f"{figures[mode].get('asleep_per_save', 0):+.2f} s (process cpu "
+                      f"{figures[mode].get('process_cpu_per_save', 0):+.2f} s)" for mode in MODES))
     ck, best = figures["ckptio"], figures["dcp-best"]
     block, lost, infl = (ck["blocking_p50"] / best["blocking_p50"], ck["lost_per_save"] / best["lost_per_save"],
                          ck["inflation"] / best["inflation"])
     print(f"ckptio / DCP-best: blocking {block:.2f} ({verdict(block, 1.0, at_most=True)}), time lost {lost:.2f} "
           f"({verdict(lost, 0.5, at_most=True)}), inflation {infl:.2f} ({verdict(infl, 1.0, at_most=True)})")
     clean = figures["clean"]["step_s"]
-    predicted = predict(state_bytes, args.every, clean, costs, disk)
-    print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s, {os.cpu_count()} cores for 2 ranks; time lost per save, "
-          "predicted against measured:")
+    train_cores = figures["clean"]["train_cores"]
+    predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores)
+    print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s, {os.cpu_count()} cores for 2 ranks, training keeps "
+          f"{train_cores:.2f} core busy per rank; time lost per save, predicted against measured:")
     prediction_check({mode.replace("-", "_"): (predicted[mode.replace("-", "_")].lost_per_save_s,
                                                figures[mode]["lost_per_save"], args.every * clean) for mode in MODES})
     ratio_line(blocking_vs_dcp_best=block, lost_vs_dcp_best=lost, inflation_vs_dcp_best=infl,

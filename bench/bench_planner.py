@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import prediction_check, quiet_dcp
+from _common import costs_line, prediction_check, quiet_dcp, thread_schedstat
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
 from ckptio.plan.host import measure_writer_costs
@@ -140,7 +140,10 @@ class _Saver:
         self.staging, self.pending = response.staging_completion, response.upload_completion
 
     def before_update(self) -> None:
-        """DCP-best's rule: the staged copy must be complete before the optimizer mutates the state."""
+        """The async savers' rule (ckptio's and DCP-best's): the staged copy is complete before the optimizer
+        mutates the state."""
+        if self.ck is not None:
+            self.ck.wait_staged()
         if self.staging is not None:
             staging, self.staging = self.staging, None
             staging.result()
@@ -168,16 +171,6 @@ class _Saver:
             dist.destroy_process_group(self.group)
 
 
-def _schedstat() -> tuple[float, float]:
-    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread (Linux schedstat)."""
-    try:
-        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
-            on_cpu, waiting = f.read().split()[:2]
-    except OSError:
-        return 0.0, 0.0
-    return int(on_cpu) / 1e9, int(waiting) / 1e9
-
-
 def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     import torch.distributed as dist
 
@@ -197,9 +190,9 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
             records.append({"save": index, "blocking_s": time.perf_counter() - began})
             for _ in range(cfg["every"]):
                 in_flight = not saver.done()
-                began, sched = time.perf_counter(), _schedstat()
+                began, sched = time.perf_counter(), thread_schedstat()
                 trainer.step(saver.before_update)
-                ran, waited = (b - a for a, b in zip(sched, _schedstat(), strict=True))
+                ran, waited = (b - a for a, b in zip(sched, thread_schedstat(), strict=True))
                 records.append({"save": index, "step_s": time.perf_counter() - began, "in_flight": in_flight,
                                 "cpu_s": ran, "runqueue_s": waited})
         saver.drain()
@@ -288,8 +281,7 @@ def main() -> int:
         predicted: dict[str, ModeCost] = {}
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
-        print("writer costs (MiB per CPU-second): "
-              + ", ".join(f"{k.removesuffix('_bytes_per_s')} {v / MIB:,.0f}" for k, v in costs.to_json().items()))
+        costs_line(costs)
         print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
               f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")
         measured = {}
