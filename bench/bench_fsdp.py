@@ -228,12 +228,10 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     step = 0
     try:
         for rnd in range(spec.rounds + 1):
-            for _ in range(spec.clean):
-                t0, before = time.perf_counter(), _sched()
-                loop.step()
-                clean.append(time.perf_counter() - t0)
-                clean_sched.append([b - a for a, b in zip(before, _sched(), strict=True)])
-                step += 1
+            times, scheds = _clean_steps(loop, spec.clean)
+            clean += times
+            clean_sched += scheds
+            step += spec.clean
             for i in range(len(MODES)):
                 mode = MODES[(i + rnd) % len(MODES)]
                 dist.barrier()
@@ -250,6 +248,17 @@ def _sched() -> tuple[float, float, float]:
     """The training thread's CPU time and run-queue wait, and its process's CPU time (every thread: training,
     gloo, DCP's staging and writer threads): what the report splits a save's loss by."""
     return (*thread_schedstat(), time.process_time())
+
+
+def _clean_steps(loop: Loop, n: int) -> tuple[list[float], list[list[float]]]:
+    """``n`` steps with nothing in flight: each one's seconds and its :func:`_sched` deltas."""
+    times, scheds = [], []
+    for _ in range(n):
+        t0, before = time.perf_counter(), _sched()
+        loop.step()
+        times.append(time.perf_counter() - t0)
+        scheds.append([b - a for a, b in zip(before, _sched(), strict=True)])
+    return times, scheds
 
 
 def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, rnd: int) -> dict[str, Any]:
@@ -270,12 +279,7 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
     t0 = time.perf_counter()
     savers.drain()
     drain = time.perf_counter() - t0
-    paired, paired_sched = [], []
-    for _ in range(spec.every):
-        t0, before = time.perf_counter(), _sched()
-        loop.step()
-        paired.append(time.perf_counter() - t0)
-        paired_sched.append([b - a for a, b in zip(before, _sched(), strict=True)])
+    paired, paired_sched = _clean_steps(loop, spec.every)
     return {"mode": mode, "round": rnd, "blocking": blocking + waits, "steps": steps, "inflight": inflight,
             "sched": sched, "drain": drain, "paired": paired, "paired_sched": paired_sched}
 

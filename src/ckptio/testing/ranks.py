@@ -37,10 +37,11 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
 def _exit_quietly() -> None:
     """End a rank that succeeded without the interpreter's finalization.
 
-    With torch 2.13 a rank whose work and teardown completed still dies now and then in finalization with
-    "terminate called without an active exception" (SIGABRT: a native thread object destroyed while joinable), which
-    fails the test after everything it checks was done. The rank's own exit work still runs: atexit handlers (ckptio
-    unlinks its /dev/shm staging slots there) and flushing the standard streams. A rank that failed raises instead,
+    With torch 2.13 a rank whose work and teardown completed still died now and then with "terminate called without
+    an active exception" (SIGABRT; the message of a native thread object destroyed while joinable, which points at
+    finalization: no trace was caught), failing the test after everything it checks was done. The rank's own exit
+    work still runs: atexit handlers (ckptio unlinks its /dev/shm staging slots there) and flushing the standard
+    streams. A rank that failed raises instead,
     so the spawner reports its traceback as before.
     """
     import atexit
