@@ -41,8 +41,7 @@ def _exit_quietly() -> None:
     an active exception" (SIGABRT; the message of a native thread object destroyed while joinable, which points at
     finalization: no trace was caught), failing the test after everything it checks was done. The rank's own exit
     work still runs: atexit handlers (ckptio unlinks its /dev/shm staging slots there) and flushing the standard
-    streams. A rank that failed raises instead,
-    so the spawner reports its traceback as before.
+    streams. A rank that failed raises instead, so the spawner reports its traceback as before.
     """
     import atexit
     import sys
