@@ -243,6 +243,24 @@ def test_more_lockstep_ranks_never_cost_less_and_a_cpu_bound_flush_is_unchanged(
         _lost(store_s=20.0, host=host, lockstep_ranks=1024)["dcp_sync"]
 
 
+@pytest.mark.parametrize("mode", ["dcp_async", "dcp_best", "ckptio"])
+def test_a_cpu_job_waiting_for_its_peers_has_no_spare_below_one_core(mode: str) -> None:
+    def lost(train_cores: float, **kw: object) -> float:
+        host = HostModel(cores_per_rank=1.0, train_cores=train_cores)
+        return _lost(store_s=0.5, host=host, **kw)[mode]  # type: ignore[arg-type]
+
+    # Alone, a rank's idle fifth of a core hides part of the writer.
+    assert lost(0.8) < lost(1.0)
+    # In lockstep its idle is waiting for its peers' CPU work, which the writers slow too: no spare.
+    assert lost(0.8, lockstep_ranks=2) == pytest.approx(lost(1.0, lockstep_ranks=2))
+    # A GPU job's waits are for the device, which the writers do not slow: the idle stays spare.
+    assert lost(0.8, lockstep_ranks=2, device_copy_s=0.1) < lost(1.0, lockstep_ranks=2, device_copy_s=0.1)
+    # A whole spare core beyond training's stays spare in lockstep too.
+    spare = predict_modes(bytes_per_rank=GIB, store_s=0.5, lockstep_ranks=2,
+                          host=HostModel(cores_per_rank=2.0, train_cores=0.8))[mode]
+    assert spare.stolen_s == 0.0
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
 def test_lockstep_ranks_must_be_a_positive_int(bad: object) -> None:
     with pytest.raises(ConfigError, match="lockstep_ranks"):

@@ -25,7 +25,7 @@ The modes:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ckptio.errors import ConfigError
@@ -98,7 +98,8 @@ class HostModel:
 
     train_cores: float = 1.0
     """Cores training keeps busy per rank while it steps: its threads' CPU time ÷ step time. A GPU job's Python
-    thread is about 1; a CPU job is its torch threads. What it does not use is the spare a writer can take."""
+    thread is about 1; a CPU job is its torch threads. What it does not use is the spare a writer can take, except
+    in a CPU job whose ranks wait for each other (:meth:`waiting_for_peers`)."""
 
     writer_nice: int = CKPTIO_WRITER_NICE
     """Niceness of ckptio's writer process (DCP's writers run at the trainer's priority)."""
@@ -117,6 +118,19 @@ class HostModel:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
         if not 0 <= self.writer_nice <= 19:
             raise ConfigError(f"writer_nice must be within 0..19, got {self.writer_nice}")
+
+    def waiting_for_peers(self) -> HostModel:
+        """This host for a CPU job whose ranks wait for each other at every step's collectives.
+
+        Such a rank's waits are for its peers' CPU work, which their writers slow as much as its own: the waits
+        stretch with the theft, and a writer that runs in them takes time the job needs. Below one core (or the
+        rank's whole share, if less) ``train_cores`` buys nothing. Measured in ``bench/bench_fsdp.py`` (FSDP2, 2
+        ranks on 2 cores, training busy 0.83–0.84 of its core): while each DCP-best save's extra 1.9–2.3 CPU-seconds
+        ran, the host's idle time did not shrink (−0.08 and −0.06 s per save; ``dcp.async_save``'s grew), so all of
+        it came out of the steps. A GPU
+        job's waits are for the device, which the host's writers do not slow: its idle stays spare.
+        """
+        return replace(self, train_cores=max(self.train_cores, min(1.0, self.cores_per_rank)))
 
     @property
     def spare_cores(self) -> float:
@@ -192,7 +206,8 @@ def predict_modes(
     on the host; :func:`ckptio.plan.host.dirty_background_bytes`): see :func:`overlapped_write_s`. None: the
     store takes bytes as they are written (a parallel filesystem client's write-back, the demo's paced store).
     ``lockstep_ranks``: ranks that wait for each other at every step's collectives (the job's world size); see
-    :func:`lockstep_delay`. 1: each rank's theft is charged once.
+    :func:`lockstep_delay`. 1: each rank's theft is charged once. Above 1 in a CPU job (``device_copy_s`` None),
+    training's waits are no spare (:meth:`HostModel.waiting_for_peers`).
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
     if bytes_per_rank < 0 or store_s < 0 or (device_copy_s is not None and device_copy_s < 0):
@@ -211,6 +226,8 @@ def predict_modes(
         dcp_serial = min(1.0, dirty_background_bytes / bytes_per_rank) if bytes_per_rank > 0 else 1.0
         ckptio_serial = 1.0 if direct_io else dcp_serial
     host = host or HostModel()
+    if device_copy_s is None and lockstep_ranks > 1:
+        host = host.waiting_for_peers()
     costs = costs or WriterCosts()
     b = float(bytes_per_rank)
     torch_save = b / costs.torch_save_bytes_per_s
