@@ -104,6 +104,32 @@ def thread_schedstat() -> tuple[float, float]:
     return int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
+def host_cpu() -> tuple[float, float]:
+    """(busy, idle) CPU-seconds of the whole host since boot, every core together (``/proc/stat``; steal counts
+    as neither): with each child process's CPU, where a save's work went beyond the trainer's own process."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            user, nice, system, idle, iowait, irq, softirq = (int(x) for x in f.readline().split()[1:8])
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, (idle + iowait) / tick
+
+
+def children_cpu() -> float:
+    """CPU-seconds of the calling process's live child processes (DCP's checkpoint process, ckptio's writer)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def costs_line(costs: Any) -> str:
     """The planner's measured writer costs (``WriterCosts``), one line: the input a reader checks first when a
     prediction misses (they move with the host's memory state: see docs/planning.md)."""
