@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import costs_line, prediction_check, quiet_dcp, thread_schedstat
+from _common import children_cpu, costs_line, prediction_check, quiet_dcp, thread_schedstat
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
 from ckptio.plan.host import measure_writer_costs
@@ -52,6 +52,10 @@ from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
 _LAYERS = 4
+_SETTLE_S = 15.0
+"""Seconds after deleting files before a measurement: on a VM, ``torch.save`` into the page cache costs 1,400–2,300
+MiB per CPU-second right after a file of the same size was deleted and 300–350 a few seconds later (measured: 828–1,751
+after 3.3 s, 317–496 after 8 s)."""
 
 
 # ---- the rank side ----------------------------------------------------------------------------------------------
@@ -190,11 +194,15 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
             records.append({"save": index, "blocking_s": time.perf_counter() - began})
             for _ in range(cfg["every"]):
                 in_flight = not saver.done()
+                cpu_before = time.process_time(), children_cpu()
                 began, sched = time.perf_counter(), thread_schedstat()
                 trainer.step(saver.before_update)
+                step_s = time.perf_counter() - began
                 ran, waited = (b - a for a, b in zip(sched, thread_schedstat(), strict=True))
-                records.append({"save": index, "step_s": time.perf_counter() - began, "in_flight": in_flight,
-                                "cpu_s": ran, "runqueue_s": waited})
+                process_s, children_s = (b - a for a, b in zip(cpu_before, (time.process_time(), children_cpu()),
+                                                                 strict=True))
+                records.append({"save": index, "step_s": step_s, "in_flight": in_flight, "cpu_s": ran,
+                                "runqueue_s": waited, "process_cpu_s": process_s, "children_cpu_s": children_s})
         saver.drain()
     finally:
         saver.close()
@@ -205,16 +213,22 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
 # ---- the launcher side ------------------------------------------------------------------------------------------
 def measured_lost(records: list[dict[str, Any]], saves: int) -> dict[str, float]:
     """One rank's figures: time lost per save (and its blocking and contention parts), the mean clean step, the
-    clean steps' shares of time on a CPU and waiting for one, steps in flight per save."""
+    clean steps' shares of time on a CPU and waiting for one, steps in flight per save, and the save's CPU while
+    its flush ran: its process's beyond a clean step's (default ``async_save``'s writer thread, DCP-best's
+    staging thread) and its child processes' (DCP-best's checkpoint process, ckptio's writer), to hold against
+    the model's ``background_cpu_s``."""
     clean = [r for r in records if "step_s" in r and not r["in_flight"]]
     mean_clean = statistics.fmean(r["step_s"] for r in clean)
     blocking = sum(r["blocking_s"] for r in records if "blocking_s" in r) / saves
     flight = [r["step_s"] for r in records if r.get("in_flight")]
     contention = sum(s - mean_clean for s in flight) / saves
     wall = sum(r["step_s"] for r in clean)
+    clean_process = statistics.fmean(r["process_cpu_s"] for r in clean)
+    in_flight = [r for r in records if r.get("in_flight")]
+    save_cpu = sum(r["process_cpu_s"] - clean_process + r["children_cpu_s"] for r in in_flight) / saves
     return {"lost": blocking + contention, "blocking": blocking, "contention": contention, "step": mean_clean,
             "cpu_share": sum(r["cpu_s"] for r in clean) / wall, "rq_share": sum(r["runqueue_s"] for r in clean) / wall,
-            "flight": len(flight) / saves}
+            "flight": len(flight) / saves, "save_cpu": save_cpu}
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:
@@ -233,7 +247,9 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
     for rank in range(args.ranks):
         with open(os.path.join(workdir, f"{mode}.rank{rank}.json"), encoding="utf-8") as f:
             figures.append(measured_lost(json.load(f), args.saves))
-    shutil.rmtree(store_dir, ignore_errors=True)
+    # The checkpoints stay until the end: deleting them here would free their page cache just before the next
+    # mode runs, and pages freed a moment ago make its writer's page-cache writes several times cheaper than a
+    # steady job's (docs/planning.md, "Known misses"). ckptio's own retention still deletes within its run.
     return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
 
 
@@ -276,6 +292,8 @@ def main() -> int:
     try:
         load_before = os.getloadavg()
         costs = WriterCosts(**measure_writer_costs(directory=workdir))
+        # The probe has just deleted its files: let the freed pages go cold before any mode runs (see above).
+        time.sleep(_SETTLE_S)
         state_bytes = _state_bytes(args.mib_per_rank)
         quiet = predict(args, state_bytes, costs)
         predicted: dict[str, ModeCost] = {}
@@ -295,7 +313,8 @@ def main() -> int:
                   f"contention {m['contention'] * 1e3:.1f}; predicted {p.blocking_s * 1e3:.1f} + "
                   f"{p.stolen_s * 1e3:.1f} (quiet host: {quiet[mode].lost_per_save_s * 1e3:.1f}); clean step "
                   f"{m['step'] * 1e3:.1f} ms, on CPU {m['cpu_share']:.0%}, waiting for one {m['rq_share']:.0%} "
-                  f"(share {share:.2f}); {m['flight']:.1f} steps in flight/save; load {os.getloadavg()[0]:.2f}",
+                  f"(share {share:.2f}); {m['flight']:.1f} steps in flight/save; the save's CPU while in flight "
+                  f"{m['save_cpu']:.2f} s (model: {p.background_cpu_s:.2f}); load {os.getloadavg()[0]:.2f}",
                   flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
