@@ -220,15 +220,14 @@ def measured_lost(records: list[dict[str, Any]], saves: int) -> dict[str, float]
     clean = [r for r in records if "step_s" in r and not r["in_flight"]]
     mean_clean = statistics.fmean(r["step_s"] for r in clean)
     blocking = sum(r["blocking_s"] for r in records if "blocking_s" in r) / saves
-    flight = [r["step_s"] for r in records if r.get("in_flight")]
-    contention = sum(s - mean_clean for s in flight) / saves
+    in_flight = [r for r in records if r.get("in_flight")]
+    contention = sum(r["step_s"] - mean_clean for r in in_flight) / saves
     wall = sum(r["step_s"] for r in clean)
     clean_process = statistics.fmean(r["process_cpu_s"] for r in clean)
-    in_flight = [r for r in records if r.get("in_flight")]
     save_cpu = sum(r["process_cpu_s"] - clean_process + r["children_cpu_s"] for r in in_flight) / saves
     return {"lost": blocking + contention, "blocking": blocking, "contention": contention, "step": mean_clean,
             "cpu_share": sum(r["cpu_s"] for r in clean) / wall, "rq_share": sum(r["runqueue_s"] for r in clean) / wall,
-            "flight": len(flight) / saves, "save_cpu": save_cpu}
+            "flight": len(in_flight) / saves, "save_cpu": save_cpu}
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:

@@ -125,10 +125,10 @@ class HostModel:
         Such a rank's waits are for its peers' CPU work, which their writers slow as much as its own: the waits
         stretch with the theft, and a writer that runs in them takes time the job needs. Below one core (or the
         rank's whole share, if less) ``train_cores`` buys nothing. Measured in ``bench/bench_fsdp.py`` (FSDP2, 2
-        ranks on 2 cores, training busy 0.83–0.84 of its core): while each DCP-best save's extra 1.9–2.3 CPU-seconds
-        ran, the host's idle time did not shrink (−0.08 and −0.06 s per save; ``dcp.async_save``'s grew), so all of
-        it came out of the steps. A GPU
-        job's waits are for the device, which the host's writers do not slow: its idle stays spare.
+        ranks on 2 cores, training busy 0.83–0.85 of its core): while each DCP-best save's extra 1.65–2.30
+        CPU-seconds ran, the host's idle time did not shrink (−0.19 to −0.04 s per save over six runs), so all of it
+        came out of the steps. A GPU job's waits are for the device, which the host's writers do not slow: its idle
+        stays spare.
         """
         return replace(self, train_cores=max(self.train_cores, min(1.0, self.cores_per_rank)))
 
