@@ -130,6 +130,39 @@ def children_cpu() -> float:
     return total
 
 
+def thread_stats() -> dict[str, list[float]]:
+    """Per thread name of the calling process: [CPU s, run-queue wait s, system CPU s, minor page faults] since each
+    thread started (``/proc/self/task``); the calling thread is ``TRAIN``. Threads of one name add up (gloo starts
+    several of each). Where a save's cost lands in the trainer's own process, beyond its writer."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    me = threading.get_native_id()
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, list[float]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+                on_cpu, waiting = f.read().split()[:2]
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd: minflt is the 10th, stime the 15th
+        name = "TRAIN" if int(tid) == me else names.get(int(tid), comm)
+        row = out.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+        for i, value in enumerate((int(on_cpu) / 1e9, int(waiting) / 1e9, int(fields[12]) / tick, int(fields[7]))):
+            row[i] += value
+    return out
+
+
+def thread_deltas(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, list[float]]:
+    """``after - before`` per thread name; a name new since ``before`` counts from zero, one gone is left out."""
+    return {name: [a - b for a, b in zip(values, before.get(name, [0.0] * len(values)), strict=True)]
+            for name, values in after.items()}
+
+
 def costs_line(costs: Any) -> str:
     """The planner's measured writer costs (``WriterCosts``), one line: the input a reader checks first when a
     prediction misses (they move with the host's memory state: see docs/planning.md)."""

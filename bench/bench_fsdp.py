@@ -23,7 +23,11 @@ counted. Per mode, over the steady rounds:
   mode would wait), slowest rank, median over saves. The steps after the durable one are left out because they
   only add noise: each step moves ±0.1–0.3 s on its own (a ckptio save durable within its first step was
   charged +0.22 and +0.32 s in its third); the whole interval's figure is printed beside it;
-* step inflation: median step time while the save's flush was still running ÷ median clean step.
+* step inflation: median step time while the save's flush was still running ÷ median clean step;
+* where the counted steps lost their time, against the paired ones: the training thread's CPU, run-queue wait
+  and time asleep, the process's, its children's and the host's CPU, and per thread of the trainer's process its
+  CPU, run-queue wait, system CPU and minor faults (default ``async_save``'s fresh staging shows there as page
+  faults on the training thread; docs/planning.md).
 
     .venv/bin/python bench/bench_fsdp.py [--rounds 3] [--every 3] [--dir /tmp] [--plain]
 
@@ -53,7 +57,9 @@ from _common import (
     quiet_dcp,
     ratio_line,
     scratch_dir,
+    thread_deltas,
     thread_schedstat,
+    thread_stats,
     verdict,
 )
 
@@ -233,7 +239,7 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     step = 0
     try:
         for rnd in range(spec.rounds + 1):
-            times, scheds = _clean_steps(loop, spec.clean)
+            times, scheds, _ = _clean_steps(loop, spec.clean)
             clean += times
             clean_sched += scheds
             step += spec.clean
@@ -260,15 +266,25 @@ def _sched() -> tuple[float, ...]:
     return (*thread_schedstat(), time.process_time(), children_cpu(), *host_cpu())
 
 
-def _clean_steps(loop: Loop, n: int) -> tuple[list[float], list[list[float]]]:
-    """``n`` steps with nothing in flight: each one's seconds and its :func:`_sched` deltas."""
-    times, scheds = [], []
+def _timed_step(loop: Loop, before_update: Any = None) -> tuple[float, float, list[float], dict[str, list[float]]]:
+    """One step: its seconds (the staging wait taken out), that wait, and its :func:`_sched` and per-thread
+    (:func:`thread_stats`) deltas."""
+    t0, before, threads = time.perf_counter(), _sched(), thread_stats()
+    waited = loop.step(before_update)
+    seconds = time.perf_counter() - t0 - waited
+    sched = [b - a for a, b in zip(before, _sched(), strict=True)]
+    return seconds, waited, sched, thread_deltas(threads, thread_stats())
+
+
+def _clean_steps(loop: Loop, n: int) -> tuple[list[float], list[list[float]], list[dict[str, list[float]]]]:
+    """``n`` steps with nothing in flight: each one's seconds, :func:`_sched` deltas and per-thread deltas."""
+    times, scheds, threads = [], [], []
     for _ in range(n):
-        t0, before = time.perf_counter(), _sched()
-        loop.step()
-        times.append(time.perf_counter() - t0)
-        scheds.append([b - a for a, b in zip(before, _sched(), strict=True)])
-    return times, scheds
+        seconds, _, sched, per_thread = _timed_step(loop)
+        times.append(seconds)
+        scheds.append(sched)
+        threads.append(per_thread)
+    return times, scheds, threads
 
 
 def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, rnd: int) -> dict[str, Any]:
@@ -276,12 +292,11 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
     t0 = time.perf_counter()
     savers.save(mode, step, loop.state())
     blocking = time.perf_counter() - t0
-    steps, inflight, waits, sched = [], [], 0.0, []
+    steps, inflight, waits, sched, threads = [], [], 0.0, [], []
     for _ in range(spec.every):
-        t0, before = time.perf_counter(), _sched()
-        waited = loop.step(savers.before_update)
-        seconds = time.perf_counter() - t0 - waited
-        sched.append([b - a for a, b in zip(before, _sched(), strict=True)])
+        seconds, waited, step_sched, per_thread = _timed_step(loop, savers.before_update)
+        sched.append(step_sched)
+        threads.append(per_thread)
         waits += waited
         steps.append(seconds)
         if not savers.done():
@@ -289,12 +304,12 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
     t0 = time.perf_counter()
     savers.drain()
     drain = time.perf_counter() - t0
-    paired, paired_sched = _clean_steps(loop, spec.every)
+    paired, paired_sched, paired_threads = _clean_steps(loop, spec.every)
     # The steps a save can slow: those it was in flight at the end of, and the one in which it became durable.
     window = min(len(inflight) + 1, len(steps))
     return {"mode": mode, "round": rnd, "blocking": blocking + waits, "steps": steps, "inflight": inflight,
-            "window": window,
-            "sched": sched, "drain": drain, "paired": paired, "paired_sched": paired_sched}
+            "window": window, "sched": sched, "threads": threads, "drain": drain, "paired": paired,
+            "paired_sched": paired_sched, "paired_threads": paired_threads}
 
 
 def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, float]]:
@@ -303,7 +318,7 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
     clean = statistics.fmean(clean_steps)
     out: dict[str, dict[str, float]] = {}
     for mode in MODES:
-        per_rank = [[s for s in r["saves"] if s["mode"] == mode and s["round"] > 0] for r in results]
+        per_rank = _steady_saves(results, mode)
         blocking, lost, whole, inflight = [], [], [], []
         for saves in zip(*per_rank, strict=True):
             blocking.append(max(s["blocking"] for s in saves))
@@ -351,6 +366,41 @@ def _split(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
                         parts[name] += sign * value
                     parts["asleep"] += sign * (t - deltas[0] - deltas[1])
     return {f"{k}_per_save": v / max(n, 1) for k, v in parts.items()}
+
+
+def _steady_saves(results: list[dict[str, Any]], mode: str) -> list[list[dict[str, Any]]]:
+    """Per rank, the mode's saves after the warm-up round."""
+    return [[s for s in r["saves"] if s["mode"] == mode and s["round"] > 0] for r in results]
+
+
+def _thread_split(per_rank: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Per thread name of the trainer's process: [CPU, run-queue wait, system CPU, minor faults] of the interval's
+    steps up to the durable one, more than as many paired clean steps, per save (mean over ranks and saves)."""
+    parts: dict[str, list[float]] = {}
+    n = 0
+    for saves in per_rank:
+        for save in saves:
+            n += 1
+            k = save["window"]
+            for sign, steps in ((1, save["threads"][:k]), (-1, save["paired_threads"][:k])):
+                for per_thread in steps:
+                    for name, values in per_thread.items():
+                        row = parts.setdefault(name, [0.0] * len(values))
+                        for i, value in enumerate(values):
+                            row[i] += sign * value
+    return {name: [v / max(n, 1) for v in row] for name, row in parts.items()}
+
+
+def _threads_line(results: list[dict[str, Any]]) -> str:
+    """The report's line of :func:`_thread_split`: per mode, the four threads whose CPU and wait moved most."""
+    parts = []
+    for mode in MODES:
+        split = _thread_split(_steady_saves(results, mode))
+        top = sorted(split.items(), key=lambda kv: -abs(kv[1][0]) - abs(kv[1][1]))[:4]
+        parts.append(f"{mode} " + ", ".join(f"{name} {cpu:+.2f}/{wait:+.2f}/{system:+.2f}/{faults:+.0f}"
+                                            for name, (cpu, wait, system, faults) in top))
+    return ("the trainer's threads in those steps, more than in the paired ones, per save (mean of ranks; CPU / "
+            "run-queue / system CPU s / minor faults; the four that moved most): " + "; ".join(parts))
 
 
 def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
@@ -445,6 +495,7 @@ def main() -> int:
                       f"{figures[mode]['children_cpu_per_save']:+.2f} s, host busy "
                       f"{figures[mode]['host_busy_per_save']:+.2f} s, host idle "
                       f"{figures[mode]['host_idle_per_save']:+.2f} s)" for mode in MODES))
+    print(_threads_line(results))
     ck, best = figures["ckptio"], figures["dcp-best"]
     block, lost, infl = (ck["blocking_p50"] / best["blocking_p50"], ck["lost_per_save"] / best["lost_per_save"],
                          ck["inflation"] / best["inflation"])
