@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,8 @@ def _sched() -> tuple[float, ...]:
 def _timed_step(loop: Loop, before_update: Any = None) -> tuple[float, float, list[float], dict[str, list[float]]]:
     """One step: its seconds (the staging wait taken out), that wait, and its :func:`_sched` and per-thread
     (:func:`thread_stats`) deltas."""
-    t0, before, threads = time.perf_counter(), _sched(), thread_stats()
+    before, threads = _sched(), thread_stats()  # read before the clock starts: they are not the step's time
+    t0 = time.perf_counter()
     waited = loop.step(before_update)
     seconds = time.perf_counter() - t0 - waited
     sched = [b - a for a, b in zip(before, _sched(), strict=True)]
@@ -348,6 +350,15 @@ def _lost(save: dict[str, Any], steps: int) -> float:
     return save["blocking"] + max(0.0, excess) + save["drain"]
 
 
+def _counted_steps(save: dict[str, Any]) -> Iterator[tuple[int, float, list[float], dict[str, list[float]]]]:
+    """The steps a save is charged with, as (sign, seconds, :data:`SCHED` deltas, per-thread deltas): +1 for its
+    interval's steps up to the durable one, -1 for as many paired clean steps."""
+    k = save["window"]
+    for sign, prefix, times in ((1, "", save["steps"]), (-1, "paired_", save["paired"])):
+        yield from ((sign, *step) for step in zip(times[:k], save[f"{prefix}sched"][:k], save[f"{prefix}threads"][:k],
+                                                   strict=True))
+
+
 def _split(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
     """Where a save's interval steps (up to the durable one) lost their time against its paired clean steps, per
     save, mean over ranks and saves: more CPU time on the training thread, more run-queue wait (background work
@@ -355,17 +366,13 @@ def _split(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
     of its own process), and more CPU of the process, its children and the host (busy and idle: the host figures
     count both ranks)."""
     parts = dict.fromkeys((*SCHED, "asleep"), 0.0)
-    n = 0
-    for saves in per_rank:
-        for save in saves:
-            n += 1
-            k = save["window"]
-            for sign, times, sched in ((1, save["steps"], save["sched"]), (-1, save["paired"], save["paired_sched"])):
-                for t, deltas in zip(times[:k], sched[:k], strict=True):
-                    for name, value in zip(SCHED, deltas, strict=True):
-                        parts[name] += sign * value
-                    parts["asleep"] += sign * (t - deltas[0] - deltas[1])
-    return {f"{k}_per_save": v / max(n, 1) for k, v in parts.items()}
+    saves = [save for rank in per_rank for save in rank]
+    for save in saves:
+        for sign, seconds, deltas, _ in _counted_steps(save):
+            for name, value in zip(SCHED, deltas, strict=True):
+                parts[name] += sign * value
+            parts["asleep"] += sign * (seconds - deltas[0] - deltas[1])
+    return {f"{k}_per_save": v / max(len(saves), 1) for k, v in parts.items()}
 
 
 def _steady_saves(results: list[dict[str, Any]], mode: str) -> list[list[dict[str, Any]]]:
@@ -377,18 +384,14 @@ def _thread_split(per_rank: list[list[dict[str, Any]]]) -> dict[str, list[float]
     """Per thread name of the trainer's process: [CPU, run-queue wait, system CPU, minor faults] of the interval's
     steps up to the durable one, more than as many paired clean steps, per save (mean over ranks and saves)."""
     parts: dict[str, list[float]] = {}
-    n = 0
-    for saves in per_rank:
-        for save in saves:
-            n += 1
-            k = save["window"]
-            for sign, steps in ((1, save["threads"][:k]), (-1, save["paired_threads"][:k])):
-                for per_thread in steps:
-                    for name, values in per_thread.items():
-                        row = parts.setdefault(name, [0.0] * len(values))
-                        for i, value in enumerate(values):
-                            row[i] += sign * value
-    return {name: [v / max(n, 1) for v in row] for name, row in parts.items()}
+    saves = [save for rank in per_rank for save in rank]
+    for save in saves:
+        for sign, _, _, threads in _counted_steps(save):
+            for name, values in threads.items():
+                row = parts.setdefault(name, [0.0] * len(values))
+                for i, value in enumerate(values):
+                    row[i] += sign * value
+    return {name: [v / max(len(saves), 1) for v in row] for name, row in parts.items()}
 
 
 def _threads_line(results: list[dict[str, Any]]) -> str:
