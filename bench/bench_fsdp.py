@@ -63,6 +63,7 @@ from _common import (
     thread_stats,
     verdict,
 )
+from ckptio.plan.host import measure_fresh_copy_drag
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -234,6 +235,8 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     savers.ck.writer_ready(300)
     for _ in range(2):
         loop.step()  # AdamW's state exists from here on: every save has its full size
+    # The planner's input for default async_save (HostModel.fresh_copy_drag), measured before any save runs.
+    drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean)
     clean: list[float] = []
     clean_sched: list[list[float]] = []
     saves: list[dict[str, Any]] = []
@@ -253,7 +256,8 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     finally:
         savers.close()
     with open(os.path.join(spec.root, f"result.rank{rank}.json"), "w") as f:
-        json.dump({"clean": clean, "clean_sched": clean_sched, "saves": saves, "kind": loop.kind}, f)
+        json.dump({"clean": clean, "clean_sched": clean_sched, "saves": saves, "kind": loop.kind,
+                   "fresh_copy_drag": drag}, f)
 
 
 SCHED = ("cpu", "runqueue", "process_cpu", "children_cpu", "host_busy", "host_idle")
@@ -422,13 +426,14 @@ def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
 
 
 def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float, *,
-            train_cores: float) -> dict[str, Any]:
+            train_cores: float, drag: float) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
     from ckptio.plan.background import HostModel, predict_modes
     from ckptio.plan.host import dirty_background_bytes
 
     cores_per_rank = (os.cpu_count() or 1) / 2
-    host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank))
+    host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank),
+                     fresh_copy_drag=drag)
     dirty = dirty_background_bytes()
     return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
                          costs=costs, interval_s=every * clean_step_s,
@@ -506,9 +511,11 @@ def main() -> int:
           f"({verdict(lost, 0.5, at_most=True)}), inflation {infl:.2f} ({verdict(infl, 1.0, at_most=True)})")
     clean = figures["clean"]["step_s"]
     train_cores = figures["clean"]["train_cores"]
-    predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores)
+    drag = statistics.fmean(r["fresh_copy_drag"] for r in results)
+    predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag)
     print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s, {os.cpu_count()} cores for 2 ranks, training keeps "
-          f"{train_cores:.2f} core busy per rank; time lost per save, predicted against measured:")
+          f"{train_cores:.2f} core busy per rank, its step {1 + drag:.3f}x with a fresh copy of its state alive; "
+          "time lost per save, predicted against measured:")
     prediction_check({mode.replace("-", "_"): (predicted[mode.replace("-", "_")].lost_per_save_s,
                                                figures[mode]["lost_per_save"], args.every * clean) for mode in MODES})
     ratio_line(blocking_vs_dcp_best=block, lost_vs_dcp_best=lost, inflation_vs_dcp_best=infl,

@@ -47,11 +47,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import children_cpu, costs_line, prediction_check, quiet_dcp, thread_schedstat
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.host import measure_writer_costs
+from ckptio.plan.host import measure_fresh_copy_drag, measure_writer_costs
 from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
 _LAYERS = 4
+_CALIBRATE = "calibrate"
+_DRAG_STEPS = 10
 _SETTLE_S = 15.0
 """Seconds after deleting files before a measurement: on a VM, ``torch.save`` into the page cache costs 1,400–2,300
 MiB per CPU-second right after a file of the same size was deleted and 300–350 a few seconds later (measured: 828–1,751
@@ -180,6 +182,13 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
 
     quiet_dcp()
     trainer = _Trainer(rank, cfg["bytes_per_rank"])
+    if cfg["mode"] == _CALIBRATE:
+        for _ in range(3):
+            trainer.step(lambda: None)
+        drag = measure_fresh_copy_drag(lambda: trainer.step(lambda: None), trainer.state, steps=_DRAG_STEPS)
+        with open(os.path.join(cfg["out_dir"], f"{_CALIBRATE}.rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump({"drag": drag}, f)
+        return
     saver = _Saver(cfg["mode"], rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"])
     records: list[dict[str, Any]] = []
     try:
@@ -230,8 +239,7 @@ def measured_lost(records: list[dict[str, Any]], saves: int) -> dict[str, float]
             "flight": len(in_flight) / saves, "save_cpu": save_cpu}
 
 
-def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:
-    """Run one mode on fresh ranks; :func:`measured_lost`'s figures averaged over ranks."""
+def _run_ranks(mode: str, args: argparse.Namespace, workdir: str) -> None:
     from ckptio.testing.ranks import run_ranks
 
     store_dir = os.path.join(workdir, "store")
@@ -242,6 +250,21 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
            "throttle_state": throttle_state, "bandwidth": args.store_bandwidth * MIB, "saves": args.saves,
            "every": args.every, "out_dir": workdir}
     run_ranks(args.ranks, _rank_main, cfg)
+
+
+def fresh_copy_drag(args: argparse.Namespace, workdir: str) -> float:
+    """The job's :attr:`HostModel.fresh_copy_drag`, measured on fresh ranks that never save (mean of ranks)."""
+    _run_ranks(_CALIBRATE, args, workdir)
+    drags = []
+    for rank in range(args.ranks):
+        with open(os.path.join(workdir, f"{_CALIBRATE}.rank{rank}.json"), encoding="utf-8") as f:
+            drags.append(json.load(f)["drag"])
+    return statistics.fmean(drags)
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:
+    """Run one mode on fresh ranks; :func:`measured_lost`'s figures averaged over ranks."""
+    _run_ranks(mode, args, workdir)
     figures = []
     for rank in range(args.ranks):
         with open(os.path.join(workdir, f"{mode}.rank{rank}.json"), encoding="utf-8") as f:
@@ -252,13 +275,14 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
     return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
 
 
-def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts,
+def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, drag: float,
             cpu_share: float = 1.0) -> dict[str, ModeCost]:
-    """The planner's figures for this job; ``cpu_share`` is the host's load as the training thread felt it."""
+    """The planner's figures for this job; ``drag`` is its :attr:`HostModel.fresh_copy_drag`, ``cpu_share`` the
+    host's load as the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
     store_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
     host = HostModel(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
-                     cpu_share=min(1.0, max(cpu_share, 1e-3)))
+                     cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=drag)
     # ckptio's writer goes around the page cache on a disk (O_DIRECT); on tmpfs the bytes land in memory pages.
     direct_io = not os.path.realpath(args.dir or tempfile.gettempdir()).startswith("/dev/shm")
     return predict_modes(bytes_per_rank=state_bytes, store_s=store_s, host=host, costs=costs, direct_io=direct_io,
@@ -294,11 +318,13 @@ def main() -> int:
         # The probe has just deleted its files: let the freed pages go cold before any mode runs (see above).
         time.sleep(_SETTLE_S)
         state_bytes = _state_bytes(args.mib_per_rank)
-        quiet = predict(args, state_bytes, costs)
+        drag = fresh_copy_drag(args, workdir)
+        quiet = predict(args, state_bytes, costs, drag)
         predicted: dict[str, ModeCost] = {}
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
         costs_line(costs)
+        print(f"training's step with a fresh copy of its state alive: {1 + drag:.3f}x (fresh_copy_drag)")
         print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
               f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")
         measured = {}
@@ -307,7 +333,7 @@ def main() -> int:
             m = measured[mode]
             # The host's other load, as the training thread felt it in the clean steps (no save in them).
             share = m["cpu_share"] / (m["cpu_share"] + m["rq_share"]) if m["cpu_share"] > 0 else 1.0
-            p = predicted[mode] = predict(args, state_bytes, costs, share)[mode]
+            p = predicted[mode] = predict(args, state_bytes, costs, drag, share)[mode]
             print(f"  {mode:<10} lost {m['lost'] * 1e3:7.1f} ms/save = blocking {m['blocking'] * 1e3:.1f} + "
                   f"contention {m['contention'] * 1e3:.1f}; predicted {p.blocking_s * 1e3:.1f} + "
                   f"{p.stolen_s * 1e3:.1f} (quiet host: {quiet[mode].lost_per_save_s * 1e3:.1f}); clean step "

@@ -166,7 +166,8 @@ def test_the_writeback_threshold_is_read_from_the_kernel(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "bad",
-    [{"cores_per_rank": 0}, {"train_cores": -1.0}, {"cores_per_rank": float("nan")}, {"writer_nice": 20}],
+    [{"cores_per_rank": 0}, {"train_cores": -1.0}, {"cores_per_rank": float("nan")}, {"writer_nice": 20},
+     {"fresh_copy_drag": -0.1}, {"fresh_copy_drag": float("inf")}, {"fresh_copy_drag": "0.2"}],
 )
 def test_bad_host_figures_are_named_errors(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
@@ -265,3 +266,23 @@ def test_a_cpu_job_waiting_for_its_peers_has_no_spare_below_one_core(mode: str) 
 def test_lockstep_ranks_must_be_a_positive_int(bad: object) -> None:
     with pytest.raises(ConfigError, match="lockstep_ranks"):
         predict_modes(bytes_per_rank=GIB, store_s=1.0, lockstep_ranks=bad)  # type: ignore[arg-type]
+
+
+def test_a_fresh_copy_kept_alive_drags_default_async_save_only_for_its_flush() -> None:
+    """``fresh_copy_drag``: training's steps run that much slower while default ``async_save``'s fresh staging copy
+    is alive, which is its flush; no other mode keeps fresh memory alive, and a drag of 0 changes nothing."""
+    def modes(drag: float, store_s: float = 2.0) -> dict[str, object]:
+        return predict_modes(bytes_per_rank=GIB, store_s=store_s, costs=COSTS,
+                             host=HostModel(cores_per_rank=2.0, fresh_copy_drag=drag))
+
+    base, dragged, more = modes(0.0), modes(0.2), modes(0.4)
+    for mode in ("dcp_sync", "dcp_best", "ckptio"):
+        assert dragged[mode] == base[mode] == more[mode]
+    a, b, c = base["dcp_async"], dragged["dcp_async"], more["dcp_async"]
+    assert b.flush_s == a.flush_s and b.blocking_s == a.blocking_s
+    assert b.lost_per_save_s == pytest.approx(a.lost_per_save_s + 0.2 * a.flush_s)
+    assert a.lost_per_save_s < b.lost_per_save_s < c.lost_per_save_s
+    assert a.step_inflation < b.step_inflation < c.step_inflation
+    # A slower store keeps the copy alive longer: the drag costs more.
+    slow = modes(0.2, store_s=8.0)["dcp_async"]
+    assert slow.lost_per_save_s - modes(0.0, store_s=8.0)["dcp_async"].lost_per_save_s > 0.2 * a.flush_s

@@ -43,3 +43,29 @@ def test_a_child_that_never_answers_is_killed() -> None:
         os.close(write_fd)
     assert pid not in _children()
     assert _children() <= before
+
+
+def test_fresh_copy_drag_brackets_live_steps_with_clean_ones_and_leaves_the_state_alone() -> None:
+    """The drag measurement runs clean, live and clean steps around a fresh copy of every tensor (a DTensor's
+    local shard) and never writes the state. Its value is a timing: only its range is asserted."""
+    import torch
+
+    from ckptio.errors import ConfigError
+    from ckptio.plan.host import measure_fresh_copy_drag
+
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32), "nested": {"m": [torch.ones(4)], "step": 3}}
+    before = {"w": state["w"].clone(), "m": state["nested"]["m"][0].clone()}
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        buffers = [torch.empty(1 << 18).fill_(1.0) for _ in range(4)]  # a CPU step's host buffers
+        del buffers
+
+    drag = measure_fresh_copy_drag(step, lambda: state, steps=2, repeats=2)
+    assert drag >= 0.0 and len(calls) == 12
+    assert torch.equal(state["w"], before["w"]) and torch.equal(state["nested"]["m"][0], before["m"])
+    with pytest.raises(ConfigError):
+        measure_fresh_copy_drag(step, lambda: state, steps=0)
+    with pytest.raises(ConfigError):
+        measure_fresh_copy_drag(step, lambda: state, repeats=0)

@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 
-from ckptio.demo.model import ModelShape, Trainer
+from ckptio.demo.model import ModelShape, Trainer, TrainState
 from ckptio.plan.background import HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
-from ckptio.plan.host import measure_writer_costs
+from ckptio.plan.host import measure_fresh_copy_drag, measure_writer_costs
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 3
@@ -53,9 +53,25 @@ class Prediction:
     """The background-cost model's cost per save of every save mode (``ckptio.plan.background``): blocking plus
     the training time the writer's CPU takes from the step, with this host's cores and measured per-byte costs."""
 
+    fresh_copy_drag: float = 0.0
+    """Measured: the step's slowdown while a fresh copy of the state is alive (:class:`TrainingFigures`)."""
 
-def measure_step_time(shape: ModelShape, world: int, seed: int) -> float:
-    """Median time of a few training steps of one rank's share of the model (no collectives)."""
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TrainingFigures:
+    """What the planner needs to know of the demo's training step, measured on one rank's share of the model."""
+
+    step_time_s: float
+    """Median seconds per step (no collectives)."""
+
+    fresh_copy_drag: float
+    """:attr:`ckptio.plan.background.HostModel.fresh_copy_drag`: the step's slowdown while a freshly allocated
+    copy of the state is alive (default ``async_save``'s staging)."""
+
+
+def measure_training(shape: ModelShape, world: int, seed: int) -> TrainingFigures:
+    """Time a few training steps of one rank's share of the model (no collectives), then the same steps with a
+    fresh copy of its state alive."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -67,9 +83,11 @@ def measure_step_time(shape: ModelShape, world: int, seed: int) -> float:
             began = time.perf_counter()
             trainer.train_step()
             times.append(time.perf_counter() - began)
+        drag = measure_fresh_copy_drag(trainer.train_step, TrainState(trainer, None).state_dict,
+                                       steps=_CALIBRATION_STEPS)
     finally:
         torch.set_num_threads(threads)
-    return sorted(times)[len(times) // 2]
+    return TrainingFigures(step_time_s=sorted(times)[len(times) // 2], fresh_copy_drag=drag)
 
 
 def checkpoint_shape(checkpoint_bytes: float, world: int) -> CheckpointShape:
@@ -191,9 +209,11 @@ def predict(
     step_time_s: float,
     copy_bytes_per_s: float,
     direct_io: bool = True,
+    fresh_copy_drag: float = 0.0,
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``direct_io``:
-    ckptio's writer writes around the page cache (the directory store; not the embedded S3 server)."""
+    ckptio's writer writes around the page cache (the directory store; not the embedded S3 server);
+    ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -207,10 +227,10 @@ def predict(
         )
 
     state_bytes = shape.state_bytes()
-    host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1))
+    host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag)
     modes = predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
                           costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s,
                           direct_io=direct_io, dtensor_share=shape.sharded_bytes() / state_bytes,
                           lockstep_ranks=world)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
-                      staged=plan("async"), modes=modes)
+                      staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag)

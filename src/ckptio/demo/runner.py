@@ -26,7 +26,7 @@ from ckptio._proc import sigterm_as_interrupt
 from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
 from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
-from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_step_time, predict
+from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_training, predict
 from ckptio.demo.steady import RunRow, run_row
 from ckptio.demo.table import (
     LABELS,
@@ -259,7 +259,8 @@ def _plan(
 ) -> tuple[DemoConfig, IntervalChoice, Prediction]:
     """Measure this machine, let the planner pick (or judge) the interval, and predict the saves' cost."""
     console.print("[dim]· measuring step time and copy bandwidth for the planner…[/]")
-    step_time_s = measure_step_time(config.shape, config.ranks, config.seed)
+    training = measure_training(config.shape, config.ranks, config.seed)
+    step_time_s = training.step_time_s
     copy_bytes_per_s = measure_copy_bandwidth()
     world, bandwidth, state = config.ranks, config.store_bandwidth, config.shape.state_bytes()
     if config.every is None:
@@ -286,6 +287,7 @@ def _plan(
         step_time_s=step_time_s,
         copy_bytes_per_s=copy_bytes_per_s,
         direct_io=config.store == "posix",
+        fresh_copy_drag=training.fresh_copy_drag,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))

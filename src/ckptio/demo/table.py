@@ -119,7 +119,8 @@ def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
     return (
         f"[bold]Planner prediction[/]: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
         f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
-        f"(measured here: {prediction.step_time_s:.2f} s/step, copy {format_rate(prediction.copy_bytes_per_s)})"
+        f"(measured here: {prediction.step_time_s:.2f} s/step, {prediction.fresh_copy_drag:+.0%} with a fresh copy "
+        f"of the state alive; copy {format_rate(prediction.copy_bytes_per_s)})"
     )
 
 

@@ -109,7 +109,19 @@ class HostModel:
     (CPU time + run-queue wait) of the training thread (Linux ``/proc/thread-self/schedstat``). CPU work on the
     training thread takes 1/share longer in wall time."""
 
+    fresh_copy_drag: float = 0.0
+    """How much slower a training step runs while a freshly allocated copy of the state is alive: step time with
+    one ÷ without, − 1 (``bench/_common.py`` ``fresh_copy_drag`` measures it). Default ``async_save`` stages
+    into new memory and keeps it until its write is done; in a CPU job whose steps allocate and free large host
+    buffers (gradients, FSDP's all-gathered parameters), that copy takes the memory glibc's heap was recycling
+    for them, the buffers land above it and are trimmed back to the kernel at every free, and every step faults
+    them in again until the copy is freed (measured: gone with ``MALLOC_TRIM_THRESHOLD_`` set high). A GPU job
+    keeps those buffers on the device: 0."""
+
     def __post_init__(self) -> None:
+        if not (isinstance(self.fresh_copy_drag, (int, float)) and math.isfinite(self.fresh_copy_drag)
+                and self.fresh_copy_drag >= 0):
+            raise ConfigError(f"fresh_copy_drag must be a finite number >= 0, got {self.fresh_copy_drag!r}")
         if not (isinstance(self.cpu_share, (int, float)) and 0 < self.cpu_share <= 1):
             raise ConfigError(f"cpu_share must be within (0, 1], got {self.cpu_share!r}")
         for name in ("cores_per_rank", "train_cores"):
@@ -242,11 +254,11 @@ def predict_modes(
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
         "dcp_sync": _sync((device_copy_s or 0.0) + overlapped_write_s(torch_save * slow, store_s, dcp_serial)),
-        "dcp_async": _background(
+        "dcp_async": _with_drag(_background(
             blocking_s=dcp_staging,
             work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
             store_s=store_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ),
+        ), host.fresh_copy_drag),
         "dcp_best": _background(
             blocking_s=0.0,
             work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
@@ -319,6 +331,16 @@ def lockstep_delay(own_s: float, busy_s: float, flush_s: float, ranks: int) -> f
         return own_s
     busy = min(1.0, busy_s / flush_s)
     return own_s * (1.0 - (1.0 - busy) ** ranks) / busy
+
+
+def _with_drag(cost: ModeCost, drag: float) -> ModeCost:
+    """``cost`` with training's own steps ``drag`` slower for as long as the flush keeps its fresh copy alive
+    (:attr:`HostModel.fresh_copy_drag`): time the job loses on top of the writer's theft."""
+    if drag <= 0 or cost.flush_s <= 0:
+        return cost
+    stolen = cost.stolen_s + drag * cost.flush_s
+    return replace(cost, stolen_s=stolen, step_inflation=1.0 + stolen / cost.flush_s,
+                   lost_per_save_s=cost.lost_per_save_s + drag * cost.flush_s)
 
 
 def _background(*, blocking_s: float, work: _Background, store_s: float, host: HostModel,
