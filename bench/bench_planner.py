@@ -15,7 +15,9 @@ ckptio (``max_pending=1``, ``overflow="block"``).
 
 Prediction first, from measurements that never see a mode run: the writer's per-byte CPU costs on this host
 (:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
-per rank, and training's CPU use (one thread: 1 core). Then each mode runs.
+per rank, training's CPU use (one thread: 1 core), and how much slower its step runs while a fresh copy of its
+state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
+``async_save`` keeps such a copy until its write is done). Then each mode runs.
 
 Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean

@@ -13,7 +13,8 @@ The modes:
 * ``dcp_sync`` — ``torch.distributed.checkpoint.save``: training waits for the whole write.
 * ``dcp_async`` — default ``dcp.async_save``: a blocking copy into freshly allocated memory (three of them for a
   CPU DTensor: see ``dtensor_share``), then a thread of the training process writes with ``torch.save`` (zip CRC on)
-  and fsyncs each file, at the trainer's priority.
+  and fsyncs each file, at the trainer's priority; while that copy lives, a CPU job's own steps may run slower
+  (:attr:`HostModel.fresh_copy_drag`).
 * ``dcp_best`` — ``dcp.async_save`` with a PROCESS checkpointer and a ``DefaultStager`` (async staging into cached
   shared memory): the copy runs in a staging thread of the training process, the write in a separate process,
   both at the trainer's priority; ``save()`` itself blocks for next to nothing.

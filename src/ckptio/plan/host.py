@@ -7,6 +7,11 @@ process. So it is measured with the writer's own code, the same way: ``writers``
 together, warm the framing cache as a first save would, and each reports its steady-state rate. The framer
 changes a process-wide torch setting, so it only ever runs in the children. Must never leave a child behind:
 children that do not answer within the time bound are killed, and an interrupt kills them too.
+
+It also measures the inputs of the background-cost model (:mod:`ckptio.plan.background`): the per-byte CPU costs of
+each piece of work a save does (:func:`measure_writer_costs`), the kernel's write-back threshold
+(:func:`dirty_background_bytes`), and how much a training step slows while a fresh copy of its state is alive
+(:func:`measure_fresh_copy_drag`, which runs the caller's own step).
 """
 
 from __future__ import annotations
