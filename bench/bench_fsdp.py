@@ -425,8 +425,27 @@ def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
     return nbytes / best
 
 
+def disk_writeback_bytes_per_s(directory: Path, nbytes: int = 128 * MiB) -> float:
+    """The disk's bandwidth for a buffered writer: ``nbytes`` written into the page cache of a new file, then the
+    fsync timed alone (the kernel's write-back, what DCP's writers wait for at the end of each file; best of 2)."""
+    data = os.urandom(nbytes)
+    best = float("inf")
+    for n in range(2):
+        path = directory / f"writeback-probe-{n}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            began = time.perf_counter()
+            os.fsync(fd)
+            best = min(best, time.perf_counter() - began)
+        finally:
+            os.close(fd)
+        path.unlink()
+    return nbytes / best
+
+
 def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float, *,
-            train_cores: float, drag: float) -> dict[str, Any]:
+            train_cores: float, drag: float, writeback_bytes_per_s: float | None = None) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
     from ckptio.plan.background import HostModel, predict_modes
     from ckptio.plan.host import dirty_background_bytes
@@ -441,7 +460,9 @@ def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_
                          dirty_background_bytes=None if dirty is None else dirty / 2,
                          # The loop's async_save gets checkpoint_id=, not a FileSystemWriter: DCP stages through its
                          # DefaultStager, one copy per tensor, DTensors included.
-                         dtensor_share=0.0, lockstep_ranks=2)
+                         dtensor_share=0.0, lockstep_ranks=2,
+                         writeback_store_s=None if writeback_bytes_per_s is None
+                         else state_bytes / writeback_bytes_per_s)
 
 
 def main() -> int:
@@ -474,6 +495,7 @@ def main() -> int:
 
         costs = WriterCosts(**measure_writer_costs(directory=str(root)))
         disk = disk_write_bytes_per_s(root)
+        writeback = disk_writeback_bytes_per_s(root)
         began = time.perf_counter()
         run_ranks(2, _rank, spec)
         results = []
@@ -512,8 +534,10 @@ def main() -> int:
     clean = figures["clean"]["step_s"]
     train_cores = figures["clean"]["train_cores"]
     drag = statistics.fmean(r["fresh_copy_drag"] for r in results)
-    predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag)
-    print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s, {os.cpu_count()} cores for 2 ranks, training keeps "
+    predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
+                        writeback_bytes_per_s=writeback)
+    print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s (O_DIRECT), {writeback / MiB:.0f} MiB/s (page-cache "
+          f"write-back at fsync), {os.cpu_count()} cores for 2 ranks, training keeps "
           f"{train_cores:.2f} core busy per rank, its step {1 + drag:.3f}x with a fresh copy of its state alive; "
           "time lost per save, predicted against measured:")
     prediction_check({mode.replace("-", "_"): (predicted[mode.replace("-", "_")].lost_per_save_s,

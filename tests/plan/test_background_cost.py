@@ -286,3 +286,25 @@ def test_a_fresh_copy_kept_alive_drags_default_async_save_only_for_its_flush() -
     # A slower store keeps the copy alive longer: the drag costs more.
     slow = modes(0.2, store_s=8.0)["dcp_async"]
     assert slow.lost_per_save_s - modes(0.0, store_s=8.0)["dcp_async"].lost_per_save_s > 0.2 * a.flush_s
+
+
+def test_buffered_writers_wait_for_the_write_back_and_ckptio_direct_io_for_the_store() -> None:
+    """``writeback_store_s``: a buffered writer's bytes reach this host's disk by the kernel's write-back (DCP's
+    three modes, ckptio's buffered path); ckptio's ``O_DIRECT`` writes take ``store_s``. None means ``store_s``."""
+    def modes(**kw: object) -> dict[str, object]:
+        return predict_modes(bytes_per_rank=GIB, store_s=4.0, costs=COSTS, dirty_background_bytes=2 * GIB,
+                             host=HostModel(cores_per_rank=2.0), **kw)  # type: ignore[arg-type]
+
+    plain, same, faster = modes(), modes(writeback_store_s=4.0), modes(writeback_store_s=1.0)
+    assert plain == same
+    assert faster["dcp_sync"].lost_per_save_s < plain["dcp_sync"].lost_per_save_s  # training waits for the fsync
+    for mode in ("dcp_async", "dcp_best"):
+        assert faster[mode].flush_s < plain[mode].flush_s
+        assert faster[mode].lost_per_save_s <= plain[mode].lost_per_save_s
+    assert faster["ckptio"] == plain["ckptio"]
+    buffered = modes(writeback_store_s=1.0, direct_io=False)["ckptio"]
+    assert buffered.flush_s < modes(direct_io=False)["ckptio"].flush_s
+    with pytest.raises(ConfigError):
+        modes(writeback_store_s=-1.0)
+    with pytest.raises(ConfigError):
+        modes(writeback_store_s=float("nan"))
