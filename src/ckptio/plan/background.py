@@ -112,7 +112,7 @@ class HostModel:
 
     fresh_copy_drag: float = 0.0
     """How much slower a training step runs while a freshly allocated copy of the state is alive: step time with
-    one ÷ without, − 1 (``bench/_common.py`` ``fresh_copy_drag`` measures it). Default ``async_save`` stages
+    one ÷ without, − 1 (:func:`ckptio.plan.host.measure_fresh_copy_drag` measures it). Default ``async_save`` stages
     into new memory and keeps it until its write is done; in a CPU job whose steps allocate and free large host
     buffers (gradients, FSDP's all-gathered parameters), that copy takes the memory glibc's heap was recycling
     for them, the buffers land above it and are trimmed back to the kernel at every free, and every step faults
