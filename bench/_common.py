@@ -104,16 +104,33 @@ def thread_schedstat() -> tuple[float, float]:
     return int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
+def _cpu_line() -> list[int]:
+    """The host's ``cpu`` line of ``/proc/stat`` in clock ticks: user nice system idle iowait irq softirq steal;
+    empty where it cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
 def host_cpu() -> tuple[float, float]:
     """(busy, idle) CPU-seconds of the whole host since boot, every core together (``/proc/stat``; steal counts
     as neither): with each child process's CPU, where a save's work went beyond the trainer's own process."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            user, nice, system, idle, iowait, irq, softirq = (int(x) for x in f.readline().split()[1:8])
-    except (OSError, ValueError):
+    ticks = _cpu_line()
+    if len(ticks) < 7:
         return 0.0, 0.0
+    user, nice, system, idle, iowait, irq, softirq = ticks[:7]
     tick = os.sysconf("SC_CLK_TCK")
     return (user + nice + system + irq + softirq) / tick, (idle + iowait) / tick
+
+
+def host_steal() -> float:
+    """Seconds since boot the hypervisor ran something else while the host's vCPUs had work (``/proc/stat``
+    steal, every core together; 0 on bare metal): on a VM the store's I/O is emulated on the cores the vCPUs run
+    on, and a vCPU that is stolen from runs neither training nor the writer."""
+    ticks = _cpu_line()
+    return ticks[7] / os.sysconf("SC_CLK_TCK") if len(ticks) >= 8 else 0.0
 
 
 def children_cpu() -> float:

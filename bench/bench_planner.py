@@ -13,6 +13,11 @@ gloo group); DCP-best (PROCESS checkpointer, ``DefaultStager`` with shared memor
 waits for ``staging_completion`` before ``optimizer.step`` and for the previous upload before the next save);
 ckptio (``max_pending=1``, ``overflow="block"``).
 
+The ranks run with glibc's heap trimming off and large buffers kept in the heap (``_STEADY_HEAP``;
+``--glibc-trim`` leaves glibc's defaults): this CPU job frees its gradients and Adam temporaries every step, and
+with glibc's defaults its clean steps alone flip between two speeds as the heap's top goes back to the kernel and
+is faulted in again, which a GPU job's host, whose buffers live on the device, does not do.
+
 Prediction first, from measurements that never see a mode run: the writer's per-byte CPU costs on this host
 (:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
 per rank, training's CPU use (one thread: 1 core), and how much slower its step runs while a fresh copy of its
@@ -21,8 +26,10 @@ state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks
 
 Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
-clean step); clean steps began with nothing in flight. Means, not medians: the other load of a shared host makes
-step times skewed, and a median-based excess would count that skew as the save's cost.
+clean step); clean steps began with nothing in flight. Per mode it also prints the save's CPU while its flush ran
+against the model's, and the host's steal over the in-flight steps beyond the clean steps' rate (``/proc/stat``:
+on a VM the store's I/O is emulated on the vCPUs' cores; the model leaves it out). Means, not medians: the other
+load of a shared host makes step times skewed, and a median-based excess would count that skew as the save's cost.
 
 Closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and ``POINTS lost_<mode>=(predicted −
 measured) ÷ (every × clean step) × 100`` (percentage points of the training time between saves). Goal: each
@@ -46,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import children_cpu, costs_line, prediction_check, quiet_dcp, thread_schedstat
+from _common import children_cpu, costs_line, host_steal, prediction_check, quiet_dcp, thread_schedstat
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
 from ckptio.plan.host import measure_fresh_copy_drag, measure_writer_costs
@@ -56,6 +63,14 @@ MIB = 1 << 20
 _LAYERS = 4
 _CALIBRATE = "calibrate"
 _DRAG_STEPS = 10
+_STEADY_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 * MIB), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+"""glibc settings for the rank processes (``--glibc-trim`` leaves glibc's own): the stand-in job's steps free
+their gradients and Adam temporaries on the host, and with glibc's trimming its clean steps alone flip between
+~0 and ~20,000 page faults per step (55–60 ms against 85–95 ms on the 2-core dev VM, scratch per-step
+``/proc/thread-self/stat`` counts), which makes the baseline a save is measured against bimodal. A GPU job's host
+does not churn its heap that way; with large buffers kept in the heap and the heap never trimmed, the job stands
+in for one. The fresh-copy drag a CPU job does show is measured, not switched off, in the demo and
+``bench_fsdp.py`` (docs/planning.md, ``fresh_copy_drag``)."""
 _SETTLE_S = 15.0
 """Seconds after deleting files before a measurement: on a VM, ``torch.save`` into the page cache costs 1,400–2,300
 MiB per CPU-second right after a file of the same size was deleted and 300–350 a few seconds later (measured: 828–1,751
@@ -205,15 +220,16 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
             records.append({"save": index, "blocking_s": time.perf_counter() - began})
             for _ in range(cfg["every"]):
                 in_flight = not saver.done()
-                cpu_before = time.process_time(), children_cpu()
+                cpu_before = time.process_time(), children_cpu(), host_steal()
                 began, sched = time.perf_counter(), thread_schedstat()
                 trainer.step(saver.before_update)
                 step_s = time.perf_counter() - began
                 ran, waited = (b - a for a, b in zip(sched, thread_schedstat(), strict=True))
-                process_s, children_s = (b - a for a, b in zip(cpu_before, (time.process_time(), children_cpu()),
-                                                                 strict=True))
+                process_s, children_s, steal_s = (
+                    b - a for a, b in zip(cpu_before, (time.process_time(), children_cpu(), host_steal()), strict=True))
                 records.append({"save": index, "step_s": step_s, "in_flight": in_flight, "cpu_s": ran,
-                                "runqueue_s": waited, "process_cpu_s": process_s, "children_cpu_s": children_s})
+                                "runqueue_s": waited, "process_cpu_s": process_s, "children_cpu_s": children_s,
+                                "host_steal_s": steal_s})
         saver.drain()
     finally:
         saver.close()
@@ -236,9 +252,12 @@ def measured_lost(records: list[dict[str, Any]], saves: int) -> dict[str, float]
     wall = sum(r["step_s"] for r in clean)
     clean_process = statistics.fmean(r["process_cpu_s"] for r in clean)
     save_cpu = sum(r["process_cpu_s"] - clean_process + r["children_cpu_s"] for r in in_flight) / saves
+    # The host's steal during the in-flight steps beyond the clean steps' rate (every core; each rank sees the host).
+    clean_steal = sum(r["host_steal_s"] for r in clean) / wall
+    steal = sum(r["host_steal_s"] - clean_steal * r["step_s"] for r in in_flight) / saves
     return {"lost": blocking + contention, "blocking": blocking, "contention": contention, "step": mean_clean,
             "cpu_share": sum(r["cpu_s"] for r in clean) / wall, "rq_share": sum(r["runqueue_s"] for r in clean) / wall,
-            "flight": len(in_flight) / saves, "save_cpu": save_cpu}
+            "flight": len(in_flight) / saves, "save_cpu": save_cpu, "steal": steal}
 
 
 def _run_ranks(mode: str, args: argparse.Namespace, workdir: str) -> None:
@@ -310,8 +329,12 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the modes")
     parser.add_argument("--dir", default=None,
                         help="parent of the store directory (default: the temp dir, on disk as a job's store is)")
+    parser.add_argument("--glibc-trim", action="store_true",
+                        help="run the ranks with glibc's default heap trimming (see _STEADY_HEAP)")
     args = parser.parse_args()
     quiet_dcp()
+    if not args.glibc_trim:
+        os.environ.update(_STEADY_HEAP)  # read by glibc at the start of each spawned rank (not this process)
     modes = [m for m in args.modes.split(",") if m]
     workdir = tempfile.mkdtemp(prefix="ckptio-bench-planner-", dir=args.dir)
     try:
@@ -326,7 +349,8 @@ def main() -> int:
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
         costs_line(costs)
-        print(f"training's step with a fresh copy of its state alive: {1 + drag:.3f}x (fresh_copy_drag)")
+        print(f"training's step with a fresh copy of its state alive: {1 + drag:.3f}x (fresh_copy_drag); ranks' "
+              f"heap: {'glibc defaults' if args.glibc_trim else 'large buffers kept, never trimmed'}")
         print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
               f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")
         measured = {}
@@ -341,7 +365,8 @@ def main() -> int:
                   f"{p.stolen_s * 1e3:.1f} (quiet host: {quiet[mode].lost_per_save_s * 1e3:.1f}); clean step "
                   f"{m['step'] * 1e3:.1f} ms, on CPU {m['cpu_share']:.0%}, waiting for one {m['rq_share']:.0%} "
                   f"(share {share:.2f}); {m['flight']:.1f} steps in flight/save; the save's CPU while in flight "
-                  f"{m['save_cpu']:.2f} s (model: {p.background_cpu_s:.2f}); load {os.getloadavg()[0]:.2f}",
+                  f"{m['save_cpu']:.2f} s (model: {p.background_cpu_s:.2f}), the host's steal "
+                  f"{m['steal']:.2f} s (not in the model); load {os.getloadavg()[0]:.2f}",
                   flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
