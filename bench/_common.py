@@ -53,11 +53,12 @@ def make_state(big: int, big_mib: int, tiny: int, *, seed: int = 0) -> dict[str,
 
 
 def state_bytes(state: Any) -> int:
-    """Bytes of every tensor in a nested state (dicts, lists, tuples)."""
+    """Bytes of every tensor in a nested state (dicts, lists, tuples) that this rank holds (a DTensor's local
+    shard)."""
     import torch
 
     if isinstance(state, torch.Tensor):
-        return state.nbytes
+        return state.to_local().nbytes if hasattr(state, "to_local") else state.nbytes
     if isinstance(state, dict):
         return sum(state_bytes(v) for v in state.values())
     if isinstance(state, (list, tuple)):

@@ -58,12 +58,13 @@ from _common import (
     quiet_dcp,
     ratio_line,
     scratch_dir,
+    state_bytes,
     thread_deltas,
     thread_schedstat,
     thread_stats,
     verdict,
 )
-from ckptio.plan.host import measure_fresh_copy_drag
+from ckptio.plan.host import any_rank, measure_direct_io_collateral, measure_fresh_copy_drag
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -237,6 +238,10 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
         loop.step()  # AdamW's state exists from here on: every save has its full size
     # The planner's input for default async_save (HostModel.fresh_copy_drag), measured before any save runs.
     drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean)
+    # ckptio's (HostModel.direct_io_s_per_gib): what its O_DIRECT writes cost the steps beyond the writer's CPU,
+    # every rank writing its share at once, on the disk the checkpoints go to.
+    direct_io = measure_direct_io_collateral(loop.step, spec.root, state_bytes(loop.state()), steps=spec.clean,
+                                             any_writing=any_rank)
     clean: list[float] = []
     clean_sched: list[list[float]] = []
     saves: list[dict[str, Any]] = []
@@ -257,7 +262,7 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
         savers.close()
     with open(os.path.join(spec.root, f"result.rank{rank}.json"), "w") as f:
         json.dump({"clean": clean, "clean_sched": clean_sched, "saves": saves, "kind": loop.kind,
-                   "fresh_copy_drag": drag}, f)
+                   "fresh_copy_drag": drag, "direct_io_s_per_gib": direct_io}, f)
 
 
 SCHED = ("cpu", "runqueue", "process_cpu", "children_cpu", "host_busy", "host_idle")
@@ -445,14 +450,15 @@ def disk_writeback_bytes_per_s(directory: Path, nbytes: int = 128 * MiB) -> floa
 
 
 def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float, *,
-            train_cores: float, drag: float, writeback_bytes_per_s: float | None = None) -> dict[str, Any]:
+            train_cores: float, drag: float, direct_io_s_per_gib: float = 0.0,
+            writeback_bytes_per_s: float | None = None) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
     from ckptio.plan.background import HostModel, predict_modes
     from ckptio.plan.host import dirty_background_bytes
 
     cores_per_rank = (os.cpu_count() or 1) / 2
     host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank),
-                     fresh_copy_drag=drag)
+                     fresh_copy_drag=drag, direct_io_s_per_gib=direct_io_s_per_gib)
     dirty = dirty_background_bytes()
     return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
                          costs=costs, interval_s=every * clean_step_s,
@@ -534,12 +540,14 @@ def main() -> int:
     clean = figures["clean"]["step_s"]
     train_cores = figures["clean"]["train_cores"]
     drag = statistics.fmean(r["fresh_copy_drag"] for r in results)
+    direct_io = statistics.fmean(r["direct_io_s_per_gib"] for r in results)
     predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
-                        writeback_bytes_per_s=writeback)
+                        direct_io_s_per_gib=direct_io, writeback_bytes_per_s=writeback)
     print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s (O_DIRECT), {writeback / MiB:.0f} MiB/s (page-cache "
           f"write-back at fsync), {os.cpu_count()} cores for 2 ranks, training keeps "
-          f"{train_cores:.2f} core busy per rank, its step {1 + drag:.3f}x with a fresh copy of its state alive; "
-          "time lost per save, predicted against measured:")
+          f"{train_cores:.2f} core busy per rank, its step {1 + drag:.3f}x with a fresh copy of its state alive, "
+          f"O_DIRECT writes cost it {direct_io:.2f} s/GiB beyond their CPU; time lost per save, predicted against "
+          "measured:")
     prediction_check({mode.replace("-", "_"): (predicted[mode.replace("-", "_")].lost_per_save_s,
                                                figures[mode]["lost_per_save"], args.every * clean) for mode in MODES})
     ratio_line(blocking_vs_dcp_best=block, lost_vs_dcp_best=lost, inflation_vs_dcp_best=infl,

@@ -20,15 +20,17 @@ is faulted in again, which a GPU job's host, whose buffers live on the device, d
 
 Prediction first, from measurements that never see a mode run: the writer's per-byte CPU costs on this host
 (:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
-per rank, training's CPU use (one thread: 1 core), and how much slower its step runs while a fresh copy of its
+per rank, training's CPU use (one thread: 1 core), how much slower its step runs while a fresh copy of its
 state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
-``async_save`` keeps such a copy until its write is done). Then each mode runs.
+``async_save`` keeps such a copy until its write is done), and what every rank's ``O_DIRECT`` write of its state
+into the store's directory costs the steps beyond the writer's CPU (:func:`ckptio.plan.host.
+measure_direct_io_collateral`, on the same ranks). Then each mode runs.
 
 Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
 clean step); clean steps began with nothing in flight. Per mode it also prints the save's CPU while its flush ran
 against the model's, and the host's steal over the in-flight steps beyond the clean steps' rate (``/proc/stat``:
-on a VM the store's I/O is emulated on the vCPUs' cores; the model leaves it out). Means, not medians: the other
+on a VM the store's I/O is emulated on the vCPUs' cores; the model has it for ckptio's ``O_DIRECT`` path only). Means, not medians: the other
 load of a shared host makes step times skewed, and a median-based excess would count that skew as the save's cost.
 
 Closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and ``POINTS lost_<mode>=(predicted −
@@ -56,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import children_cpu, costs_line, host_steal, prediction_check, quiet_dcp, thread_schedstat
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.host import measure_fresh_copy_drag, measure_writer_costs
+from ckptio.plan.host import any_rank, measure_direct_io_collateral, measure_fresh_copy_drag, measure_writer_costs
 from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
@@ -203,8 +205,10 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
         for _ in range(3):
             trainer.step(lambda: None)
         drag = measure_fresh_copy_drag(lambda: trainer.step(lambda: None), trainer.state, steps=_DRAG_STEPS)
+        direct_io = measure_direct_io_collateral(lambda: trainer.step(lambda: None), cfg["store_dir"],
+                                                 cfg["bytes_per_rank"], any_writing=any_rank)
         with open(os.path.join(cfg["out_dir"], f"{_CALIBRATE}.rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump({"drag": drag}, f)
+            json.dump({"drag": drag, "direct_io_s_per_gib": direct_io}, f)
         return
     saver = _Saver(cfg["mode"], rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"])
     records: list[dict[str, Any]] = []
@@ -273,14 +277,15 @@ def _run_ranks(mode: str, args: argparse.Namespace, workdir: str) -> None:
     run_ranks(args.ranks, _rank_main, cfg)
 
 
-def fresh_copy_drag(args: argparse.Namespace, workdir: str) -> float:
-    """The job's :attr:`HostModel.fresh_copy_drag`, measured on fresh ranks that never save (mean of ranks)."""
+def calibrate(args: argparse.Namespace, workdir: str) -> dict[str, float]:
+    """The job's :attr:`HostModel.fresh_copy_drag` and :attr:`HostModel.direct_io_s_per_gib`, measured on fresh
+    ranks that never save (means of the ranks)."""
     _run_ranks(_CALIBRATE, args, workdir)
-    drags = []
+    figures = []
     for rank in range(args.ranks):
         with open(os.path.join(workdir, f"{_CALIBRATE}.rank{rank}.json"), encoding="utf-8") as f:
-            drags.append(json.load(f)["drag"])
-    return statistics.fmean(drags)
+            figures.append(json.load(f))
+    return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:
@@ -296,14 +301,15 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
     return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
 
 
-def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, drag: float,
+def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
             cpu_share: float = 1.0) -> dict[str, ModeCost]:
-    """The planner's figures for this job; ``drag`` is its :attr:`HostModel.fresh_copy_drag`, ``cpu_share`` the
-    host's load as the training thread felt it."""
+    """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``cpu_share`` the host's load as
+    the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
     store_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
     host = HostModel(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
-                     cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=drag)
+                     cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=calibration["drag"],
+                     direct_io_s_per_gib=calibration["direct_io_s_per_gib"])
     # ckptio's writer goes around the page cache on a disk (O_DIRECT); on tmpfs the bytes land in memory pages.
     direct_io = not os.path.realpath(args.dir or tempfile.gettempdir()).startswith("/dev/shm")
     return predict_modes(bytes_per_rank=state_bytes, store_s=store_s, host=host, costs=costs, direct_io=direct_io,
@@ -343,13 +349,15 @@ def main() -> int:
         # The probe has just deleted its files: let the freed pages go cold before any mode runs (see above).
         time.sleep(_SETTLE_S)
         state_bytes = _state_bytes(args.mib_per_rank)
-        drag = fresh_copy_drag(args, workdir)
-        quiet = predict(args, state_bytes, costs, drag)
+        calibration = calibrate(args, workdir)
+        quiet = predict(args, state_bytes, costs, calibration)
         predicted: dict[str, ModeCost] = {}
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
         costs_line(costs)
-        print(f"training's step with a fresh copy of its state alive: {1 + drag:.3f}x (fresh_copy_drag); ranks' "
+        print(f"training's step with a fresh copy of its state alive: {1 + calibration['drag']:.3f}x "
+              f"(fresh_copy_drag); O_DIRECT writes of every rank at once cost it "
+              f"{calibration['direct_io_s_per_gib']:.2f} s/GiB beyond their CPU (direct_io_s_per_gib); ranks' "
               f"heap: {'glibc defaults' if args.glibc_trim else 'large buffers kept, never trimmed'}")
         print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
               f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")
@@ -359,14 +367,14 @@ def main() -> int:
             m = measured[mode]
             # The host's other load, as the training thread felt it in the clean steps (no save in them).
             share = m["cpu_share"] / (m["cpu_share"] + m["rq_share"]) if m["cpu_share"] > 0 else 1.0
-            p = predicted[mode] = predict(args, state_bytes, costs, drag, share)[mode]
+            p = predicted[mode] = predict(args, state_bytes, costs, calibration, share)[mode]
             print(f"  {mode:<10} lost {m['lost'] * 1e3:7.1f} ms/save = blocking {m['blocking'] * 1e3:.1f} + "
                   f"contention {m['contention'] * 1e3:.1f}; predicted {p.blocking_s * 1e3:.1f} + "
                   f"{p.stolen_s * 1e3:.1f} (quiet host: {quiet[mode].lost_per_save_s * 1e3:.1f}); clean step "
                   f"{m['step'] * 1e3:.1f} ms, on CPU {m['cpu_share']:.0%}, waiting for one {m['rq_share']:.0%} "
                   f"(share {share:.2f}); {m['flight']:.1f} steps in flight/save; the save's CPU while in flight "
                   f"{m['save_cpu']:.2f} s (model: {p.background_cpu_s:.2f}), the host's steal "
-                  f"{m['steal']:.2f} s (not in the model); load {os.getloadavg()[0]:.2f}",
+                  f"{m['steal']:.2f} s; load {os.getloadavg()[0]:.2f}",
                   flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

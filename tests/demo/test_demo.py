@@ -64,6 +64,10 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
         assert report.is_file() and "<img" in report.read_text()
     assert Path(outcome.reports["ckptio"]).with_suffix(".png").is_file()
     assert outcome.prediction.sync.checkpoint_bytes == pytest.approx(TINY.state_bytes())
+    # The planner's O_DIRECT input was measured on the job's own ranks, before any run, and left no file behind.
+    assert outcome.prediction.direct_io_s_per_gib >= 0
+    assert all((tmp_path / "demo" / "results" / f"calibrate.rank{r}.json").is_file() for r in range(config.ranks))
+    assert list((store / "calibrate").iterdir()) == []
     assert not outcome.choice.chosen and outcome.choice.every == 3
     assert "Verdict" in outcome.verdict and "bit-exact" in outcome.verdict
 
@@ -141,15 +145,16 @@ def test_job_round_trips_through_json(tmp_path: Path) -> None:
     assert RankJob.load(str(tmp_path / "job.json")) == job
     assert job.save_steps() == [4, 8]
     assert json.loads((tmp_path / "job.json").read_text())["shape"]["vocab"] == TINY.vocab
-    with pytest.raises(ConfigError):  # a resume always starts from fresh processes
-        RankJob(
-            **{
-                **asdict(job),
-                "shape": TINY,
-                "stores": {"resume": store, "ckptio": store},
-                "runs": ["ckptio", "resume"],
-            }
-        )
+    for alone in ("resume", "calibrate"):  # each starts from fresh processes: a resume, or before any save
+        with pytest.raises(ConfigError, match=alone):
+            RankJob(
+                **{
+                    **asdict(job),
+                    "shape": TINY,
+                    "stores": {alone: store, "ckptio": store},
+                    "runs": ["ckptio", alone],
+                }
+            )
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,8 @@ def test_the_writeback_threshold_is_read_from_the_kernel(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     "bad",
     [{"cores_per_rank": 0}, {"train_cores": -1.0}, {"cores_per_rank": float("nan")}, {"writer_nice": 20},
-     {"fresh_copy_drag": -0.1}, {"fresh_copy_drag": float("inf")}, {"fresh_copy_drag": "0.2"}],
+     {"fresh_copy_drag": -0.1}, {"fresh_copy_drag": float("inf")}, {"fresh_copy_drag": "0.2"},
+     {"direct_io_s_per_gib": -1.0}, {"direct_io_s_per_gib": float("nan")}],
 )
 def test_bad_host_figures_are_named_errors(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
@@ -286,6 +287,26 @@ def test_a_fresh_copy_kept_alive_drags_default_async_save_only_for_its_flush() -
     # A slower store keeps the copy alive longer: the drag costs more.
     slow = modes(0.2, store_s=8.0)["dcp_async"]
     assert slow.lost_per_save_s - modes(0.0, store_s=8.0)["dcp_async"].lost_per_save_s > 0.2 * a.flush_s
+
+
+def test_direct_io_collateral_charges_ckptio_o_direct_bytes_only() -> None:
+    """``direct_io_s_per_gib``: the device's ``O_DIRECT`` I/O costs the job that much per GiB beyond the writer's
+    CPU; only ckptio's ``O_DIRECT`` path writes that way, so the DCP modes and ckptio's buffered path are
+    unchanged, and twice the bytes cost twice the collateral."""
+    def modes(rate: float, *, direct_io: bool = True, nbytes: float = GIB) -> dict[str, object]:
+        return predict_modes(bytes_per_rank=nbytes, store_s=2.0, costs=COSTS, direct_io=direct_io,
+                             host=HostModel(cores_per_rank=2.0, direct_io_s_per_gib=rate))
+
+    base, charged = modes(0.0), modes(0.5)
+    for mode in ("dcp_sync", "dcp_async", "dcp_best"):
+        assert charged[mode] == base[mode]
+    assert modes(0.5, direct_io=False) == modes(0.0, direct_io=False)
+    a, b = base["ckptio"], charged["ckptio"]
+    assert b.flush_s == a.flush_s and b.blocking_s == a.blocking_s
+    assert b.lost_per_save_s == pytest.approx(a.lost_per_save_s + 0.5)
+    assert b.step_inflation > a.step_inflation
+    double = modes(0.5, nbytes=2 * GIB)["ckptio"].lost_per_save_s - modes(0.0, nbytes=2 * GIB)["ckptio"].lost_per_save_s
+    assert double == pytest.approx(1.0)
 
 
 def test_buffered_writers_wait_for_the_write_back_and_ckptio_direct_io_for_the_store() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -69,3 +70,47 @@ def test_fresh_copy_drag_brackets_live_steps_with_clean_ones_and_leaves_the_stat
         measure_fresh_copy_drag(step, lambda: state, steps=0)
     with pytest.raises(ConfigError):
         measure_fresh_copy_drag(step, lambda: state, repeats=0)
+
+
+def test_direct_io_collateral_steps_while_any_rank_writes_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The ``O_DIRECT`` collateral measurement brackets the steps taken during a real ``O_DIRECT`` write (ckptio's
+    own path, on the test's disk) with clean ones, keeps stepping while any rank still writes (a peer's write
+    stands in as ``any_writing`` answering yes a few more times), and removes its files. Its value is a timing:
+    only its range is asserted."""
+    from ckptio.errors import ConfigError
+    from ckptio.plan.host import measure_direct_io_collateral
+
+    calls: list[int] = []
+    peer_writing = [3]
+
+    def any_writing(writing: bool) -> bool:
+        peer_writing[0] -= 1
+        return writing or peer_writing[0] >= 0
+
+    def step() -> None:
+        calls.append(1)
+        time.sleep(0.001)
+
+    figure = measure_direct_io_collateral(step, str(tmp_path), 4 * MIB, steps=2, repeats=1, any_writing=any_writing)
+    assert figure >= 0.0
+    assert len(calls) >= 2 + 3 + 2  # clean, at least the peer's three live steps, clean
+    assert list(tmp_path.iterdir()) == []
+    for bad in ({"steps": 0}, {"repeats": 0}):
+        with pytest.raises(ConfigError):
+            measure_direct_io_collateral(step, str(tmp_path), 4 * MIB, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        measure_direct_io_collateral(step, str(tmp_path), 0)
+    with pytest.raises(ConfigError, match="existing directory"):
+        measure_direct_io_collateral(step, str(tmp_path / "absent"), 4 * MIB)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a tmpfs at /dev/shm")
+def test_direct_io_collateral_is_zero_where_the_filesystem_refuses_o_direct() -> None:
+    """tmpfs refuses ``O_DIRECT``: ckptio writes buffered there, and its writer's I/O has no ``O_DIRECT`` cost."""
+    import tempfile
+
+    from ckptio.plan.host import measure_direct_io_collateral
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        assert measure_direct_io_collateral(lambda: time.sleep(0.002), shm, 4 * MIB, steps=1, repeats=1) == 0.0
+        assert os.listdir(shm) == []

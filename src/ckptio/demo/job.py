@@ -14,8 +14,8 @@ from typing import Any, Literal
 from ckptio.demo.model import ModelShape
 from ckptio.errors import ConfigError
 
-Mode = Literal["dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume"]
-MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume")
+Mode = Literal["dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume", "calibrate"]
+MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume", "calibrate")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,7 +47,8 @@ class RankJob:
 
     runs: list[Mode]
     """The runs, in order: training runs (``dcp-sync``, ``dcp-async``, ``dcp-best``, ``ckptio``) share one launch;
-    ``resume`` (restore the newest ckptio step) is a launch of its own, so it starts from fresh processes."""
+    ``resume`` (restore the newest ckptio step) is a launch of its own, so it starts from fresh processes, and so
+    is ``calibrate`` (the planner's measurement of what ``O_DIRECT`` writes cost the step, before any run)."""
 
     world: int
     """Number of ranks."""
@@ -83,8 +84,9 @@ class RankJob:
         unknown = [run for run in self.runs if run not in MODES or run not in self.stores]
         if not self.runs or unknown:
             raise ConfigError(f"bad demo runs {self.runs!r} (stores for {sorted(self.stores)})")
-        if "resume" in self.runs and len(self.runs) > 1:
-            raise ConfigError("a resume must be a launch of its own")
+        for alone in ("resume", "calibrate"):
+            if alone in self.runs and len(self.runs) > 1:
+                raise ConfigError(f"a {alone} must be a launch of its own")
         if self.world < 1 or self.steps < 2 or self.every < 1:
             raise ConfigError(f"bad run size: world={self.world} steps={self.steps} every={self.every}")
 
@@ -175,6 +177,9 @@ class RankResult:
 
     restored_step: int | None = None
     """Resume runs: the step restored."""
+
+    direct_io_s_per_gib: float | None = None
+    """Calibrate runs: :attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib` as this rank measured it."""
 
     wall_s: float = 0.0
     """From the start of the run's set-up (saver, model) to its last save being durable."""

@@ -56,6 +56,10 @@ class Prediction:
     fresh_copy_drag: float = 0.0
     """Measured: the step's slowdown while a fresh copy of the state is alive (:class:`TrainingFigures`)."""
 
+    direct_io_s_per_gib: float = 0.0
+    """Measured on the job's ranks: what ckptio's ``O_DIRECT`` writes cost the steps per GiB beyond the writer's
+    CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`)."""
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class TrainingFigures:
@@ -210,10 +214,12 @@ def predict(
     copy_bytes_per_s: float,
     direct_io: bool = True,
     fresh_copy_drag: float = 0.0,
+    direct_io_s_per_gib: float = 0.0,
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``direct_io``:
     ckptio's writer writes around the page cache (the directory store; not the embedded S3 server);
-    ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`."""
+    ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`; ``direct_io_s_per_gib``: measured on the job's
+    ranks (:attr:`Prediction.direct_io_s_per_gib`)."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -227,10 +233,12 @@ def predict(
         )
 
     state_bytes = shape.state_bytes()
-    host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag)
+    host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
+                     direct_io_s_per_gib=direct_io_s_per_gib)
     modes = predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
                           costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s,
                           direct_io=direct_io, dtensor_share=shape.sharded_bytes() / state_bytes,
                           lockstep_ranks=world)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
-                      staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag)
+                      staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag,
+                      direct_io_s_per_gib=direct_io_s_per_gib)

@@ -33,6 +33,7 @@ from ckptio.demo.savers import (
 )
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
+from ckptio.plan.host import any_rank, measure_direct_io_collateral
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 
@@ -204,6 +205,25 @@ def run_resume(job: RankJob, rank: int) -> RankResult:
     return result
 
 
+def run_calibration(job: RankJob, rank: int) -> RankResult:
+    """What ckptio's ``O_DIRECT`` writes cost this job's steps beyond the writer's CPU, every rank writing its
+    share into the store's directory at once (:func:`ckptio.plan.host.measure_direct_io_collateral`): an input of
+    the planner's prediction, measured before any save runs."""
+    began = time.monotonic()
+    result = RankResult(mode="calibrate", rank=rank)
+    trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+    for _ in range(2):
+        trainer.train_step()  # warm-up: first-touch allocation of the Adam moments
+    directory = job.stores["calibrate"].root
+    os.makedirs(directory, exist_ok=True)
+    result.direct_io_s_per_gib = measure_direct_io_collateral(
+        trainer.train_step, directory, job.shape.state_bytes() // job.world, any_writing=any_rank
+    )
+    log(f"calibrate: O_DIRECT writes cost the step {result.direct_io_s_per_gib:.2f} s/GiB beyond their CPU")
+    result.wall_s = time.monotonic() - began
+    return result
+
+
 def main(argv: list[str]) -> int:
     job = RankJob.load(argv[0])
     rank = int(argv[1])
@@ -214,7 +234,12 @@ def main(argv: list[str]) -> int:
     log("joined the process group")
     try:
         for run in job.runs:
-            result = run_resume(job, rank) if run == "resume" else run_training(job, run, rank)
+            if run == "resume":
+                result = run_resume(job, rank)
+            elif run == "calibrate":
+                result = run_calibration(job, rank)
+            else:
+                result = run_training(job, run, rank)
             dist.barrier()
             result.dump(job.result_path(run, rank))
             log(f"{run}: done")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -191,7 +192,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     paths = _Layout(config.out)
     paths.reset()
     with sigterm_as_interrupt(), _store_context(config) as s3_endpoint:
-        config, choice, prediction = _plan(console, config, s3_endpoint)
+        config, choice, prediction = _plan(console, config, paths, s3_endpoint)
         results = _launch(console, config, paths, list(RUN_MODES), s3_endpoint)
         rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
         resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
@@ -255,7 +256,7 @@ def _intro(console: Console, config: DemoConfig, s3_endpoint: str | None) -> Non
 
 
 def _plan(
-    console: Console, config: DemoConfig, s3_endpoint: str | None
+    console: Console, config: DemoConfig, paths: _Layout, s3_endpoint: str | None
 ) -> tuple[DemoConfig, IntervalChoice, Prediction]:
     """Measure this machine, let the planner pick (or judge) the interval, and predict the saves' cost."""
     console.print("[dim]· measuring step time and copy bandwidth for the planner…[/]")
@@ -279,6 +280,11 @@ def _plan(
     config = config.with_every(choice.every)
     _intro(console, config, s3_endpoint)
     console.print(f"[bold]Interval[/]: {choice.reason()}")
+    # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured on the job's own
+    # ranks (the S3 store's bytes go through a socket instead).
+    direct_io = config.store == "posix"
+    calibrated = _launch(console, config, paths, ["calibrate"], None)["calibrate"] if direct_io else []
+    direct_io_s_per_gib = statistics.fmean(r.direct_io_s_per_gib or 0.0 for r in calibrated) if calibrated else 0.0
     prediction = predict(
         config.shape,
         world=world,
@@ -286,8 +292,9 @@ def _plan(
         every=choice.every,
         step_time_s=step_time_s,
         copy_bytes_per_s=copy_bytes_per_s,
-        direct_io=config.store == "posix",
+        direct_io=direct_io,
         fresh_copy_drag=training.fresh_copy_drag,
+        direct_io_s_per_gib=direct_io_s_per_gib,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))
@@ -315,7 +322,9 @@ def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str
 
 
 def _label(mode: str) -> str:
-    return "resume from newest ckptio step" if mode == "resume" else LABELS[mode]
+    return {"resume": "resume from newest ckptio step", "calibrate": "calibrate: O_DIRECT's cost"}.get(
+        mode, LABELS.get(mode, mode)
+    )
 
 
 def _launch(

@@ -120,7 +120,8 @@ def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
         f"[bold]Planner prediction[/]: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
         f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
         f"(measured here: {prediction.step_time_s:.2f} s/step, {prediction.fresh_copy_drag:+.0%} with a fresh copy "
-        f"of the state alive; copy {format_rate(prediction.copy_bytes_per_s)})"
+        f"of the state alive, {prediction.direct_io_s_per_gib:.2f} s/GiB of O_DIRECT writes beyond their CPU; copy "
+        f"{format_rate(prediction.copy_bytes_per_s)})"
     )
 
 

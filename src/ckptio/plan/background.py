@@ -20,7 +20,8 @@ The modes:
   both at the trainer's priority; ``save()`` itself blocks for next to nothing.
 * ``ckptio`` — the copy into a reused shared-memory slot runs on a staging thread; a writer process at
   ``writer_nice`` checksums (crc32c) and writes the slot's bytes, with ``O_DIRECT`` through a small bounce buffer on
-  a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere.
+  a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere; the device's
+  I/O may cost the steps more than the writer's CPU (:attr:`HostModel.direct_io_s_per_gib`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from ckptio.errors import ConfigError
 
+_GIB = float(1 << 30)
 MODES = ("dcp_sync", "dcp_async", "dcp_best", "ckptio")
 """Save modes the planner predicts, in the order tables print them."""
 
@@ -119,10 +121,20 @@ class HostModel:
     them in again until the copy is freed (measured: gone with ``MALLOC_TRIM_THRESHOLD_`` set high). A GPU job
     keeps those buffers on the device: 0."""
 
+    direct_io_s_per_gib: float = 0.0
+    """Training seconds the job loses per GiB a rank's writer moves with ``O_DIRECT``, beyond the writer's CPU
+    (:func:`ckptio.plan.host.measure_direct_io_collateral` measures it with every rank writing at once, so the
+    figure is already the job's, lockstep included). The device's I/O is not free for the cores: on a VM the
+    hypervisor emulates the disk and its interrupts on the vCPUs training runs on (a kernel without
+    ``CONFIG_IRQ_TIME_ACCOUNTING`` charges interrupt time to whichever task they interrupt, and the host's steal
+    grows). Measured: 0.8–2.8 s/GiB on one 2-vCPU VM, ~0 on a host of its own. Only ckptio's ``O_DIRECT`` path
+    is charged: the buffered writers' write-back cost about their CPU on the same VM (docs/planning.md)."""
+
     def __post_init__(self) -> None:
-        if not (isinstance(self.fresh_copy_drag, (int, float)) and math.isfinite(self.fresh_copy_drag)
-                and self.fresh_copy_drag >= 0):
-            raise ConfigError(f"fresh_copy_drag must be a finite number >= 0, got {self.fresh_copy_drag!r}")
+        for name in ("fresh_copy_drag", "direct_io_s_per_gib"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(self.cpu_share, (int, float)) and 0 < self.cpu_share <= 1):
             raise ConfigError(f"cpu_share must be within (0, 1], got {self.cpu_share!r}")
         for name in ("cores_per_rank", "train_cores"):
@@ -273,12 +285,12 @@ def predict_modes(
             work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ),
-        "ckptio": _background(
+        "ckptio": _with_extra(_background(
             blocking_s=copy,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
                              serial=ckptio_serial),
             store_s=store_s if direct_io else buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ),
+        ), host.direct_io_s_per_gib * b / _GIB if direct_io else 0.0),
     }
 
 
@@ -345,11 +357,16 @@ def lockstep_delay(own_s: float, busy_s: float, flush_s: float, ranks: int) -> f
 def _with_drag(cost: ModeCost, drag: float) -> ModeCost:
     """``cost`` with training's own steps ``drag`` slower for as long as the flush keeps its fresh copy alive
     (:attr:`HostModel.fresh_copy_drag`): time the job loses on top of the writer's theft."""
-    if drag <= 0 or cost.flush_s <= 0:
+    return _with_extra(cost, drag * cost.flush_s)
+
+
+def _with_extra(cost: ModeCost, extra_s: float) -> ModeCost:
+    """``cost`` with ``extra_s`` more training time lost while its flush runs, on top of the writer's theft."""
+    if extra_s <= 0 or cost.flush_s <= 0:
         return cost
-    stolen = cost.stolen_s + drag * cost.flush_s
+    stolen = cost.stolen_s + extra_s
     return replace(cost, stolen_s=stolen, step_inflation=1.0 + stolen / cost.flush_s,
-                   lost_per_save_s=cost.lost_per_save_s + drag * cost.flush_s)
+                   lost_per_save_s=cost.lost_per_save_s + extra_s)
 
 
 def _background(*, blocking_s: float, work: _Background, store_s: float, host: HostModel,

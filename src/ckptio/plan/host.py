@@ -11,7 +11,8 @@ children that do not answer within the time bound are killed, and an interrupt k
 It also measures the inputs of the background-cost model (:mod:`ckptio.plan.background`): the per-byte CPU costs of
 each piece of work a save does (:func:`measure_writer_costs`), the kernel's write-back threshold
 (:func:`dirty_background_bytes`), and how much a training step slows while a fresh copy of its state is alive
-(:func:`measure_fresh_copy_drag`, which runs the caller's own step).
+(:func:`measure_fresh_copy_drag`, which runs the caller's own step), and what the store's ``O_DIRECT`` writes cost
+that step beyond the writer's CPU (:func:`measure_direct_io_collateral`, the same way).
 """
 
 from __future__ import annotations
@@ -288,3 +289,91 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
         clean += timed_steps()
     mean_clean = statistics.fmean(clean)
     return max(0.0, statistics.fmean(live) / mean_clean - 1.0) if mean_clean > 0 else 0.0
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank of the default ``torch.distributed`` process group (an all-reduce): how
+    ranks that wait for each other agree to keep stepping while any of them still measures (the ``any_writing``
+    of :func:`measure_direct_io_collateral`)."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def measure_direct_io_collateral(step: Callable[[], object], directory: str, nbytes: int, *, steps: int = 4,
+                                 repeats: int = 3, any_writing: Callable[[bool], bool] | None = None) -> float:
+    """Training seconds lost per GiB that ckptio's writer moves to ``directory`` with ``O_DIRECT``, beyond the
+    writer's own CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`); 0 where the filesystem
+    refuses ``O_DIRECT`` (ckptio writes buffered there).
+
+    Each of ``repeats`` rounds runs ``steps`` clean steps, then steps while a thread of this process writes
+    ``nbytes`` of new random bytes into a new file of ``directory`` with ckptio's own ``O_DIRECT`` path and fsyncs
+    it, until the write is done, then ``steps`` clean steps again (they bracket the live ones, as in
+    :func:`measure_fresh_copy_drag`). The figure is Σ (live step − mean clean step) − the thread's CPU time, over
+    the bytes: what the device's I/O costs the steps on top of the CPU the model already charges the writer. On a
+    VM this is the hypervisor's emulation of the disk and the interrupts it raises, which land on the vCPUs
+    training runs on (measured on a 2-vCPU VM: 0.1–0.3 s per 128 MiB; none on earlier ones).
+
+    A job whose ranks wait for each other must call it on every rank at the same point, and pass ``any_writing``:
+    given whether this rank's write is still going, it returns whether any rank's is (an all-reduce), so that
+    every rank runs as many steps and none waits forever for a peer that stopped stepping. The files are removed
+    at the end. A write that fails (a full disk) raises :class:`~ckptio.errors.StorageError` after the last round.
+    """
+    import tempfile
+    import threading
+
+    import torch
+
+    from ckptio.storage.direct_io import DirectIOUnsupported, write_direct
+
+    if steps < 1 or repeats < 1 or nbytes < 1:
+        raise ConfigError(f"steps, repeats and nbytes must be >= 1, got {steps}, {repeats} and {nbytes}")
+    if not os.path.isdir(directory):
+        raise ConfigError(f"the O_DIRECT measurement needs an existing directory on the store, got {directory!r}")
+    agree = any_writing or (lambda writing: writing)
+    raw = torch.rand(max(nbytes // 4, 1)).numpy().data.cast("B")
+
+    def timed_steps(count: int | None) -> list[float]:
+        """``count`` steps, or (None) steps for as long as any rank's write runs."""
+        out: list[float] = []
+        while (len(out) < count) if count is not None else agree(writer.is_alive()):
+            began = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - began)
+        return out
+
+    unsupported: list[bool] = []
+    failures: list[OSError] = []
+
+    def write(path: str, cpu: list[float]) -> None:
+        began = time.thread_time()
+        try:
+            write_direct(path, [raw], fsync=True)
+        except DirectIOUnsupported:
+            unsupported.append(True)
+        except OSError as exc:  # raised once every round has run: peers in lockstep take as many steps
+            failures.append(exc)
+        finally:
+            cpu.append(time.thread_time() - began)
+
+    lost = 0.0
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-io-") as sinks:
+        for index in range(repeats):
+            writer_cpu: list[float] = []
+            writer = threading.Thread(target=write, args=(os.path.join(sinks, str(index)), writer_cpu),
+                                      name="ckptio-io-probe", daemon=True)
+            before = timed_steps(steps)
+            writer.start()
+            live = timed_steps(None)
+            writer.join()
+            clean = statistics.fmean(before + timed_steps(steps))
+            lost += sum(live) - clean * len(live) - writer_cpu[0]
+    if failures:
+        raise StorageError(f"the O_DIRECT measurement could not write into {directory}: {failures[0]}")
+    if unsupported:
+        return 0.0
+    return max(0.0, lost / (repeats * raw.nbytes / (1 << 30)))
+
