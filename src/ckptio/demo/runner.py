@@ -203,10 +203,11 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     )
     _show_resume(console, check)
     console.print(
-        "[bold]Measured[/], per save after the first (median over saves, slowest rank): stall = training "
-        "thread blocked (in save(), and waiting for the staging copy before the next optimizer step); slower "
-        "steps = extra step time while the flush ran, over the mean step without one; time lost = both, also "
-        "as a share of training time; flush lag = save() call → committed."
+        "[bold]Measured[/], per save after the first (median over saves): stall = training thread blocked (in "
+        "save(), and waiting for the staging copy before the next optimizer step; slowest rank); time lost = "
+        "stall + extra step time while the flush ran, over the mean step without one (mean over ranks: lockstep "
+        "ranks' sums over a few steps differ by how far one runs ahead of the other); slower steps = time lost − "
+        "stall; also as a share of training time; flush lag = save() call → committed (slowest rank)."
     )
     console.print(results_table(rows))
     for line in first_save_lines(rows) + prediction_check_lines(rows, prediction):
