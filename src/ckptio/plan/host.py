@@ -23,11 +23,13 @@ import select
 import signal
 import statistics
 import struct
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
 
 from ckptio.errors import ConfigError, StorageError
+from ckptio.plan.background import CKPTIO_WRITER_NICE
 
 _REPEATS = 3
 _RATE = struct.Struct("d")
@@ -304,18 +306,22 @@ def any_rank(flag: bool) -> bool:
 
 
 def measure_direct_io_collateral(step: Callable[[], object], directory: str, nbytes: int, *, steps: int = 4,
-                                 repeats: int = 3, any_writing: Callable[[bool], bool] | None = None) -> float:
+                                 repeats: int = 3, any_writing: Callable[[bool], bool] | None = None,
+                                 writer_nice: int = CKPTIO_WRITER_NICE) -> float:
     """Training seconds lost per GiB that ckptio's writer moves to ``directory`` with ``O_DIRECT``, beyond the
     writer's own CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`); 0 where the filesystem
     refuses ``O_DIRECT`` (ckptio writes buffered there).
 
-    Each of ``repeats`` rounds runs ``steps`` clean steps, then steps while a thread of this process writes
-    ``nbytes`` of new random bytes into a new file of ``directory`` with ckptio's own ``O_DIRECT`` path and fsyncs
-    it, until the write is done, then ``steps`` clean steps again (they bracket the live ones, as in
-    :func:`measure_fresh_copy_drag`). The figure is Σ (live step − mean clean step) − the thread's CPU time, over
-    the bytes: what the device's I/O costs the steps on top of the CPU the model already charges the writer. On a
-    VM this is the hypervisor's emulation of the disk and the interrupts it raises, which land on the vCPUs
-    training runs on (measured on a 2-vCPU VM: 0.1–0.3 s per 128 MiB; none on earlier ones).
+    Each of ``repeats`` rounds runs ``steps`` clean steps, then steps while a thread of this process, at
+    ``writer_nice`` as ckptio's writer runs (Linux: a thread's own niceness), writes ``nbytes`` of new random bytes
+    into a new file of ``directory`` with ckptio's own ``O_DIRECT`` path and fsyncs it, until the write is done,
+    then ``steps`` clean steps again (they bracket the live ones, as in :func:`measure_fresh_copy_drag`). The
+    figure is Σ (live step − mean clean step) − the thread's CPU time, over the bytes: what the device's I/O costs
+    the steps on top of the CPU the model already charges the writer. On a VM this is the hypervisor's emulation
+    of the disk and the interrupts it raises, which land on the vCPUs training runs on (measured on a 2-vCPU VM:
+    0.1–0.3 s per 128 MiB; none on earlier ones). The writer's priority matters: at nice 0 the same writes read
+    1.26–1.63 s/GiB where nice 10 read 0.75–1.08 (alternating runs of the demo's ranks), as a nice-0 thread
+    preempts training at every completion and a niced one waits.
 
     A job whose ranks wait for each other must call it on every rank at the same point, and pass ``any_writing``:
     given whether this rank's write is still going, it returns whether any rank's is (an all-reduce), so that
@@ -349,6 +355,8 @@ def measure_direct_io_collateral(step: Callable[[], object], directory: str, nby
     failures: list[OSError] = []
 
     def write(path: str, cpu: list[float]) -> None:
+        if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id: leave the priority alone
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), writer_nice)
         began = time.thread_time()
         try:
             write_direct(path, [raw], fsync=True)
