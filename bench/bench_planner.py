@@ -30,8 +30,9 @@ Measured time lost per save, per rank, averaged over ranks (they run in lockstep
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
 clean step); clean steps began with nothing in flight. Per mode it also prints the save's CPU while its flush ran
 against the model's, and the host's steal over the in-flight steps beyond the clean steps' rate (``/proc/stat``:
-on a VM the store's I/O is emulated on the vCPUs' cores; the model has it for ckptio's ``O_DIRECT`` path only). Means, not medians: the other
-load of a shared host makes step times skewed, and a median-based excess would count that skew as the save's cost.
+on a VM the store's I/O is emulated on the vCPUs' cores; the model has it for ckptio's ``O_DIRECT`` path only).
+Means, not medians: the other load of a shared host makes step times skewed, and a median-based excess would count
+that skew as the save's cost.
 
 Closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and ``POINTS lost_<mode>=(predicted −
 measured) ÷ (every × clean step) × 100`` (percentage points of the training time between saves). Goal: each

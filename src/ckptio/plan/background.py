@@ -127,8 +127,9 @@ class HostModel:
     figure is already the job's, lockstep included). The device's I/O is not free for the cores: on a VM the
     hypervisor emulates the disk and its interrupts on the vCPUs training runs on (a kernel without
     ``CONFIG_IRQ_TIME_ACCOUNTING`` charges interrupt time to whichever task they interrupt, and the host's steal
-    grows). Measured: 0.8–2.8 s/GiB on one 2-vCPU VM, ~0 on a host of its own. Only ckptio's ``O_DIRECT`` path
-    is charged: the buffered writers' write-back cost about their CPU on the same VM (docs/planning.md)."""
+    grows). Measured on one 2-vCPU VM: 0.9–1.6 s/GiB; earlier VMs showed no such cost (ckptio lost within
+    0.05 s of its CPU there). Only ckptio's ``O_DIRECT`` path is charged: the buffered writers' write-back cost
+    about their CPU on the same VM (docs/planning.md)."""
 
     def __post_init__(self) -> None:
         for name in ("fresh_copy_drag", "direct_io_s_per_gib"):
