@@ -17,6 +17,7 @@ that step beyond the writer's CPU (:func:`measure_direct_io_collateral`, the sam
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import select
@@ -356,7 +357,8 @@ def measure_direct_io_collateral(step: Callable[[], object], directory: str, nby
 
     def write(path: str, cpu: list[float]) -> None:
         if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id: leave the priority alone
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), writer_nice)
+            with contextlib.suppress(OSError):  # a nice below this process's needs a privilege: keep its own
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), writer_nice)
         began = time.thread_time()
         try:
             write_direct(path, [raw], fsync=True)
