@@ -90,6 +90,11 @@ class RankJob:
         if self.world < 1 or self.steps < 2 or self.every < 1:
             raise ConfigError(f"bad run size: world={self.world} steps={self.steps} every={self.every}")
 
+    @property
+    def bytes_per_rank(self) -> int:
+        """The state each rank saves: an equal share of the model's."""
+        return self.shape.state_bytes() // self.world
+
     def save_steps(self) -> list[int]:
         """Steps ending with a save: multiples of ``every`` before the last (a resume needs a next step)."""
         return list(range(self.every, self.steps, self.every))

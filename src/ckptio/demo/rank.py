@@ -50,13 +50,12 @@ def _join(job: RankJob, rank: int) -> None:
 
 
 def _make_saver(job: RankJob, run: Mode, rank: int, events: EventLog) -> Saver:
-    per_rank_bytes = job.shape.state_bytes() // job.world
     if run == "dcp-sync":
-        return DcpSyncSaver(job.stores[run], events, per_rank_bytes)
+        return DcpSyncSaver(job.stores[run], events, job.bytes_per_rank)
     if run == "dcp-async":
-        return DcpAsyncSaver(job.stores[run], events, per_rank_bytes)
+        return DcpAsyncSaver(job.stores[run], events, job.bytes_per_rank)
     if run == "dcp-best":
-        return DcpBestSaver(job.stores[run], events, per_rank_bytes)
+        return DcpBestSaver(job.stores[run], events, job.bytes_per_rank)
     return CkptioSaver(job.stores[run], job.events_pattern(run), rank)
 
 
@@ -217,7 +216,7 @@ def run_calibration(job: RankJob, rank: int) -> RankResult:
     directory = job.stores["calibrate"].root
     os.makedirs(directory, exist_ok=True)
     result.direct_io_s_per_gib = measure_direct_io_collateral(
-        trainer.train_step, directory, job.shape.state_bytes() // job.world, any_writing=any_rank
+        trainer.train_step, directory, job.bytes_per_rank, any_writing=any_rank
     )
     log(f"calibrate: O_DIRECT writes cost the step {result.direct_io_s_per_gib:.2f} s/GiB beyond their CPU")
     result.wall_s = time.monotonic() - began

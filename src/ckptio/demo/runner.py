@@ -322,10 +322,11 @@ def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str
     )
 
 
+_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: O_DIRECT's cost"}
+
+
 def _label(mode: str) -> str:
-    return {"resume": "resume from newest ckptio step", "calibrate": "calibrate: O_DIRECT's cost"}.get(
-        mode, LABELS.get(mode, mode)
-    )
+    return _RUN_LABELS[mode]
 
 
 def _launch(

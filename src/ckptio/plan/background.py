@@ -32,7 +32,8 @@ from typing import Any
 
 from ckptio.errors import ConfigError
 
-_GIB = float(1 << 30)
+GIB = float(1 << 30)
+"""Bytes in a GiB: the unit of :attr:`HostModel.direct_io_s_per_gib`."""
 MODES = ("dcp_sync", "dcp_async", "dcp_best", "ckptio")
 """Save modes the planner predicts, in the order tables print them."""
 
@@ -291,7 +292,7 @@ def predict_modes(
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
                              serial=ckptio_serial),
             store_s=store_s if direct_io else buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ), host.direct_io_s_per_gib * b / _GIB if direct_io else 0.0),
+        ), host.direct_io_s_per_gib * b / GIB if direct_io else 0.0),
     }
 
 

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Mapping
 
 from ckptio.errors import ConfigError, StorageError
-from ckptio.plan.background import CKPTIO_WRITER_NICE
+from ckptio.plan.background import CKPTIO_WRITER_NICE, GIB
 
 _REPEATS = 3
 _RATE = struct.Struct("d")
@@ -246,6 +246,16 @@ def _median_cpu_seconds(fn: object) -> float:
     return max(statistics.median(times), 1e-9)
 
 
+def _step_seconds(step: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    step()
+    return time.perf_counter() - began
+
+
+def _timed_steps(step: Callable[[], object], count: int) -> list[float]:
+    return [_step_seconds(step) for _ in range(count)]
+
+
 def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapping[str, object]], *,
                             steps: int = 4, repeats: int = 2) -> float:
     """How much slower the caller's training step runs while a freshly allocated copy of its state is alive:
@@ -260,14 +270,6 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
     blocking part of such a save) is not in the figure.
     """
     import torch
-
-    def timed_steps() -> list[float]:
-        out = []
-        for _ in range(steps):
-            began = time.perf_counter()
-            step()
-            out.append(time.perf_counter() - began)
-        return out
 
     def fresh_copy(value: object) -> object:
         if isinstance(value, Mapping):
@@ -284,12 +286,12 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
     clean: list[float] = []
     live: list[float] = []
     for _ in range(repeats):
-        clean += timed_steps()
+        clean += _timed_steps(step, steps)
         with torch.no_grad():
             copy = fresh_copy(state())
-        live += timed_steps()
+        live += _timed_steps(step, steps)
         del copy
-        clean += timed_steps()
+        clean += _timed_steps(step, steps)
     mean_clean = statistics.fmean(clean)
     return max(0.0, statistics.fmean(live) / mean_clean - 1.0) if mean_clean > 0 else 0.0
 
@@ -343,15 +345,6 @@ def measure_direct_io_collateral(step: Callable[[], object], directory: str, nby
     agree = any_writing or (lambda writing: writing)
     raw = torch.rand(max(nbytes // 4, 1)).numpy().data.cast("B")
 
-    def timed_steps(count: int | None) -> list[float]:
-        """``count`` steps, or (None) steps for as long as any rank's write runs."""
-        out: list[float] = []
-        while (len(out) < count) if count is not None else agree(writer.is_alive()):
-            began = time.perf_counter()
-            step()
-            out.append(time.perf_counter() - began)
-        return out
-
     unsupported: list[bool] = []
     failures: list[OSError] = []
 
@@ -375,15 +368,17 @@ def measure_direct_io_collateral(step: Callable[[], object], directory: str, nby
             writer_cpu: list[float] = []
             writer = threading.Thread(target=write, args=(os.path.join(sinks, str(index)), writer_cpu),
                                       name="ckptio-io-probe", daemon=True)
-            before = timed_steps(steps)
+            before = _timed_steps(step, steps)
             writer.start()
-            live = timed_steps(None)
+            live = []
+            while agree(writer.is_alive()):  # every rank steps until the last rank's write ends
+                live.append(_step_seconds(step))
             writer.join()
-            clean = statistics.fmean(before + timed_steps(steps))
+            clean = statistics.fmean(before + _timed_steps(step, steps))
             lost += sum(live) - clean * len(live) - writer_cpu[0]
     if failures:
         raise StorageError(f"the O_DIRECT measurement could not write into {directory}: {failures[0]}")
     if unsupported:
         return 0.0
-    return max(0.0, lost / (repeats * raw.nbytes / (1 << 30)))
+    return max(0.0, lost / (repeats * raw.nbytes / GIB))
 
