@@ -278,28 +278,32 @@ def _run_ranks(mode: str, args: argparse.Namespace, workdir: str) -> None:
     run_ranks(args.ranks, _rank_main, cfg)
 
 
+def _rank_records(mode: str, args: argparse.Namespace, workdir: str) -> list[Any]:
+    """Run ``mode`` on fresh ranks and return what each rank wrote, in rank order."""
+    _run_ranks(mode, args, workdir)
+    records = []
+    for rank in range(args.ranks):
+        with open(os.path.join(workdir, f"{mode}.rank{rank}.json"), encoding="utf-8") as f:
+            records.append(json.load(f))
+    return records
+
+
+def _means(figures: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
+
+
 def calibrate(args: argparse.Namespace, workdir: str) -> dict[str, float]:
     """The job's :attr:`HostModel.fresh_copy_drag` and :attr:`HostModel.direct_io_s_per_gib`, measured on fresh
     ranks that never save (means of the ranks)."""
-    _run_ranks(_CALIBRATE, args, workdir)
-    figures = []
-    for rank in range(args.ranks):
-        with open(os.path.join(workdir, f"{_CALIBRATE}.rank{rank}.json"), encoding="utf-8") as f:
-            figures.append(json.load(f))
-    return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
+    return _means(_rank_records(_CALIBRATE, args, workdir))
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, float]:
     """Run one mode on fresh ranks; :func:`measured_lost`'s figures averaged over ranks."""
-    _run_ranks(mode, args, workdir)
-    figures = []
-    for rank in range(args.ranks):
-        with open(os.path.join(workdir, f"{mode}.rank{rank}.json"), encoding="utf-8") as f:
-            figures.append(measured_lost(json.load(f), args.saves))
     # The checkpoints stay until the end: deleting them here would free their page cache just before the next
     # mode runs, and pages freed a moment ago make its writer's page-cache writes several times cheaper than a
     # steady job's (docs/planning.md, "Known misses"). ckptio's own retention still deletes within its run.
-    return {key: statistics.fmean(f[key] for f in figures) for key in figures[0]}
+    return _means([measured_lost(records, args.saves) for records in _rank_records(mode, args, workdir)])
 
 
 def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
