@@ -20,9 +20,10 @@ counted. Per mode, over the steady rounds:
   the staging wait taken out, − Σ over as many paired clean steps right after the save (the step time drifts by
   20–30 % over a run on a VM: against one mean clean step the first rounds' saves were charged up to 0.9 s more
   than the last rounds') + the wait for durability at the end of the interval (what the next save of the same
-  mode would wait), slowest rank, median over saves. The steps after the durable one are left out because they
-  only add noise: each step moves ±0.1–0.3 s on its own (a ckptio save durable within its first step was
-  charged +0.22 and +0.32 s in its third); the whole interval's figure is printed beside it;
+  mode would wait), the mean over ranks (at least the slowest rank's blocking), median over saves. The steps
+  after the durable one are left out because they only add noise: each step moves ±0.1–0.3 s on its own (a
+  ckptio save durable within its first step was charged +0.22 and +0.32 s in its third); the whole interval's
+  figure is printed beside it;
 * step inflation: median step time while the save's flush was still running ÷ median clean step;
 * where the counted steps lost their time, against the paired ones: the training thread's CPU, run-queue wait
   and time asleep, the process's, its children's and the host's CPU, and per thread of the trainer's process its
@@ -330,7 +331,8 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
 
 
 def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, float]]:
-    """Per mode: blocking p50, time lost per save (p50), step inflation; slowest rank per save."""
+    """Per mode: blocking p50 (slowest rank per save), time lost per save (p50 of the mean over ranks), step
+    inflation."""
     clean_steps = [s for r in results for s in r["clean"]]
     clean = statistics.fmean(clean_steps)
     out: dict[str, dict[str, float]] = {}
@@ -339,8 +341,8 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
         blocking, lost, whole, inflight = [], [], [], []
         for saves in zip(*per_rank, strict=True):
             blocking.append(max(s["blocking"] for s in saves))
-            lost.append(max(_lost(s, s["window"]) for s in saves))
-            whole.append(max(_lost(s, len(s["steps"])) for s in saves))
+            lost.append(_job_lost(saves, whole_interval=False))
+            whole.append(_job_lost(saves, whole_interval=True))
             inflight.extend(t for s in saves for t in s["inflight"])
         out[mode] = {
             **_split(per_rank),
@@ -358,11 +360,19 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
     return out
 
 
+def _job_lost(saves: tuple[dict[str, Any], ...], *, whole_interval: bool) -> float:
+    """One save's time lost to the job: the mean over ranks of each rank's, at least the slowest rank's blocking
+    (the others wait for it at the next collective). Not the slowest rank's: over a save's steps lockstep ranks'
+    offset moves and moves back, so one rank's sum is high by what another's is low (ckptio.demo.steady)."""
+    mean = statistics.fmean(_lost(s, len(s["steps"]) if whole_interval else s["window"]) for s in saves)
+    return max(mean, *(s["blocking"] for s in saves))
+
+
 def _lost(save: dict[str, Any], steps: int) -> float:
     """One rank's time lost to one save, counting its interval's first ``steps`` steps against as many paired
-    ones."""
+    ones (the excess not floored: a rank's sum is as likely low as high)."""
     excess = sum(save["steps"][:steps]) - sum(save["paired"][:steps])
-    return save["blocking"] + max(0.0, excess) + save["drain"]
+    return save["blocking"] + excess + save["drain"]
 
 
 def _counted_steps(save: dict[str, Any]) -> Iterator[tuple[int, float, list[float], dict[str, list[float]]]]:
