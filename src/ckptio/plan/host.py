@@ -309,22 +309,24 @@ def any_rank(flag: bool) -> bool:
 
 
 def measure_direct_io_collateral(step: Callable[[], object], directory: str, nbytes: int, *, steps: int = 4,
-                                 repeats: int = 3, any_writing: Callable[[bool], bool] | None = None,
+                                 repeats: int = 8, any_writing: Callable[[bool], bool] | None = None,
                                  writer_nice: int = CKPTIO_WRITER_NICE) -> float:
     """Training seconds lost per GiB that ckptio's writer moves to ``directory`` with ``O_DIRECT``, beyond the
     writer's own CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`); 0 where the filesystem
     refuses ``O_DIRECT`` (ckptio writes buffered there).
 
-    Each of ``repeats`` rounds runs ``steps`` clean steps, then steps while a thread of this process, at
-    ``writer_nice`` as ckptio's writer runs (Linux: a thread's own niceness), writes ``nbytes`` of new random bytes
-    into a new file of ``directory`` with ckptio's own ``O_DIRECT`` path and fsyncs it, until the write is done,
-    then ``steps`` clean steps again (they bracket the live ones, as in :func:`measure_fresh_copy_drag`). The
-    figure is Σ (live step − mean clean step) − the thread's CPU time, over the bytes: what the device's I/O costs
-    the steps on top of the CPU the model already charges the writer. On a VM this is the hypervisor's emulation
-    of the disk and the interrupts it raises, which land on the vCPUs training runs on (measured on a 2-vCPU VM:
-    0.1–0.3 s per 128 MiB; none on earlier ones). The writer's priority matters: at nice 0 the same writes read
-    1.26–1.63 s/GiB where nice 10 read 0.75–1.08 (alternating runs of the demo's ranks), as a nice-0 thread
-    preempts training at every completion and a niced one waits.
+    Each of ``repeats`` rounds steps while a thread of this process, at ``writer_nice`` as ckptio's writer runs
+    (Linux: a thread's own niceness), writes ``nbytes`` of new random bytes into a new file of ``directory`` with
+    ckptio's own ``O_DIRECT`` path and fsyncs it, until the write is done, between runs of ``steps`` clean steps
+    (each run brackets the rounds before and after it, as in :func:`measure_fresh_copy_drag`). The figure is
+    Σ (live step − mean of the round's clean steps) − the thread's CPU time, over all rounds' bytes: what the
+    device's I/O costs the steps on top of the CPU the model already charges the writer. On a VM this is the
+    hypervisor's emulation of the disk and the interrupts it raises, which land on the vCPUs training runs on
+    (measured on a 2-vCPU VM: 0.1–0.3 s per 128 MiB; none on earlier ones). Rounds vary widely with the host's own
+    load (from nothing to 2–3 s/GiB within one run there, both ranks alike), hence eight by default: three rounds
+    read 2.05 s/GiB in a run whose nine-round neighbours read 1.24 and 1.48. The writer's priority matters: at
+    nice 0 the same writes read 1.26–1.63 s/GiB where nice 10 read 0.75–1.08 (alternating runs of the demo's
+    ranks), as a nice-0 thread preempts training at every completion and a niced one waits.
 
     A job whose ranks wait for each other must call it on every rank at the same point, and pass ``any_writing``:
     given whether this rank's write is still going, it returns whether any rank's is (an all-reduce), so that
@@ -364,18 +366,20 @@ def measure_direct_io_collateral(step: Callable[[], object], directory: str, nby
 
     lost = 0.0
     with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-io-") as sinks:
+        before = _timed_steps(step, steps)
         for index in range(repeats):
             writer_cpu: list[float] = []
             writer = threading.Thread(target=write, args=(os.path.join(sinks, str(index)), writer_cpu),
                                       name="ckptio-io-probe", daemon=True)
-            before = _timed_steps(step, steps)
             writer.start()
             live = []
             while agree(writer.is_alive()):  # every rank steps until the last rank's write ends
                 live.append(_step_seconds(step))
             writer.join()
-            clean = statistics.fmean(before + _timed_steps(step, steps))
+            after = _timed_steps(step, steps)  # this round's closing bracket, the next round's opening one
+            clean = statistics.fmean(before + after)
             lost += sum(live) - clean * len(live) - writer_cpu[0]
+            before = after
     if failures:
         raise StorageError(f"the O_DIRECT measurement could not write into {directory}: {failures[0]}")
     if unsupported:
