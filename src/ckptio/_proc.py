@@ -1,4 +1,5 @@
-"""Small process helpers shared by the engine, the demo and the CLI: is a pid alive, and SIGTERM as Ctrl-C.
+"""Small process helpers shared by the engine, the planner, the demo and the CLI: is a pid alive, SIGTERM as
+Ctrl-C, and a background process's lower priority.
 
 Standard library only, so any layer may import it (``storage/`` and ``format/`` have no use for it). Must never
 start, wait for or kill a process: callers own their processes.
@@ -6,13 +7,27 @@ start, wait for or kill a process: callers own their processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["pid_alive", "sigterm_as_interrupt"]
+__all__ = ["lower_priority", "pid_alive", "sigterm_as_interrupt"]
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this process's priority by ``nice`` and its I/O to best-effort's lowest level (ckptio's writer, and
+    the planner's stand-in for it): training wins the CPU and the disk queue, and a flush is never starved (not
+    the idle class). Best-effort: ionice is Linux-only and may be refused in a container."""
+    if nice <= 0:
+        return
+    os.nice(nice)
+    with contextlib.suppress(Exception):
+        import psutil
+
+        psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, value=7)
 
 
 def pid_alive(pid: int) -> bool:

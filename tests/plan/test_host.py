@@ -104,6 +104,32 @@ def test_direct_io_collateral_steps_while_any_rank_writes_and_leaves_nothing_beh
         measure_direct_io_collateral(step, str(tmp_path / "absent"), 4 * MIB)
 
 
+def test_the_stand_in_writer_is_a_niced_process_that_writes_its_bytes_on_go(tmp_path: Path) -> None:
+    """:mod:`ckptio.plan.io_load` runs as ckptio's writer does (a process of its own at nice 10), writes nothing
+    before it is told to go, then writes exactly its bytes and reports its CPU."""
+    import json
+    import subprocess
+    import sys
+
+    target = tmp_path / "load"
+    nbytes = 8 * MIB + 12345  # a whole chunk and a tail
+    proc = subprocess.Popen([sys.executable, "-m", "ckptio.plan.io_load", str(target), str(nbytes), "10"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert not target.exists()
+        assert psutil.Process(proc.pid).nice() == min(19, os.nice(0) + 10)
+        out, _ = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["error"] is None and outcome["cpu_s"] >= 0
+    if not outcome["unsupported"]:  # a filesystem that refuses O_DIRECT leaves no file
+        assert target.stat().st_size == nbytes
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a tmpfs at /dev/shm")
 def test_direct_io_collateral_is_zero_where_the_filesystem_refuses_o_direct() -> None:
     """tmpfs refuses ``O_DIRECT``: ckptio writes buffered there, and its writer's I/O has no ``O_DIRECT`` cost."""

@@ -15,7 +15,6 @@ each bounded by ``commit_timeout_s`` — and exits. SIGKILL still ends it at onc
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import queue
@@ -25,6 +24,7 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
+from ckptio._proc import lower_priority
 from ckptio.engine.live import LiveSteps
 from ckptio.engine.ownership import OwnerRecord, heartbeat
 from ckptio.engine.protocol import (
@@ -42,17 +42,6 @@ from ckptio.engine.writer import Writer
 from ckptio.errors import RootInUseError
 from ckptio.obs.events import Event
 from ckptio.storage.base import Storage
-
-
-def _lower_priority(nice: int) -> None:
-    """Let training win the CPU and the disk queue; best-effort (not idle) I/O so a flush is never starved."""
-    if nice <= 0:
-        return
-    os.nice(nice)
-    with contextlib.suppress(Exception):  # ionice is Linux-only and may be refused in containers
-        import psutil
-
-        psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, value=7)
 
 
 def _keep_heartbeat(durable: Storage, owner: OwnerRecord, stop: threading.Event) -> None:
@@ -98,7 +87,7 @@ def _run_pipeline(writer: Writer, work: queue.Queue[WriterPlan | SaveJob | None]
 
 def writer_main(conn: Connection, start: WriterStart) -> None:
     """Process body: serve jobs until ``WriterStop`` or the trainer goes away, then say ``WriterStopped``."""
-    _lower_priority(start.config.writer_nice)
+    lower_priority(start.config.writer_nice)
     out = Outbox(conn, start.rank)
     out.event(Event.WRITER_STARTED, None, pid=os.getpid())
     if start.rank == 0:

@@ -17,8 +17,8 @@ that step beyond the writer's CPU (:func:`measure_direct_io_collateral`, the sam
 
 from __future__ import annotations
 
-import contextlib
 import io
+import json
 import os
 import select
 import signal
@@ -28,6 +28,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from ckptio.errors import ConfigError, StorageError
 from ckptio.plan.background import CKPTIO_WRITER_NICE, GIB
@@ -315,74 +316,127 @@ def measure_direct_io_collateral(step: Callable[[], object], directory: str, nby
     writer's own CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`); 0 where the filesystem
     refuses ``O_DIRECT`` (ckptio writes buffered there).
 
-    Each of ``repeats`` rounds steps while a thread of this process, at ``writer_nice`` as ckptio's writer runs
-    (Linux: a thread's own niceness), writes ``nbytes`` of new random bytes into a new file of ``directory`` with
-    ckptio's own ``O_DIRECT`` path and fsyncs it, until the write is done, between runs of ``steps`` clean steps
-    (each run brackets the rounds before and after it, as in :func:`measure_fresh_copy_drag`). The figure is
-    Σ (live step − mean of the round's clean steps) − the thread's CPU time, over all rounds' bytes: what the
-    device's I/O costs the steps on top of the CPU the model already charges the writer. On a VM this is the
-    hypervisor's emulation of the disk and the interrupts it raises, which land on the vCPUs training runs on
-    (measured on a 2-vCPU VM: 0.1–0.3 s per 128 MiB; none on earlier ones). Rounds vary widely with the host's own
-    load (from nothing to 2–3 s/GiB within one run there, both ranks alike), hence eight by default: three rounds
-    read 2.05 s/GiB in a run whose nine-round neighbours read 1.24 and 1.48. The writer's priority matters: at
-    nice 0 the same writes read 1.26–1.63 s/GiB where nice 10 read 0.75–1.08 (alternating runs of the demo's
-    ranks), as a nice-0 thread preempts training at every completion and a niced one waits.
+    Each of ``repeats`` rounds steps while a process standing in for ckptio's writer (:mod:`ckptio.plan.io_load`:
+    a fresh interpreter at the writer's ``writer_nice`` and I/O class) writes ``nbytes`` into a new file of
+    ``directory`` with ckptio's own ``O_DIRECT`` path and fsyncs it, until the write is done, between runs of
+    ``steps`` clean steps (each run brackets the rounds before and after it, as in
+    :func:`measure_fresh_copy_drag`). The figure is Σ (live step − mean of the round's clean steps) − the
+    process's CPU time for the write, over all rounds' bytes: what the device's I/O costs the steps on top of the
+    CPU the model already charges the writer. On a VM this is the hypervisor's emulation of the disk and the
+    interrupts it raises, which land on the vCPUs training runs on (measured on a 2-vCPU VM: 0.1–0.3 s per
+    128 MiB; none on earlier ones). Rounds vary widely with the host's own load (from nothing to 2–3 s/GiB within
+    one run there, both ranks alike), hence eight by default. The stand-in is a process, not a thread of the
+    caller's, because the writer is one: a thread shares the trainer's interpreter lock and process (in the FSDP2
+    loop of ``bench/bench_fsdp.py`` a thread read 1.53 and 1.95 s/GiB in runs whose saves showed ~0.2). Its
+    priority matters as much: at nice 0 a thread read 1.26–1.63 s/GiB where nice 10 read 0.75–1.08 (alternating
+    runs of the demo's ranks); a nice-0 writer preempts training at every completion, a niced one waits.
 
     A job whose ranks wait for each other must call it on every rank at the same point, and pass ``any_writing``:
     given whether this rank's write is still going, it returns whether any rank's is (an all-reduce), so that
-    every rank runs as many steps and none waits forever for a peer that stopped stepping. The files are removed
-    at the end. A write that fails (a full disk) raises :class:`~ckptio.errors.StorageError` after the last round.
+    every rank runs as many steps and none waits forever for a peer that stopped stepping; it also lines the ranks
+    up once every rank's stand-in is ready. The files are removed at the end. A write that fails (a full disk),
+    a stand-in that does not start or one that outlives :func:`_io_load_deadline_s` (killed) raises
+    :class:`~ckptio.errors.StorageError` after the last round.
     """
     import tempfile
-    import threading
-
-    import torch
-
-    from ckptio.storage.direct_io import DirectIOUnsupported, write_direct
 
     if steps < 1 or repeats < 1 or nbytes < 1:
         raise ConfigError(f"steps, repeats and nbytes must be >= 1, got {steps}, {repeats} and {nbytes}")
     if not os.path.isdir(directory):
         raise ConfigError(f"the O_DIRECT measurement needs an existing directory on the store, got {directory!r}")
     agree = any_writing or (lambda writing: writing)
-    raw = torch.rand(max(nbytes // 4, 1)).numpy().data.cast("B")
-
-    unsupported: list[bool] = []
-    failures: list[OSError] = []
-
-    def write(path: str, cpu: list[float]) -> None:
-        if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id: leave the priority alone
-            with contextlib.suppress(OSError):  # a nice below this process's needs a privilege: keep its own
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), writer_nice)
-        began = time.thread_time()
-        try:
-            write_direct(path, [raw], fsync=True)
-        except DirectIOUnsupported:
-            unsupported.append(True)
-        except OSError as exc:  # raised once every round has run: peers in lockstep take as many steps
-            failures.append(exc)
-        finally:
-            cpu.append(time.thread_time() - began)
 
     lost = 0.0
+    unsupported = False
+    failures: list[str] = []
     with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-io-") as sinks:
         before = _timed_steps(step, steps)
         for index in range(repeats):
-            writer_cpu: list[float] = []
-            writer = threading.Thread(target=write, args=(os.path.join(sinks, str(index)), writer_cpu),
-                                      name="ckptio-io-probe", daemon=True)
-            writer.start()
-            live = []
-            while agree(writer.is_alive()):  # every rank steps until the last rank's write ends
-                live.append(_step_seconds(step))
-            writer.join()
+            load = _IoLoad(os.path.join(sinks, str(index)), nbytes, writer_nice)
+            try:
+                agree(False)  # every rank's stand-in is ready: the live steps start together
+                load.go()
+                live = []
+                while agree(load.running()):  # every rank steps until the last rank's write ends
+                    live.append(_step_seconds(step))
+                outcome = load.outcome()
+            finally:
+                load.kill()
             after = _timed_steps(step, steps)  # this round's closing bracket, the next round's opening one
             clean = statistics.fmean(before + after)
-            lost += sum(live) - clean * len(live) - writer_cpu[0]
             before = after
+            if isinstance(outcome, str):  # raised once every round has run: peers in lockstep take as many steps
+                failures.append(outcome)
+                continue
+            unsupported = unsupported or bool(outcome["unsupported"])
+            lost += sum(live) - clean * len(live) - float(outcome["cpu_s"])
     if failures:
         raise StorageError(f"the O_DIRECT measurement could not write into {directory}: {failures[0]}")
     if unsupported:
         return 0.0
-    return max(0.0, lost / (repeats * raw.nbytes / GIB))
+    return max(0.0, lost / (repeats * nbytes / GIB))
+
+
+def _io_load_deadline_s(nbytes: int) -> float:
+    """How long a stand-in write may take before it is killed: a minute, plus its bytes at 1 MiB/s."""
+    return 60.0 + nbytes / (1 << 20)
+
+
+class _IoLoad:
+    """One :mod:`ckptio.plan.io_load` process: started and ready on construction (or failed: no process)."""
+
+    def __init__(self, path: str, nbytes: int, nice: int) -> None:
+        import subprocess
+
+        self.failure: str | None = None
+        self._deadline = float("inf")
+        self._limit_s = _io_load_deadline_s(nbytes)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same ckptio as the caller's
+        try:
+            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+                [sys.executable, "-m", "ckptio.plan.io_load", path, str(nbytes), str(nice)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        except OSError as exc:
+            self._proc, self.failure = None, f"the stand-in writer did not start: {exc}"
+            return
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != "ready":
+            self.kill()
+            self.failure = f"the stand-in writer exited before it was ready (exit code {self._proc.returncode})"
+            self._proc = None
+
+    def go(self) -> None:
+        if self._proc is None:
+            return
+        assert self._proc.stdin is not None
+        self._proc.stdin.write("go\n")
+        self._proc.stdin.flush()
+        self._deadline = time.monotonic() + self._limit_s
+
+    def running(self) -> bool:
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        if time.monotonic() > self._deadline:
+            self.kill()
+            self.failure = f"the stand-in writer's {self._limit_s:.0f} s for its write ran out (killed)"
+            return False
+        return True
+
+    def outcome(self) -> dict[str, Any] | str:
+        """Its JSON line, or why there is none."""
+        if self._proc is None or self.failure is not None:
+            return self.failure or "no stand-in writer"
+        out, _ = self._proc.communicate(timeout=30)
+        try:
+            outcome = json.loads(out.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return f"the stand-in writer exited with code {self._proc.returncode} and no outcome"
+        return str(outcome["error"]) if outcome.get("error") else outcome
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.wait()
 
