@@ -228,10 +228,6 @@ class Savers:
         self.ck.close()
 
 
-_IO_SHARES = 4
-"""Shares of the state each rank writes per round of the ``O_DIRECT`` calibration (see :func:`_rank`)."""
-
-
 def _rank(rank: int, world: int, spec: Spec) -> None:
     import torch.distributed as dist
 
@@ -244,11 +240,12 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     # The planner's input for default async_save (HostModel.fresh_copy_drag), measured before any save runs.
     drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean)
     # ckptio's (HostModel.direct_io_s_per_gib): what its O_DIRECT writes cost the steps beyond the writer's CPU,
-    # every rank writing at once, on the disk the checkpoints go to. Four shares per round: one share's write
-    # fits in one of these long steps, whose own ±0.2 s is as large as the effect (two runs with one share read
-    # 0.37 and 1.63 s/GiB); the figure is per byte, and a save's collateral goes with its bytes (docs/planning.md).
-    direct_io = measure_direct_io_collateral(loop.step, spec.root, _IO_SHARES * state_bytes(loop.state()),
-                                             steps=spec.clean, any_writing=any_rank)
+    # every rank writing its share at once, on the disk the checkpoints go to, as a save writes it. Four shares
+    # per round (to average a long step's ±0.2 s over more steps) read 1.34–1.95 s/GiB in runs whose saves showed
+    # 0.2–0.4: the job's 2 GiB burst seems to cost more per byte than a save's 0.5 GiB (docs/planning.md). The
+    # calibration's eight rounds average the noise instead.
+    direct_io = measure_direct_io_collateral(loop.step, spec.root, state_bytes(loop.state()), steps=spec.clean,
+                                             any_writing=any_rank)
     clean: list[float] = []
     clean_sched: list[list[float]] = []
     saves: list[dict[str, Any]] = []
