@@ -1,5 +1,5 @@
 """Small process helpers shared by the engine, the planner, the demo and the CLI: is a pid alive, SIGTERM as
-Ctrl-C, and a background process's lower priority.
+Ctrl-C, a background process's lower priority, and the environment of a fresh interpreter that imports ckptio.
 
 Standard library only, so any layer may import it (``storage/`` and ``format/`` have no use for it). Must never
 start, wait for or kill a process: callers own their processes.
@@ -10,11 +10,20 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["lower_priority", "pid_alive", "sigterm_as_interrupt"]
+__all__ = ["child_env", "lower_priority", "pid_alive", "sigterm_as_interrupt"]
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a fresh interpreter (``python -m ckptio...``) that must import the same
+    ckptio as this one, installed or not: ``PYTHONPATH`` is this interpreter's ``sys.path``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
 
 
 def lower_priority(nice: int) -> None:

@@ -7,7 +7,6 @@ proxy reports it once. The proxy never decides anything about steps: the Checkpo
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ckptio._proc import child_env
 from ckptio.engine.protocol import (
     FromWriter,
     SaveJob,
@@ -33,15 +33,12 @@ def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
     """A fresh interpreter (never fork: torch's thread pools and CUDA contexts do not survive it), wired by a
     socketpair; the writer gets ``start`` as its first message."""
     ours, theirs = socket.socketpair()
-    env = dict(os.environ)
-    # The writer must import the same ckptio as the trainer, installed or not.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ckptio.engine.writer_main", str(theirs.fileno())],
             # issue 10: the partner server's listening socket, held by the trainer, is inherited by each writer.
             pass_fds=[theirs.fileno()] + ([start.levels.listen_fd] if start.levels is not None else []),
-            env=env,
+            env=child_env(),  # the writer must import the same ckptio as the trainer, installed or not
             close_fds=True,
         )
     except BaseException:

@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ckptio._proc import child_env
 from ckptio.errors import ConfigError, StorageError
 from ckptio.plan.background import CKPTIO_WRITER_NICE, GIB
 
@@ -391,12 +392,10 @@ class _IoLoad:
         self.failure: str | None = None
         self._deadline = float("inf")
         self._limit_s = _io_load_deadline_s(nbytes)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same ckptio as the caller's
         try:
             self._proc: subprocess.Popen[str] | None = subprocess.Popen(
                 [sys.executable, "-m", "ckptio.plan.io_load", path, str(nbytes), str(nice)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
         except OSError as exc:
             self._proc, self.failure = None, f"the stand-in writer did not start: {exc}"
             return
