@@ -28,6 +28,8 @@ from ckptio.engine.ownership import (
 )
 from ckptio.errors import ConfigError, RootInUseError
 from ckptio.storage import Storage, open_storage
+from ckptio.storage.base import Data, ObjectInfo, PutMode
+from ckptio.storage.wrappers import StorageWrapper
 
 _LEASE = 0.3
 
@@ -95,6 +97,38 @@ def test_an_owner_whose_beats_lapsed_renews_before_committing_when_nobody_took_o
     # A second renewal swaps against the etag the first one returned.
     heartbeat(storage, mine)
     assert read_owner(storage)[0] == mine
+
+
+class _AnswerAfterSuccessor(StorageWrapper):
+    """The owner record's next write lands, then its answer comes back only after the lease ran out and another
+    job claimed the root: a writer paused (SIGSTOP, a VM stall) while its heartbeat was in flight."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.successor: OwnerRecord | None = None
+
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        info = self.inner.put(key, data, mode=mode)
+        if self.armed and key == OWNER_KEY:
+            self.armed = False
+            time.sleep(_LEASE * 1.5)
+            self.successor = claim_root(self.inner, lease_s=60, job_id="successor")
+        return info
+
+
+def test_a_heartbeat_answered_after_a_successor_claimed_does_not_let_the_old_owner_commit(storage: Storage) -> None:
+    """The old owner's heartbeat reads success (its write did land), but the lease counts from when it was sent:
+    before a manifest, ensure_lease swaps again, finds the successor and refuses."""
+    slow = _AnswerAfterSuccessor(storage)
+    old = claim_root(slow, lease_s=_LEASE, job_id="old")
+    slow.armed = True
+    heartbeat(slow, old)
+    assert slow.successor is not None
+    with pytest.raises(RootInUseError, match="successor"):
+        ensure_lease(slow, old)
+    current, _ = read_owner(storage)
+    assert current is not None and current.claim == slow.successor.claim
 
 
 def test_a_deleted_record_is_taken_back_by_its_owner(storage: Storage) -> None:

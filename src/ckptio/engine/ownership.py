@@ -163,12 +163,12 @@ def claim_root(storage: Storage, *, lease_s: float, job_id: str | None = None) -
                 f"ends {current.lease_s - (now - current.heartbeat):.0f} s after its last heartbeat",
                 root=storage.url,
             )
-        mine.heartbeat = time.time()
+        mine.heartbeat, sent = time.time(), time.monotonic()
         try:
             info = storage.put(OWNER_KEY, mine.to_json(), mode="create" if etag is None else IfMatch(etag))
         except (AlreadyExistsError, PreconditionError, NotFoundError):
             continue  # someone else moved first: look again
-        mine.etag, mine.renewed_at = info.etag, time.monotonic()
+        mine.etag, mine.renewed_at = info.etag, sent
         return mine
     raise RootInUseError("could not claim the root: it keeps changing hands", root=storage.url)
 
@@ -182,7 +182,9 @@ def _renew(storage: Storage, record: OwnerRecord) -> None:
     """One compare-and-swap renewal; raises RootInUseError once the record belongs to someone else."""
     if record.lost:
         raise RootInUseError(f"this job lost its claim on the root: {record.lost}", root=storage.url)
-    beat = time.time()
+    # The lease runs from the heartbeat written, not from the answer: a process paused while its write was in
+    # flight reads a success that a successor may already have overwritten (see ensure_lease).
+    beat, sent = time.time(), time.monotonic()
     body = OwnerRecord(job_id=record.job_id, host=record.host, pid=record.pid, heartbeat=beat,
                        lease_s=record.lease_s, claim=record.claim).to_json()
     try:
@@ -201,7 +203,7 @@ def _renew(storage: Storage, record: OwnerRecord) -> None:
         else:
             holder = f"job {current.job_id!r} on {current.host}" if current is not None else "an unreadable record"
             raise _lose(storage, record, f"{holder} took it over after this job's heartbeat lapsed") from None
-    record.heartbeat, record.etag, record.renewed_at = beat, info.etag, time.monotonic()
+    record.heartbeat, record.etag, record.renewed_at = beat, info.etag, sent
 
 
 def heartbeat(storage: Storage, record: OwnerRecord) -> None:
