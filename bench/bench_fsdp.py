@@ -41,10 +41,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,13 @@ from _common import (
     quiet_dcp,
     ratio_line,
     scratch_dir,
-    state_bytes,
     thread_deltas,
     thread_schedstat,
     thread_stats,
     verdict,
 )
-from ckptio.plan.host import any_rank, measure_direct_io_collateral, measure_fresh_copy_drag
+from ckptio.plan.background import direct_io_from_trial
+from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -239,13 +240,10 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
         loop.step()  # AdamW's state exists from here on: every save has its full size
     # The planner's input for default async_save (HostModel.fresh_copy_drag), measured before any save runs.
     drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean)
-    # ckptio's (HostModel.direct_io_s_per_gib): what its O_DIRECT writes cost the steps beyond the writer's CPU,
-    # every rank writing its share at once, on the disk the checkpoints go to, as a save writes it. Four shares
-    # per round (to average a long step's ±0.2 s over more steps) read 1.34–1.95 s/GiB in runs whose saves showed
-    # 0.2–0.4: the job's 2 GiB burst seems to cost more per byte than a save's 0.5 GiB (docs/planning.md). The
-    # calibration's eight rounds average the noise instead.
-    direct_io = measure_direct_io_collateral(loop.step, spec.root, state_bytes(loop.state()), steps=spec.clean,
-                                             any_writing=any_rank)
+    # ckptio's (HostModel.direct_io_s_per_gib, from the trial's cost): a trial save of ckptio's own writer, every
+    # rank at once, into a root of its own on the disk the checkpoints go to. Its brackets are the loop's own
+    # baseline (spec.clean steps, as the paired steps right after a save).
+    trial_lost = _trial_save_loss(loop, spec)
     clean: list[float] = []
     clean_sched: list[list[float]] = []
     saves: list[dict[str, Any]] = []
@@ -266,7 +264,28 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
         savers.close()
     with open(os.path.join(spec.root, f"result.rank{rank}.json"), "w") as f:
         json.dump({"clean": clean, "clean_sched": clean_sched, "saves": saves, "kind": loop.kind,
-                   "fresh_copy_drag": drag, "direct_io_s_per_gib": direct_io}, f)
+                   "fresh_copy_drag": drag, "trial_lost_s": trial_lost}, f)
+
+
+def _trial_save_loss(loop: Loop, spec: Spec) -> float:
+    """:func:`ckptio.plan.host.measure_save_loss` with a Checkpointer of its own (its step numbers must not meet
+    the run's); its checkpoints are removed."""
+    import torch.distributed as dist
+
+    import ckptio
+
+    root = os.path.join(spec.root, "trial")
+    with ckptio.Checkpointer(root, max_pending=1, keep_last=1) as trial:
+        trial.save(0, loop.state()).wait()  # warm-up: writer booted, staging memory allocated
+
+        def save(index: int) -> Callable[[], bool]:
+            return trial.save(index, loop.state()).done
+
+        lost = measure_save_loss(lambda: loop.step(trial.wait_staged), save, steps=spec.clean, any_writing=any_rank)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    return lost
 
 
 SCHED = ("cpu", "runqueue", "process_cpu", "children_cpu", "host_busy", "host_idle")
@@ -553,13 +572,17 @@ def main() -> int:
     clean = figures["clean"]["step_s"]
     train_cores = figures["clean"]["train_cores"]
     drag = statistics.fmean(r["fresh_copy_drag"] for r in results)
-    direct_io = statistics.fmean(r["direct_io_s_per_gib"] for r in results)
+    trial = statistics.fmean(r["trial_lost_s"] for r in results)
+    modelled = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
+                       writeback_bytes_per_s=writeback)["ckptio"]
+    direct_io = direct_io_from_trial(trial, modelled, state_bytes / 2)
     predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
                         direct_io_s_per_gib=direct_io, writeback_bytes_per_s=writeback)
     print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s (O_DIRECT), {writeback / MiB:.0f} MiB/s (page-cache "
           f"write-back at fsync), {os.cpu_count()} cores for 2 ranks, training keeps "
           f"{train_cores:.2f} core busy per rank, its step {1 + drag:.3f}x with a fresh copy of its state alive, "
-          f"O_DIRECT writes cost it {direct_io:.2f} s/GiB beyond their CPU; time lost per save, predicted against "
+          f"a trial ckptio save cost it {trial:.2f} s, the model's CPU costs {modelled.lost_per_save_s:.2f}: "
+          f"{direct_io:.2f} s/GiB more (direct_io_s_per_gib); time lost per save, predicted against "
           "measured:")
     prediction_check({mode.replace("-", "_"): (predicted[mode.replace("-", "_")].lost_per_save_s,
                                                figures[mode]["lost_per_save"], args.every * clean) for mode in MODES})

@@ -24,9 +24,10 @@ Prediction first, from measurements that never see a mode run: the writer's per-
 (:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
 per rank, training's CPU use (one thread: 1 core), how much slower its step runs while a fresh copy of its
 state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
-``async_save`` keeps such a copy until its write is done), and what every rank's ``O_DIRECT`` write of its state
-into the store's directory costs the steps beyond the writer's CPU (:func:`ckptio.plan.host.
-measure_direct_io_collateral`, on the same ranks). Then each mode runs.
+``async_save`` keeps such a copy until its write is done), and what a trial save of ckptio's own writer, every
+rank at once into a root of its own on the same store, costs the steps beyond what the model charges it from its
+CPU costs (:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.background.
+direct_io_from_trial`). Then each mode runs.
 
 Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
@@ -60,9 +61,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import children_cpu, costs_line, host_steal, prediction_check, quiet_dcp, thread_schedstat
-from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
+from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.host import any_rank, measure_direct_io_collateral, measure_fresh_copy_drag, measure_writer_costs
+from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss, measure_writer_costs
 from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
@@ -122,14 +123,15 @@ class _Trainer:
 class _Saver:
     """One mode behind save / done / before_update / drain / close."""
 
-    def __init__(self, mode: str, rank: int, store_dir: str, throttle_state: str, bandwidth: float) -> None:
+    def __init__(self, mode: str, rank: int, store_dir: str, throttle_state: str, bandwidth: float,
+                 *, root_name: str | None = None) -> None:
         import torch.distributed as dist
 
         from ckptio.demo.store import ThrottleSpec
 
         self.mode, self.rank = mode, rank
         self.throttle = ThrottleSpec(bytes_per_s=bandwidth, state_path=throttle_state)
-        self.root = os.path.join(store_dir, mode)
+        self.root = os.path.join(store_dir, root_name or mode)
         self.pending: Any = None
         self.staging: Any = None
         self.group = dist.new_group(backend="gloo") if mode in ("dcp_async", "dcp_best") else None
@@ -209,10 +211,21 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
         for _ in range(3):
             trainer.step(lambda: None)
         drag = measure_fresh_copy_drag(lambda: trainer.step(lambda: None), trainer.state, steps=_DRAG_STEPS)
-        direct_io = measure_direct_io_collateral(lambda: trainer.step(lambda: None), cfg["store_dir"],
-                                                 cfg["bytes_per_rank"], any_writing=any_rank)
+        # ckptio's own writer, on a root of its own on the same throttled store: a trial save's cost.
+        trial = _Saver("ckptio", rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"], root_name="trial")
+        try:
+            trial.save(0, trainer.state())  # warm-up, as a mode's run does
+            trial.drain()
+
+            def save(index: int) -> Callable[[], bool]:
+                trial.save(index, trainer.state())
+                return trial.done
+
+            trial_lost = measure_save_loss(lambda: trainer.step(trial.before_update), save, any_writing=any_rank)
+        finally:
+            trial.close()
         with open(os.path.join(cfg["out_dir"], f"{_CALIBRATE}.rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump({"drag": drag, "direct_io_s_per_gib": direct_io}, f)
+            json.dump({"drag": drag, "trial_lost_s": trial_lost}, f)
         return
     saver = _Saver(cfg["mode"], rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"])
     records: list[dict[str, Any]] = []
@@ -296,8 +309,8 @@ def _means(figures: list[dict[str, float]]) -> dict[str, float]:
 
 
 def calibrate(args: argparse.Namespace, workdir: str) -> dict[str, float]:
-    """The job's :attr:`HostModel.fresh_copy_drag` and :attr:`HostModel.direct_io_s_per_gib`, measured on fresh
-    ranks that never save (means of the ranks)."""
+    """The job's :attr:`HostModel.fresh_copy_drag` and a trial ckptio save's time lost (``trial_lost_s``), measured
+    on fresh ranks before any mode runs (means of the ranks)."""
     return _means(_rank_records(_CALIBRATE, args, workdir))
 
 
@@ -364,14 +377,17 @@ def main() -> int:
         time.sleep(_SETTLE_S)
         state_bytes = _state_bytes(args.mib_per_rank)
         calibration = calibrate(args, workdir)
+        modelled = predict(args, state_bytes, costs, {**calibration, "direct_io_s_per_gib": 0.0})["ckptio"]
+        calibration["direct_io_s_per_gib"] = direct_io_from_trial(calibration["trial_lost_s"], modelled, state_bytes)
         quiet = predict(args, state_bytes, costs, calibration)
         predicted: dict[str, ModeCost] = {}
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
         costs_line(costs)
         print(f"training's step with a fresh copy of its state alive: {1 + calibration['drag']:.3f}x "
-              f"(fresh_copy_drag); O_DIRECT writes of every rank at once cost it "
-              f"{calibration['direct_io_s_per_gib']:.2f} s/GiB beyond their CPU (direct_io_s_per_gib); ranks' "
+              f"(fresh_copy_drag); a trial ckptio save of every rank at once cost it "
+              f"{calibration['trial_lost_s'] * 1e3:.1f} ms, {modelled.lost_per_save_s * 1e3:.1f} from the model's "
+              f"CPU costs: {calibration['direct_io_s_per_gib']:.2f} s/GiB more (direct_io_s_per_gib); ranks' "
               f"heap: {'glibc defaults' if args.glibc_trim else 'large buffers kept, never trimmed'}")
         print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
               f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")

@@ -27,9 +27,9 @@ def child_env() -> dict[str, str]:
 
 
 def lower_priority(nice: int) -> None:
-    """Lower this process's priority by ``nice`` and its I/O to best-effort's lowest level (ckptio's writer, and
-    the planner's stand-in for it): training wins the CPU and the disk queue, and a flush is never starved (not
-    the idle class). Best-effort: ionice is Linux-only and may be refused in a container."""
+    """Lower this process's priority by ``nice`` and its I/O to best-effort's lowest level (ckptio's writer):
+    training wins the CPU and the disk queue, and a flush is never starved (not the idle class). Best-effort:
+    ionice is Linux-only and may be refused in a container."""
     if nice <= 0:
         return
     os.nice(nice)

@@ -13,10 +13,18 @@ from pathlib import Path
 import pytest
 
 from ckptio.errors import ConfigError
-from ckptio.plan.background import MODES, HostModel, WriterCosts, cfs_weight, predict_modes, writer_rate
+from ckptio.plan.background import (
+    GIB,
+    MODES,
+    HostModel,
+    WriterCosts,
+    cfs_weight,
+    direct_io_from_trial,
+    predict_modes,
+    writer_rate,
+)
 from ckptio.plan.host import dirty_background_bytes
 
-GIB = float(1 << 30)
 COSTS = WriterCosts()
 
 
@@ -329,3 +337,23 @@ def test_buffered_writers_wait_for_the_write_back_and_ckptio_direct_io_for_the_s
         modes(writeback_store_s=-1.0)
     with pytest.raises(ConfigError):
         modes(writeback_store_s=float("nan"))
+
+
+def test_a_trial_save_sets_the_direct_io_term_to_what_the_model_does_not_charge() -> None:
+    """:func:`direct_io_from_trial`: the trial's loss beyond the model's blocking copy and CPU theft, per GiB of
+    the rank's bytes; never below 0; a wait for the previous save (which a trial never has) is not subtracted;
+    and the prediction built with it charges a same-size save exactly the trial's loss."""
+    kwargs = {"bytes_per_rank": GIB / 2, "store_s": 2.0, "costs": COSTS, "direct_io": True}
+    modelled = predict_modes(host=HostModel(cores_per_rank=1.0), **kwargs)["ckptio"]
+    charged = modelled.blocking_s + modelled.stolen_s
+    assert direct_io_from_trial(charged + 0.25, modelled, GIB / 2) == pytest.approx(0.5)
+    assert direct_io_from_trial(charged / 2, modelled, GIB / 2) == 0.0
+    term = direct_io_from_trial(charged + 0.25, modelled, GIB / 2)
+    again = predict_modes(host=HostModel(cores_per_rank=1.0, direct_io_s_per_gib=term), **kwargs)["ckptio"]
+    assert again.lost_per_save_s == pytest.approx(charged + 0.25)
+    waiting = predict_modes(host=HostModel(cores_per_rank=1.0), interval_s=0.5, **kwargs)["ckptio"]
+    assert waiting.lost_per_save_s > charged  # the flush outlasts the interval: the next save waits
+    assert direct_io_from_trial(charged + 0.25, waiting, GIB / 2) == pytest.approx(0.5)
+    for trial, nbytes in ((float("nan"), GIB), (0.1, 0.0)):
+        with pytest.raises(ConfigError):
+            direct_io_from_trial(trial, modelled, nbytes)

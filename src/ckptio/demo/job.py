@@ -183,8 +183,8 @@ class RankResult:
     restored_step: int | None = None
     """Resume runs: the step restored."""
 
-    direct_io_s_per_gib: float | None = None
-    """Calibrate runs: :attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib` as this rank measured it."""
+    trial_lost_s: float | None = None
+    """Calibrate runs: what a trial ckptio save cost this rank's steps (:func:`ckptio.plan.host.measure_save_loss`)."""
 
     wall_s: float = 0.0
     """From the start of the run's set-up (saver, model) to its last save being durable."""

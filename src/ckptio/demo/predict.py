@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 
 from ckptio.demo.model import ModelShape, Trainer, TrainState
-from ckptio.plan.background import HostModel, ModeCost, WriterCosts, predict_modes
+from ckptio.plan.background import HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
 from ckptio.plan.host import measure_fresh_copy_drag, measure_writer_costs
 from ckptio.plan.model import CheckpointShape, RankClass
@@ -56,9 +56,12 @@ class Prediction:
     fresh_copy_drag: float = 0.0
     """Measured: the step's slowdown while a fresh copy of the state is alive (:class:`TrainingFigures`)."""
 
+    trial_lost_s: float | None = None
+    """Measured on the job's ranks: what a trial ckptio save cost the steps (the mean of ranks), or None."""
+
     direct_io_s_per_gib: float = 0.0
-    """Measured on the job's ranks: what ckptio's ``O_DIRECT`` writes cost the steps per GiB beyond the writer's
-    CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`)."""
+    """From the trial save: what ckptio's ``O_DIRECT`` saves cost the steps per GiB beyond what the model charges
+    from their CPU costs (:func:`ckptio.plan.background.direct_io_from_trial`)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -214,12 +217,12 @@ def predict(
     copy_bytes_per_s: float,
     direct_io: bool = True,
     fresh_copy_drag: float = 0.0,
-    direct_io_s_per_gib: float = 0.0,
+    trial_lost_s: float | None = None,
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``direct_io``:
     ckptio's writer writes around the page cache (the directory store; not the embedded S3 server);
-    ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`; ``direct_io_s_per_gib``: measured on the job's
-    ranks (:attr:`Prediction.direct_io_s_per_gib`)."""
+    ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`; ``trial_lost_s``: a trial ckptio save's cost,
+    measured on the job's ranks (:attr:`Prediction.trial_lost_s`)."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -233,12 +236,20 @@ def predict(
         )
 
     state_bytes = shape.state_bytes()
-    host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
-                     direct_io_s_per_gib=direct_io_s_per_gib)
-    modes = predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
-                          costs=WriterCosts(**measure_writer_costs()), interval_s=every * step_time_s,
-                          direct_io=direct_io, dtensor_share=shape.sharded_bytes() / state_bytes,
-                          lockstep_ranks=world)
+    costs = WriterCosts(**measure_writer_costs())
+
+    def model(direct_io_s_per_gib: float) -> dict[str, ModeCost]:
+        host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
+                         direct_io_s_per_gib=direct_io_s_per_gib)
+        return predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
+                             costs=costs, interval_s=every * step_time_s, direct_io=direct_io,
+                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world)
+
+    modes = model(0.0)
+    direct_io_s_per_gib = 0.0
+    if trial_lost_s is not None and direct_io:
+        direct_io_s_per_gib = direct_io_from_trial(trial_lost_s, modes["ckptio"], state_bytes / world)
+        modes = model(direct_io_s_per_gib)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
                       staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag,
-                      direct_io_s_per_gib=direct_io_s_per_gib)
+                      trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import psutil
@@ -33,7 +35,7 @@ from ckptio.demo.savers import (
 )
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
-from ckptio.plan.host import any_rank, measure_direct_io_collateral
+from ckptio.plan.host import any_rank, measure_save_loss
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 
@@ -205,20 +207,35 @@ def run_resume(job: RankJob, rank: int) -> RankResult:
 
 
 def run_calibration(job: RankJob, rank: int) -> RankResult:
-    """What ckptio's ``O_DIRECT`` writes cost this job's steps beyond the writer's CPU, every rank writing its
-    share into the store's directory at once (:func:`ckptio.plan.host.measure_direct_io_collateral`): an input of
-    the planner's prediction, measured before any save runs."""
+    """What a save of ckptio's own writer costs this job's steps, every rank saving its share into a store of its
+    own at once (:func:`ckptio.plan.host.measure_save_loss`): the planner's measure of what its model cannot derive
+    from per-byte CPU costs, taken before any run. Its checkpoints are removed at the end."""
     began = time.monotonic()
     result = RankResult(mode="calibrate", rank=rank)
-    trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
-    for _ in range(2):
-        trainer.train_step()  # warm-up: first-touch allocation of the Adam moments
-    directory = job.stores["calibrate"].root
-    os.makedirs(directory, exist_ok=True)
-    result.direct_io_s_per_gib = measure_direct_io_collateral(
-        trainer.train_step, directory, job.bytes_per_rank, any_writing=any_rank
-    )
-    log(f"calibrate: O_DIRECT writes cost the step {result.direct_io_s_per_gib:.2f} s/GiB beyond their CPU")
+    spec = job.stores["calibrate"]
+    with contextlib.ExitStack() as stack:
+        saver = CkptioSaver(spec, job.events_pattern("calibrate"), rank)
+        stack.callback(saver.close)
+        trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+        state = {"app": TrainState(trainer, _mesh(job))}
+        saver.ready()
+
+        def step() -> None:
+            trainer.train_step(saver.before_update)
+
+        def save(index: int) -> Callable[[], bool]:
+            saver.save(index, state)
+            return saver.done
+
+        for _ in range(2):
+            step()  # warm-up: first-touch allocation of the Adam moments
+        save(0)  # warm-up: the writer's first save (plans, staging memory)
+        saver.drain()
+        result.trial_lost_s = measure_save_loss(step, save, any_writing=any_rank)
+    log(f"calibrate: a trial ckptio save cost the step {result.trial_lost_s * 1e3:.0f} ms")
+    dist.barrier()  # every rank's saves are done before rank 0 removes them
+    if rank == 0:
+        shutil.rmtree(spec.root, ignore_errors=True)
     result.wall_s = time.monotonic() - began
     return result
 

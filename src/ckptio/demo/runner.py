@@ -281,11 +281,11 @@ def _plan(
     config = config.with_every(choice.every)
     _intro(console, config, s3_endpoint)
     console.print(f"[bold]Interval[/]: {choice.reason()}")
-    # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured on the job's own
-    # ranks (the S3 store's bytes go through a socket instead).
+    # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured by a trial save on
+    # the job's own ranks (the S3 store's bytes go through a socket instead).
     direct_io = config.store == "posix"
     calibrated = _launch(console, config, paths, ["calibrate"], None)["calibrate"] if direct_io else []
-    direct_io_s_per_gib = statistics.fmean(r.direct_io_s_per_gib or 0.0 for r in calibrated) if calibrated else 0.0
+    trials = [r.trial_lost_s for r in calibrated if r.trial_lost_s is not None]
     prediction = predict(
         config.shape,
         world=world,
@@ -295,7 +295,7 @@ def _plan(
         copy_bytes_per_s=copy_bytes_per_s,
         direct_io=direct_io,
         fresh_copy_drag=training.fresh_copy_drag,
-        direct_io_s_per_gib=direct_io_s_per_gib,
+        trial_lost_s=statistics.fmean(trials) if trials else None,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))
@@ -322,7 +322,7 @@ def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str
     )
 
 
-_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: O_DIRECT's cost"}
+_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: a trial ckptio save"}
 
 
 def _label(mode: str) -> str:

@@ -257,6 +257,7 @@ class CkptioSaver:
         self.checkpointer = ckptio.Checkpointer(
             root=self.storage, events_path=events_pattern, keep_last=0, max_pending=1, fsync=spec.fsync
         )
+        self.pending: Any = None
 
     def ready(self, timeout_s: float = 300.0) -> float:
         # The writer boots a fresh interpreter that imports torch: seconds on a small machine. A real job
@@ -267,7 +268,11 @@ class CkptioSaver:
         raise WriterDiedError(f"ckptio's writer did not start within {timeout_s:.0f} s", rank=self.rank)
 
     def save(self, step: int, state: dict[str, Any]) -> None:
-        self.checkpointer.save(step, state)
+        self.pending = self.checkpointer.save(step, state)
+
+    def done(self) -> bool:
+        """The last save is durable (or failed: :meth:`drain` raises its error)."""
+        return self.pending is None or bool(self.pending.done())
 
     def before_update(self) -> float:
         # Today's save() copies before it returns. Once the copy leaves the training thread (issue 08's

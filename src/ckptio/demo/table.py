@@ -120,9 +120,16 @@ def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
         f"[bold]Planner prediction[/]: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
         f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
         f"(measured here: {prediction.step_time_s:.2f} s/step, {prediction.fresh_copy_drag:+.0%} with a fresh copy "
-        f"of the state alive, {prediction.direct_io_s_per_gib:.2f} s/GiB of O_DIRECT writes beyond their CPU; copy "
+        f"of the state alive, {_trial(prediction)}; copy "
         f"{format_rate(prediction.copy_bytes_per_s)})"
     )
+
+
+def _trial(prediction: Prediction) -> str:
+    if prediction.trial_lost_s is None:
+        return "no trial save"
+    return (f"a trial ckptio save {prediction.trial_lost_s:.2f} s, {prediction.direct_io_s_per_gib:.2f} s/GiB of "
+            "O_DIRECT saves beyond their CPU")
 
 
 MODEL_KEYS = {"dcp-sync": "dcp_sync", "dcp-async": "dcp_async", "dcp-best": "dcp_best", "ckptio": "ckptio"}

@@ -123,14 +123,16 @@ class HostModel:
     keeps those buffers on the device: 0."""
 
     direct_io_s_per_gib: float = 0.0
-    """Training seconds the job loses per GiB a rank's writer moves with ``O_DIRECT``, beyond the writer's CPU
-    (:func:`ckptio.plan.host.measure_direct_io_collateral` measures it with every rank writing at once, so the
-    figure is already the job's, lockstep included). The device's I/O is not free for the cores: on a VM the
-    hypervisor emulates the disk and its interrupts on the vCPUs training runs on (a kernel without
-    ``CONFIG_IRQ_TIME_ACCOUNTING`` charges interrupt time to whichever task they interrupt, and the host's steal
-    grows). Measured on one 2-vCPU VM: 0.9–1.6 s/GiB; earlier VMs showed no such cost (ckptio lost within
-    0.05 s of its CPU there). Only ckptio's ``O_DIRECT`` path is charged: the buffered writers' write-back cost
-    about their CPU on the same VM (docs/planning.md)."""
+    """Training seconds the job loses per GiB a rank's writer moves with ``O_DIRECT``, beyond what the model
+    charges ckptio's save from its CPU costs (its staging copy and its writer's CPU): :func:`direct_io_from_trial`
+    takes it from a trial save of ckptio's own writer on the job's ranks and store
+    (:func:`ckptio.plan.host.measure_save_loss`), every rank saving at once, so the figure is already the job's,
+    lockstep included. The device's I/O is not free for the cores: on a VM the hypervisor emulates the disk and
+    its interrupts on the vCPUs training runs on (a kernel without ``CONFIG_IRQ_TIME_ACCOUNTING`` charges
+    interrupt time to whichever task they interrupt, and the host's steal grows), and a save's cost outlives its
+    durability by a few steps. Measured on one 2-vCPU VM: 0.5–1.5 s/GiB; earlier VMs showed no such cost (ckptio
+    lost within 0.05 s of its CPU there). Only ckptio's ``O_DIRECT`` path is charged: the buffered writers'
+    write-back cost about their CPU on the same VM (docs/planning.md)."""
 
     def __post_init__(self) -> None:
         for name in ("fresh_copy_drag", "direct_io_s_per_gib"):
@@ -294,6 +296,23 @@ def predict_modes(
             store_s=store_s if direct_io else buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ), host.direct_io_s_per_gib * b / GIB if direct_io else 0.0),
     }
+
+
+def direct_io_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: float) -> float:
+    """:attr:`HostModel.direct_io_s_per_gib` from a trial save: ``trial_lost_s``, what a save of ckptio's own
+    writer cost the job's steps (:func:`ckptio.plan.host.measure_save_loss`, the mean over ranks), less what the
+    model charges that save without the term (``modelled``: :func:`predict_modes`' ``ckptio`` cost with
+    ``direct_io_s_per_gib`` 0; its blocking copy and its writer's CPU theft, not a wait for the previous save,
+    which a trial save never has), per GiB of ``bytes_per_rank``; 0 where the model already charges as much.
+
+    The term is the one part of ckptio's cost the model does not derive from per-byte CPU costs: a stand-in
+    writer that wrote the same bytes with the same ``O_DIRECT`` path read 1.6× what the writer's own saves cost
+    (it writes back to back, the writer frames, checksums and paces), so the writer itself is what is measured.
+    """
+    if not (math.isfinite(trial_lost_s) and bytes_per_rank > 0):
+        raise ConfigError(f"a trial save needs a finite loss and bytes > 0, got {trial_lost_s!r} and "
+                          f"{bytes_per_rank!r}")
+    return max(0.0, trial_lost_s - modelled.blocking_s - modelled.stolen_s) / (bytes_per_rank / GIB)
 
 
 def prediction_error(predicted_s: float, measured_s: float, between_s: float) -> tuple[float, float, bool]:

@@ -11,28 +11,23 @@ children that do not answer within the time bound are killed, and an interrupt k
 It also measures the inputs of the background-cost model (:mod:`ckptio.plan.background`): the per-byte CPU costs of
 each piece of work a save does (:func:`measure_writer_costs`), the kernel's write-back threshold
 (:func:`dirty_background_bytes`), and how much a training step slows while a fresh copy of its state is alive
-(:func:`measure_fresh_copy_drag`, which runs the caller's own step), and what the store's ``O_DIRECT`` writes cost
-that step beyond the writer's CPU (:func:`measure_direct_io_collateral`, the same way).
+(:func:`measure_fresh_copy_drag`, which runs the caller's own step), and what a trial save of the job's own saver
+costs that step (:func:`measure_save_loss`, the same way).
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import select
 import signal
 import statistics
 import struct
-import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from ckptio._proc import child_env
 from ckptio.errors import ConfigError, StorageError
-from ckptio.plan.background import CKPTIO_WRITER_NICE, GIB
 
 _REPEATS = 3
 _RATE = struct.Struct("d")
@@ -301,7 +296,7 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on any rank of the default ``torch.distributed`` process group (an all-reduce): how
     ranks that wait for each other agree to keep stepping while any of them still measures (the ``any_writing``
-    of :func:`measure_direct_io_collateral`)."""
+    of :func:`measure_save_loss`)."""
     import torch
     import torch.distributed as dist
 
@@ -310,132 +305,42 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item() > 0)
 
 
-def measure_direct_io_collateral(step: Callable[[], object], directory: str, nbytes: int, *, steps: int = 4,
-                                 repeats: int = 8, any_writing: Callable[[bool], bool] | None = None,
-                                 writer_nice: int = CKPTIO_WRITER_NICE) -> float:
-    """Training seconds lost per GiB that ckptio's writer moves to ``directory`` with ``O_DIRECT``, beyond the
-    writer's own CPU (:attr:`ckptio.plan.background.HostModel.direct_io_s_per_gib`); 0 where the filesystem
-    refuses ``O_DIRECT`` (ckptio writes buffered there).
+def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable[[], bool]], *, steps: int = 12,
+                      repeats: int = 8, any_writing: Callable[[bool], bool] | None = None) -> float:
+    """Training seconds one save of the job's own saver costs its steps, on the job's own ranks and store: the
+    time the call that starts it holds the loop, plus Σ (step begun while it is in flight − the round's mean
+    clean step), the mean of ``repeats`` saves. The planner takes from it what its model cannot derive from
+    per-byte CPU costs (:func:`ckptio.plan.background.direct_io_from_trial`).
 
-    Each of ``repeats`` rounds steps while a process standing in for ckptio's writer (:mod:`ckptio.plan.io_load`:
-    a fresh interpreter at the writer's ``writer_nice`` and I/O class) writes ``nbytes`` into a new file of
-    ``directory`` with ckptio's own ``O_DIRECT`` path and fsyncs it, until the write is done, between runs of
-    ``steps`` clean steps (each run brackets the rounds before and after it, as in
-    :func:`measure_fresh_copy_drag`). The figure is Σ (live step − mean of the round's clean steps) − the
-    process's CPU time for the write, over all rounds' bytes: what the device's I/O costs the steps on top of the
-    CPU the model already charges the writer. On a VM this is the hypervisor's emulation of the disk and the
-    interrupts it raises, which land on the vCPUs training runs on (measured on a 2-vCPU VM: 0.1–0.3 s per
-    128 MiB; none on earlier ones). Rounds vary widely with the host's own load (from nothing to 2–3 s/GiB within
-    one run there, both ranks alike), hence eight by default. The stand-in is a process, not a thread of the
-    caller's, because the writer is one: a thread shares the trainer's interpreter lock and process (in the FSDP2
-    loop of ``bench/bench_fsdp.py`` a thread read 1.53 and 1.95 s/GiB in runs whose saves showed ~0.2). Its
-    priority matters as much: at nice 0 a thread read 1.26–1.63 s/GiB where nice 10 read 0.75–1.08 (alternating
-    runs of the demo's ranks); a nice-0 writer preempts training at every completion, a niced one waits.
+    ``save(index)`` starts save ``index`` (1, 2, …: fresh step numbers on a scratch root) and returns a poll that
+    says whether it is done (durable); ``step`` is one training step, with whatever the saver asks of it before
+    the optimizer mutates the state. Each save runs between runs of ``steps`` clean steps that bracket it (each
+    run closes one round and opens the next), so that a drift of the step time over the measurement cancels. A
+    save's cost outlives its durability by a few steps (on a 2-vCPU VM the steps after an ``O_DIRECT`` save is
+    durable run 10–40 % slow and settle over ~5 steps): brackets of 4 steps counted that tail as clean and read
+    half what the same saves cost a job saving every 30 steps, hence 12. Warm the saver up first (its first
+    save boots its writer and allocates its staging memory): the figure is a steady save's.
 
-    A job whose ranks wait for each other must call it on every rank at the same point, and pass ``any_writing``:
-    given whether this rank's write is still going, it returns whether any rank's is (an all-reduce), so that
-    every rank runs as many steps and none waits forever for a peer that stopped stepping; it also lines the ranks
-    up once every rank's stand-in is ready. The files are removed at the end. A write that fails (a full disk),
-    a stand-in that does not start or one that outlives :func:`_io_load_deadline_s` (killed) raises
-    :class:`~ckptio.errors.StorageError` after the last round.
+    A job whose ranks wait for each other calls it on every rank at the same point with ``any_writing``
+    (:func:`any_rank`): given whether this rank's save is still in flight it says whether any rank's is, so that
+    every rank runs as many steps and none waits forever for a peer that stopped stepping; it also lines the
+    ranks up before each save.
     """
-    import tempfile
-
-    if steps < 1 or repeats < 1 or nbytes < 1:
-        raise ConfigError(f"steps, repeats and nbytes must be >= 1, got {steps}, {repeats} and {nbytes}")
-    if not os.path.isdir(directory):
-        raise ConfigError(f"the O_DIRECT measurement needs an existing directory on the store, got {directory!r}")
+    if steps < 1 or repeats < 1:
+        raise ConfigError(f"steps and repeats must be >= 1, got {steps} and {repeats}")
     agree = any_writing or (lambda writing: writing)
-
     lost = 0.0
-    unsupported = False
-    failures: list[str] = []
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-io-") as sinks:
-        before = _timed_steps(step, steps)
-        for index in range(repeats):
-            load = _IoLoad(os.path.join(sinks, str(index)), nbytes, writer_nice)
-            try:
-                agree(False)  # every rank's stand-in is ready: the live steps start together
-                load.go()
-                live = []
-                while agree(load.running()):  # every rank steps until the last rank's write ends
-                    live.append(_step_seconds(step))
-                outcome = load.outcome()
-            finally:
-                load.kill()
-            after = _timed_steps(step, steps)  # this round's closing bracket, the next round's opening one
-            clean = statistics.fmean(before + after)
-            before = after
-            if isinstance(outcome, str):  # raised once every round has run: peers in lockstep take as many steps
-                failures.append(outcome)
-                continue
-            unsupported = unsupported or bool(outcome["unsupported"])
-            lost += sum(live) - clean * len(live) - float(outcome["cpu_s"])
-    if failures:
-        raise StorageError(f"the O_DIRECT measurement could not write into {directory}: {failures[0]}")
-    if unsupported:
-        return 0.0
-    return max(0.0, lost / (repeats * nbytes / GIB))
-
-
-def _io_load_deadline_s(nbytes: int) -> float:
-    """How long a stand-in write may take before it is killed: a minute, plus its bytes at 1 MiB/s."""
-    return 60.0 + nbytes / (1 << 20)
-
-
-class _IoLoad:
-    """One :mod:`ckptio.plan.io_load` process: started and ready on construction (or failed: no process)."""
-
-    def __init__(self, path: str, nbytes: int, nice: int) -> None:
-        import subprocess
-
-        self.failure: str | None = None
-        self._deadline = float("inf")
-        self._limit_s = _io_load_deadline_s(nbytes)
-        try:
-            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
-                [sys.executable, "-m", "ckptio.plan.io_load", path, str(nbytes), str(nice)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
-        except OSError as exc:
-            self._proc, self.failure = None, f"the stand-in writer did not start: {exc}"
-            return
-        assert self._proc.stdout is not None
-        if self._proc.stdout.readline().strip() != "ready":
-            self.kill()
-            self.failure = f"the stand-in writer exited before it was ready (exit code {self._proc.returncode})"
-            self._proc = None
-
-    def go(self) -> None:
-        if self._proc is None:
-            return
-        assert self._proc.stdin is not None
-        self._proc.stdin.write("go\n")
-        self._proc.stdin.flush()
-        self._deadline = time.monotonic() + self._limit_s
-
-    def running(self) -> bool:
-        if self._proc is None or self._proc.poll() is not None:
-            return False
-        if time.monotonic() > self._deadline:
-            self.kill()
-            self.failure = f"the stand-in writer's {self._limit_s:.0f} s for its write ran out (killed)"
-            return False
-        return True
-
-    def outcome(self) -> dict[str, Any] | str:
-        """Its JSON line, or why there is none."""
-        if self._proc is None or self.failure is not None:
-            return self.failure or "no stand-in writer"
-        out, _ = self._proc.communicate(timeout=30)
-        try:
-            outcome = json.loads(out.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            return f"the stand-in writer exited with code {self._proc.returncode} and no outcome"
-        return str(outcome["error"]) if outcome.get("error") else outcome
-
-    def kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-        if self._proc is not None:
-            self._proc.wait()
-
+    before = _timed_steps(step, steps)
+    for index in range(1, repeats + 1):
+        agree(False)  # the ranks start their saves together
+        began = time.perf_counter()
+        done = save(index)
+        blocking = time.perf_counter() - began
+        live = []
+        while agree(not done()):
+            live.append(_step_seconds(step))
+        after = _timed_steps(step, steps)
+        clean = statistics.fmean(before + after)
+        before = after
+        lost += blocking + sum(live) - clean * len(live)
+    return lost / repeats
