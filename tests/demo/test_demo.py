@@ -68,6 +68,10 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert outcome.prediction.trial_lost_s is not None and outcome.prediction.direct_io_s_per_gib >= 0
     assert all((tmp_path / "demo" / "results" / f"calibrate.rank{r}.json").is_file() for r in range(config.ranks))
     assert not (store / "calibrate").exists()  # the trial saves are removed
+    # ckptio runs first, right after the trial that calibrates it; the table keeps its own order.
+    results = tmp_path / "demo" / "results"
+    finished = {m: (results / f"{m}.rank0.json").stat().st_mtime_ns for m in ("ckptio", "dcp-sync", "dcp-best")}
+    assert finished["ckptio"] < finished["dcp-sync"] < finished["dcp-best"], finished
     assert not outcome.choice.chosen and outcome.choice.every == 3
     assert "Verdict" in outcome.verdict and "bit-exact" in outcome.verdict
 
@@ -98,7 +102,7 @@ def test_ctrl_c_ends_every_process(tmp_path: Path) -> None:
 
 
 def _ranks_joined(log_dir: Path) -> bool:
-    logs = list(log_dir.glob("dcp-sync-*.rank*.log"))
+    logs = list(log_dir.glob("ckptio-*.rank*.log"))  # the runs launch ckptio first
     return len(logs) >= 2 and all("joined" in log.read_text(errors="replace") for log in logs)
 
 
