@@ -324,8 +324,8 @@ def run_order(modes: list[str]) -> list[str]:
     """The order the modes run in: ckptio first, right after the trial save that calibrates it, on a host that has
     seen only that trial, as a job starts right after its plan; the others as given. Run after the three DCP modes,
     whose files stay in the page cache (see :func:`run_mode`), ckptio lost more than its trial (predicted ÷
-    measured 0.76–0.88 in four runs, 0.94–0.95 in two runs first; docs/planning.md): a ckptio job's host does not
-    hold another writer's gigabytes."""
+    measured 0.76–0.88 in four runs; first, 0.69–1.45 in five, each within the bar; docs/planning.md): a ckptio
+    job's host does not hold another writer's gigabytes."""
     return sorted(modes, key=lambda mode: mode != "ckptio")
 
 
