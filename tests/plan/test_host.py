@@ -113,6 +113,31 @@ def test_save_loss_brackets_each_save_and_steps_while_any_rank_saves() -> None:
             measure_save_loss(step, save, **bad)  # type: ignore[arg-type]
 
 
+def test_a_trial_save_that_fails_is_raised_after_every_round_has_stepped() -> None:
+    """A save that raises on one rank (a full disk) must not leave its peers in the collective: the rank goes on
+    through every round, agreeing at each step as they do, and raises the save's own error at the end."""
+    from ckptio.errors import StorageError
+    from ckptio.plan.host import measure_save_loss
+
+    saves: list[int] = []
+    agreements: list[bool] = []
+
+    def save(index: int) -> object:
+        saves.append(index)
+        if index == 2:
+            raise StorageError("no space left on device")
+        return lambda: True
+
+    def any_writing(writing: bool) -> bool:
+        agreements.append(writing)
+        return writing
+
+    with pytest.raises(StorageError, match="no space"):
+        measure_save_loss(lambda: None, save, steps=1, repeats=3, any_writing=any_writing)  # type: ignore[arg-type]
+    assert saves == [1, 2, 3]
+    assert agreements == [False, False] * 3  # per round: line up, then "nothing in flight"
+
+
 def test_save_loss_of_a_real_checkpointer_commits_every_trial_save(tmp_path: Path) -> None:
     """Through ckptio's own writer, as the planner's harnesses call it: every trial save is committed by the time
     the measurement returns (it steps until each is durable)."""

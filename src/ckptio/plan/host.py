@@ -324,17 +324,23 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     A job whose ranks wait for each other calls it on every rank at the same point with ``any_writing``
     (:func:`any_rank`): given whether this rank's save is still in flight it says whether any rank's is, so that
     every rank runs as many steps and none waits forever for a peer that stopped stepping; it also lines the
-    ranks up before each save.
+    ranks up before each save. A save that raises (a full disk) is raised again once every round has run, so that
+    a rank whose save failed keeps stepping in lockstep with its peers instead of leaving them in a collective.
     """
     if steps < 1 or repeats < 1:
         raise ConfigError(f"steps and repeats must be >= 1, got {steps} and {repeats}")
     agree = any_writing or (lambda writing: writing)
     lost = 0.0
+    failures: list[Exception] = []
     before = _timed_steps(step, steps)
     for index in range(1, repeats + 1):
         agree(False)  # the ranks start their saves together
         began = time.perf_counter()
-        done = save(index)
+        try:
+            done = save(index)
+        except Exception as exc:  # raised after the last round: peers in lockstep take as many steps
+            failures.append(exc)
+            done = _nothing_in_flight
         blocking = time.perf_counter() - began
         live = []
         while agree(not done()):
@@ -343,4 +349,10 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
         clean = statistics.fmean(before + after)
         before = after
         lost += blocking + sum(live) - clean * len(live)
+    if failures:
+        raise failures[0]
     return lost / repeats
+
+
+def _nothing_in_flight() -> bool:
+    return True
