@@ -20,8 +20,10 @@ The modes:
   both at the trainer's priority; ``save()`` itself blocks for next to nothing.
 * ``ckptio`` — the copy into a reused shared-memory slot runs on a staging thread; a writer process at
   ``writer_nice`` checksums (crc32c) and writes the slot's bytes, with ``O_DIRECT`` through a small bounce buffer on
-  a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere; the device's
-  I/O may cost the steps more than the writer's CPU (:attr:`HostModel.direct_io_s_per_gib`).
+  a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere.
+
+On a durable POSIX tier the device's I/O may cost the steps more than the writers' CPU: every background mode is
+charged :attr:`HostModel.direct_io_s_per_gib` for its bytes.
 """
 
 from __future__ import annotations
@@ -123,16 +125,21 @@ class HostModel:
     keeps those buffers on the device: 0."""
 
     direct_io_s_per_gib: float = 0.0
-    """Training seconds the job loses per GiB a rank's writer moves with ``O_DIRECT``, beyond what the model
-    charges ckptio's save from its CPU costs (its staging copy and its writer's CPU): :func:`direct_io_from_trial`
-    takes it from a trial save of ckptio's own writer on the job's ranks and store
+    """Training seconds the job loses per GiB a rank's writer moves to the store's device while training runs,
+    beyond what the model charges from CPU costs (a save's staging copy and its writer's CPU); measured through
+    ckptio's ``O_DIRECT`` writer, hence the name: :func:`direct_io_from_trial` takes it from a trial save of
+    ckptio's own writer on the job's ranks and store
     (:func:`ckptio.plan.host.measure_save_loss`), every rank saving at once, so the figure is already the job's,
     lockstep included. The device's I/O is not free for the cores: on a VM the hypervisor emulates the disk and
     its interrupts on the vCPUs training runs on (a kernel without ``CONFIG_IRQ_TIME_ACCOUNTING`` charges
     interrupt time to whichever task they interrupt, and the host's steal grows), and a save's cost outlives its
     durability by a few steps. Measured on one 2-vCPU VM: 0.5–1.5 s/GiB; earlier VMs showed no such cost (ckptio
-    lost within 0.05 s of its CPU there). Only ckptio's ``O_DIRECT`` path is charged: the buffered writers'
-    write-back cost about their CPU on the same VM (docs/planning.md)."""
+    lost within 0.05 s of its CPU there). The background DCP modes are charged it too (not ``dcp.save``, whose
+    I/O lands while training waits for it): their write-back moves the same bytes to the same device, and on a
+    2-vCPU VM (2026-12-04) their loss beyond the model's CPU charge was what ckptio's trial left over (their
+    writers' CPU in flight read 1.2–1.4× the probe's); on an earlier VM their write-back had cost about its CPU
+    (docs/planning.md). Not charged where ckptio writes without ``O_DIRECT`` (``direct_io`` False: a tmpfs, a
+    socket), where no trial measures it."""
 
     def __post_init__(self) -> None:
         for name in ("fresh_copy_drag", "direct_io_s_per_gib"):
@@ -276,25 +283,29 @@ def predict_modes(
         else device_copy_s + dtensor_share * fresh_copy
     staging_cpu = b / costs.copy_bytes_per_s if device_copy_s is None else 0.0
     write_rate = costs.direct_write_bytes_per_s if direct_io else costs.page_cache_bytes_per_s
+    # The device's I/O costs the steps of every writer that moves these bytes to it while training runs, DCP's
+    # write-back as much as ckptio's O_DIRECT writes (HostModel.direct_io_s_per_gib); dcp.save's lands while
+    # training waits anyway.
+    device_io = host.direct_io_s_per_gib * b / GIB if direct_io else 0.0
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
         "dcp_sync": _sync((device_copy_s or 0.0) + overlapped_write_s(torch_save * slow, buffered_s, dcp_serial)),
-        "dcp_async": _with_drag(_background(
+        "dcp_async": _with_extra(_with_drag(_background(
             blocking_s=dcp_staging,
             work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ), host.fresh_copy_drag),
-        "dcp_best": _background(
+        ), host.fresh_copy_drag), device_io),
+        "dcp_best": _with_extra(_background(
             blocking_s=0.0,
             work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ),
+        ), device_io),
         "ckptio": _with_extra(_background(
             blocking_s=copy,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
                              serial=ckptio_serial),
             store_s=store_s if direct_io else buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ), host.direct_io_s_per_gib * b / GIB if direct_io else 0.0),
+        ), device_io),
     }
 
 
