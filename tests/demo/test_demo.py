@@ -66,10 +66,10 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert outcome.prediction.sync.checkpoint_bytes == pytest.approx(TINY.state_bytes())
     # The planner's O_DIRECT input: a trial ckptio save on the job's own ranks, before any run, removed after.
     assert outcome.prediction.trial_lost_s is not None and outcome.prediction.direct_io_s_per_gib >= 0
-    assert all((tmp_path / "demo" / "results" / f"calibrate.rank{r}.json").is_file() for r in range(config.ranks))
+    results = tmp_path / "demo" / "results"
+    assert all((results / f"calibrate.rank{r}.json").is_file() for r in range(config.ranks))
     assert not (store / "calibrate").exists()  # the trial saves are removed
     # ckptio runs first, right after the trial that calibrates it; the table keeps its own order.
-    results = tmp_path / "demo" / "results"
     finished = {m: (results / f"{m}.rank0.json").stat().st_mtime_ns for m in ("ckptio", "dcp-sync", "dcp-best")}
     assert finished["ckptio"] < finished["dcp-sync"] < finished["dcp-best"], finished
     assert not outcome.choice.chosen and outcome.choice.every == 3

@@ -136,10 +136,10 @@ class HostModel:
     durability by a few steps. Measured on one 2-vCPU VM: 0.5–1.5 s/GiB; earlier VMs showed no such cost (ckptio
     lost within 0.05 s of its CPU there). The background DCP modes are charged it too (not ``dcp.save``, whose
     I/O lands while training waits for it): their write-back moves the same bytes to the same device, and on a
-    2-vCPU VM (2026-12-04) their loss beyond the model's CPU charge was what ckptio's trial left over (their
-    writers' CPU in flight read 1.2–1.4× the probe's); on an earlier VM their write-back had cost about its CPU
-    (docs/planning.md). Not charged where ckptio writes without ``O_DIRECT`` (``direct_io`` False: a tmpfs, a
-    socket), where no trial measures it."""
+    2-vCPU VM (2026-12-04) their loss beyond the model's CPU charge was of the order of what ckptio's trial left
+    over (their writers' CPU in flight mostly read 1.2–1.4× the probe's); on an earlier VM their write-back had
+    cost about its CPU (docs/planning.md). Not charged where ckptio writes without ``O_DIRECT`` (``direct_io``
+    False: a tmpfs, a socket), where no trial measures it."""
 
     def __post_init__(self) -> None:
         for name in ("fresh_copy_drag", "direct_io_s_per_gib"):
