@@ -30,7 +30,11 @@ counted. Per mode, over the steady rounds:
   CPU, run-queue wait, system CPU and minor faults (default ``async_save``'s fresh staging shows there as page
   faults on the training thread; docs/planning.md).
 
-    .venv/bin/python bench/bench_fsdp.py [--rounds 3] [--every 3] [--dir /tmp] [--plain]
+    .venv/bin/python bench/bench_fsdp.py [--rounds 12] [--every 3] [--dir /tmp] [--plain]
+
+Twelve steady rounds by default (~14 min on the 2-vCPU dev VM): a step here moves by 0.1–0.3 s on its own, and
+over 4 rounds the modes' time lost per save moved 1.0–1.5 s (default ``async_save``) from run to run; over 12 the
+saves' standard errors read 0.04–0.09 s, under the 3-point bar (~0.16 s of a 3-step interval).
 
 Goals (bench/README.md, issue 08): ckptio ÷ DCP-best ≤ 1.0 on blocking p50, ≤ 0.5 on time lost per save,
 ≤ 1.0 on step inflation.
@@ -347,8 +351,8 @@ def _one_save(loop: Loop, savers: Savers, mode: str, step: int, *, spec: Spec, r
 
 
 def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, float]]:
-    """Per mode: blocking p50 (slowest rank per save), time lost per save (p50 of the mean over ranks), step
-    inflation."""
+    """Per mode: blocking p50 (slowest rank per save), time lost per save (p50 of the mean over ranks, and the
+    standard error of the saves' mean: how far apart the saves are), step inflation."""
     clean_steps = [s for r in results for s in r["clean"]]
     clean = statistics.fmean(clean_steps)
     out: dict[str, dict[str, float]] = {}
@@ -364,6 +368,7 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
             **_split(per_rank),
             "blocking_p50": statistics.median(blocking),
             "lost_per_save": statistics.median(lost),
+            "lost_stderr": statistics.stdev(lost) / len(lost) ** 0.5 if len(lost) > 1 else 0.0,
             "lost_whole_interval": statistics.median(whole),
             "inflation": statistics.median(inflight) / statistics.median(clean_steps) if inflight else 1.0,
             "inflight_steps": float(len(inflight)),
@@ -505,7 +510,7 @@ def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="steady rounds (after one warm-up round)")
+    parser.add_argument("--rounds", type=int, default=12, help="steady rounds (after one warm-up round)")
     parser.add_argument("--every", type=int, default=3, help="steps between saves")
     parser.add_argument("--clean", type=int, default=3, help="steps with nothing in flight at each round's start")
     parser.add_argument("--layers", type=int, default=4)
@@ -553,7 +558,8 @@ def main() -> int:
     for mode in MODES:
         f = figures[mode]
         print(f"{mode:<10} blocking p50 {f['blocking_p50'] * 1e3:7.1f} ms   "
-              f"time lost / save {f['lost_per_save']:6.2f} s (whole interval {f['lost_whole_interval']:.2f} s)   "
+              f"time lost / save {f['lost_per_save']:6.2f} s (saves' standard error {f['lost_stderr']:.2f} s; "
+              f"whole interval {f['lost_whole_interval']:.2f} s)   "
               f"step inflation {f['inflation']:.3f} (n={f['inflight_steps']:.0f})")
     print("the interval's steps up to the durable one, more than as many paired clean steps, per save (mean of "
           "ranks; host: both ranks): "
