@@ -33,8 +33,8 @@ counted. Per mode, over the steady rounds:
     .venv/bin/python bench/bench_fsdp.py [--rounds 12] [--every 3] [--dir /tmp] [--plain]
 
 Twelve steady rounds by default (~14 min on the 2-vCPU dev VM): a step here moves by 0.1–0.3 s on its own, and
-over 4 rounds the modes' time lost per save moved 1.0–1.5 s (default ``async_save``) from run to run; over 12 the
-saves' standard errors read 0.04–0.09 s, under the 3-point bar (~0.16 s of a 3-step interval).
+over 4 rounds default ``async_save`` read 1.51 s lost per save in one run and 1.01 s in the next; over 12 the
+modes' standard errors over saves read 0.04–0.09 s, under the 3-point bar (~0.16 s of a 3-step interval).
 
 Goals (bench/README.md, issue 08): ckptio ÷ DCP-best ≤ 1.0 on blocking p50, ≤ 0.5 on time lost per save,
 ≤ 1.0 on step inflation.

@@ -43,9 +43,9 @@ within 0.8–1.2 or within ±3 points.
 
     .venv/bin/python bench/bench_planner.py [--ranks 2] [--mib-per-rank 192] [--every 40] [--saves 8]
 
-Eight timed saves per mode by default: over 3 a mode's loss carried standard errors of up to 80–206 ms (default
-``async_save``: 384 ± 80 ms in one run that missed by 3.4 points), over 8 of 2–45 ms; each save more costs one interval
-per mode.
+Eight timed saves per mode by default: over 3 a mode's loss carried standard errors up to 206 ms (default
+``async_save`` read 384 ± 80 ms in a run where it missed by 3.4 points), over 8 of 2–45 ms. Each save more costs
+one interval per mode.
 """
 
 from __future__ import annotations
