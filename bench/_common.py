@@ -198,6 +198,12 @@ def ratio_line(**ratios: float | str) -> str:
     return line
 
 
+def standard_error(values: list[float]) -> float:
+    """The standard error of ``values``' mean (0 for fewer than two): how far a mode's mean loss over its saves
+    can be trusted, printed beside it."""
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+
+
 def prediction_check(rows: dict[str, tuple[float, float, float]]) -> tuple[dict[str, float], dict[str, float]]:
     """Issue 12's check: per mode ``(predicted s, measured s, seconds between saves)`` of time lost per save.
     Prints a table and the two closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and

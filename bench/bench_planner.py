@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shutil
 import statistics
@@ -65,7 +64,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import children_cpu, costs_line, host_steal, prediction_check, quiet_dcp, thread_schedstat
+from _common import children_cpu, costs_line, host_steal, prediction_check, quiet_dcp, standard_error, thread_schedstat
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
 from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss, measure_writer_costs
@@ -278,7 +277,7 @@ def measured_lost(records: list[dict[str, Any]], saves: int) -> dict[str, float]
     # Each save's own loss: their spread says how far the mean itself can be trusted.
     each = [sum(r.get("blocking_s", 0.0) + (r["step_s"] - mean_clean if r.get("in_flight") else 0.0)
                 for r in records if r["save"] == index) for index in range(1, saves + 1)]
-    stderr = statistics.stdev(each) / math.sqrt(saves) if saves > 1 else 0.0
+    stderr = standard_error(each)
     wall = sum(r["step_s"] for r in clean)
     clean_process = statistics.fmean(r["process_cpu_s"] for r in clean)
     save_cpu = sum(r["process_cpu_s"] - clean_process + r["children_cpu_s"] for r in in_flight) / saves
