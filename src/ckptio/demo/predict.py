@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -99,7 +100,7 @@ def measure_training(shape: ModelShape, world: int, seed: int) -> TrainingFigure
                                        steps=_CALIBRATION_STEPS, repeats=_DRAG_REPEATS)
     finally:
         torch.set_num_threads(threads)
-    return TrainingFigures(step_time_s=sorted(times)[len(times) // 2], fresh_copy_drag=drag)
+    return TrainingFigures(step_time_s=statistics.median(times), fresh_copy_drag=drag)
 
 
 def checkpoint_shape(checkpoint_bytes: float, world: int) -> CheckpointShape:
