@@ -225,7 +225,9 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
                 trial.save(index, trainer.state())
                 return trial.done
 
-            trial_lost = measure_save_loss(lambda: trainer.step(trial.before_update), save, any_writing=any_rank)
+            # At the job's own interval, as the runs save (measure_save_loss: the slow tail after a save).
+            trial_lost = measure_save_loss(lambda: trainer.step(trial.before_update), save, any_writing=any_rank,
+                                           every=cfg["every"])
         finally:
             trial.close()
         with open(os.path.join(cfg["out_dir"], f"{_CALIBRATE}.rank{rank}.json"), "w", encoding="utf-8") as f:

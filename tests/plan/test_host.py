@@ -113,6 +113,35 @@ def test_save_loss_brackets_each_save_and_steps_while_any_rank_saves() -> None:
             measure_save_loss(step, save, **bad)  # type: ignore[arg-type]
 
 
+def test_save_loss_at_the_jobs_interval_takes_every_steps_per_round() -> None:
+    """Given the job's interval, each round is as long as the job's: the clean run after a save fills the round up
+    to ``every`` steps (here 7 − 2 in flight = 5), and never runs fewer than ``steps`` (a flight longer than the
+    interval)."""
+    from ckptio.errors import ConfigError
+    from ckptio.plan.host import measure_save_loss
+
+    def run(every: int, flight: int) -> list[int]:
+        steps: list[int] = []
+        saves: list[int] = []
+
+        def save(index: int) -> object:
+            saves.append(index)
+            polls = [flight]
+            def done() -> bool:
+                polls[0] -= 1
+                return polls[0] < 0
+            return done
+
+        measure_save_loss(lambda: steps.append(len(saves)), save, steps=3, repeats=2,  # type: ignore[arg-type]
+                          every=every)
+        return [steps.count(n) for n in range(3)]
+
+    assert run(every=7, flight=2) == [3, 7, 7]
+    assert run(every=4, flight=2) == [3, 2 + 3, 2 + 3]
+    with pytest.raises(ConfigError):
+        measure_save_loss(lambda: None, lambda index: (lambda: True), every=0)  # type: ignore[arg-type]
+
+
 def test_a_trial_save_that_fails_is_raised_after_every_round_has_stepped() -> None:
     """A save that raises on one rank (a full disk) must not leave its peers in the collective: the rank goes on
     through every round, agreeing at each step as they do, and raises the save's own error at the end."""

@@ -306,7 +306,8 @@ def any_rank(flag: bool) -> bool:
 
 
 def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable[[], bool]], *, steps: int = 12,
-                      repeats: int = 8, any_writing: Callable[[bool], bool] | None = None) -> float:
+                      repeats: int = 8, any_writing: Callable[[bool], bool] | None = None,
+                      every: int | None = None) -> float:
     """Training seconds one save of the job's own saver costs its steps, on the job's own ranks and store: the
     time the call that starts it holds the loop, plus Σ (step begun while it is in flight − the round's mean
     clean step), the mean of ``repeats`` saves. The planner takes from it what its model cannot derive from
@@ -318,8 +319,13 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     run closes one round and opens the next), so that a drift of the step time over the measurement cancels. A
     save's cost outlives its durability by a few steps (on a 2-vCPU VM the steps after an ``O_DIRECT`` save is
     durable run 10–40 % slow and settle over ~5 steps): brackets of 4 steps counted that tail as clean and read
-    half what the same saves cost a job saving every 30 steps, hence 12. Warm the saver up first (its first
-    save boots its writer and allocates its staging memory): the figure is a steady save's.
+    half what the same saves cost a job saving every 30 steps, hence at least 12. ``every``, the job's interval
+    in steps: each round then takes that many steps (its clean run after the save has ``every`` − the steps in
+    flight, never fewer than ``steps``), as the job's own rounds do, so that the tail weighs as much in the
+    trial's clean mean as in the job's. With 12-step runs in a job saving every 30 steps it weighed nearly twice
+    as much (bench_planner, three runs: against steps long after the save, the clean mean took 40–70 ms per save
+    off the trial's figure and 10–40 off the job's), and the trial read less than the job lost. Warm the saver
+    up first (its first save boots its writer and allocates its staging memory): the figure is a steady save's.
 
     A job whose ranks wait for each other calls it on every rank at the same point with ``any_writing``
     (:func:`any_rank`): given whether this rank's save is still in flight it says whether any rank's is, so that
@@ -327,8 +333,8 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     ranks up before each save. A save that raises (a full disk) is raised again once every round has run, so that
     a rank whose save failed keeps stepping in lockstep with its peers instead of leaving them in a collective.
     """
-    if steps < 1 or repeats < 1:
-        raise ConfigError(f"steps and repeats must be >= 1, got {steps} and {repeats}")
+    if steps < 1 or repeats < 1 or (every is not None and every < 1):
+        raise ConfigError(f"steps, repeats and every must be >= 1, got {steps}, {repeats} and {every}")
     agree = any_writing or (lambda writing: writing)
     lost = 0.0
     failures: list[Exception] = []
@@ -345,7 +351,8 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
         live = []
         while agree(not done()):
             live.append(_step_seconds(step))
-        after = _timed_steps(step, steps)
+        # Every rank stepped as many live steps (they agreed at each), so every rank runs as many clean ones.
+        after = _timed_steps(step, max(steps, (every or 0) - len(live)))
         clean = statistics.fmean(before + after)
         before = after
         lost += blocking + sum(live) - clean * len(live)
