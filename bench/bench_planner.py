@@ -60,14 +60,31 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import children_cpu, costs_line, host_steal, prediction_check, quiet_dcp, standard_error, thread_schedstat
+from _common import (
+    children_cpu,
+    costs_line,
+    disk_write_bytes_per_s,
+    disk_writeback_bytes_per_s,
+    host_steal,
+    prediction_check,
+    quiet_dcp,
+    standard_error,
+    thread_schedstat,
+)
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss, measure_writer_costs
+from ckptio.plan.host import (
+    any_rank,
+    dirty_background_bytes,
+    measure_fresh_copy_drag,
+    measure_save_loss,
+    measure_writer_costs,
+)
 from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
@@ -343,11 +360,12 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
 
 
 def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
-            cpu_share: float = 1.0) -> dict[str, ModeCost]:
-    """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``cpu_share`` the host's load as
-    the training thread felt it."""
+            disk: dict[str, float], *, cpu_share: float = 1.0) -> dict[str, ModeCost]:
+    """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``disk`` :func:`measure_disk`'s,
+    ``cpu_share`` the host's load as the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
-    store_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
+    booked_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
+    job_bytes = args.ranks * state_bytes
     host = HostModel(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
                      cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=calibration["drag"],
                      direct_io_s_per_gib=calibration["direct_io_s_per_gib"])
@@ -359,8 +377,28 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
         # lands in pages the last one touched: the touched-memory rate, not the fresh one (measured blocking 35–58
         # ms for 128 MiB; the fresh rate predicted 100–157, the touched one 19–27).
         costs = dataclasses.replace(costs, fresh_copy_bytes_per_s=costs.copy_bytes_per_s)
-    return predict_modes(bytes_per_rank=state_bytes, store_s=store_s, host=host, costs=costs, direct_io=direct_io,
-                         lockstep_ranks=args.ranks)
+    # The store is a budget on this host's disk (ThrottleSpec): each writer takes the longer of its booking and its
+    # real write, DCP's files through the page cache and its fsync, ckptio's around it. On a disk slower than the
+    # budget the disk binds: dcp.save lost 0.80-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
+    # budget at all, against the booking's 0.64 s (one VM, one hour).
+    dirty = dirty_background_bytes()
+    return predict_modes(bytes_per_rank=state_bytes, store_s=job_bytes / disk["direct"], host=host, costs=costs,
+                         direct_io=direct_io, lockstep_ranks=args.ranks, paced_store_s=booked_s,
+                         writeback_store_s=job_bytes / disk["writeback"],
+                         dirty_background_bytes=None if dirty is None else dirty / args.ranks)
+
+
+def measure_disk(directory: str) -> dict[str, float]:
+    """The disk under the emulated store, bytes/s: ``direct`` for an ``O_DIRECT`` writer (ckptio's), ``writeback``
+    for a buffered one's fsync (DCP's)."""
+    from ckptio.storage.direct_io import DirectIOUnsupported
+
+    writeback = disk_writeback_bytes_per_s(Path(directory))
+    try:
+        direct = disk_write_bytes_per_s(Path(directory))
+    except DirectIOUnsupported:  # tmpfs (--dir /dev/shm): ckptio writes through memory pages as DCP does
+        direct = writeback
+    return {"direct": direct, "writeback": writeback}
 
 
 def _width(state_bytes: int) -> int:
@@ -393,17 +431,20 @@ def main() -> int:
     try:
         load_before = os.getloadavg()
         costs = WriterCosts(**measure_writer_costs(directory=workdir))
+        disk = measure_disk(workdir)
         # The probe has just deleted its files: let the freed pages go cold before any mode runs (see above).
         time.sleep(_SETTLE_S)
         state_bytes = _state_bytes(args.mib_per_rank)
         calibration = calibrate(args, workdir)
-        modelled = predict(args, state_bytes, costs, {**calibration, "direct_io_s_per_gib": 0.0})["ckptio"]
+        modelled = predict(args, state_bytes, costs, {**calibration, "direct_io_s_per_gib": 0.0}, disk)["ckptio"]
         calibration["direct_io_s_per_gib"] = direct_io_from_trial(calibration["trial_lost_s"], modelled, state_bytes)
-        quiet = predict(args, state_bytes, costs, calibration)
+        quiet = predict(args, state_bytes, costs, calibration, disk)
         predicted: dict[str, ModeCost] = {}
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
         costs_line(costs)
+        print(f"the disk under the store: {disk['direct'] / MIB:,.0f} MiB/s O_DIRECT, {disk['writeback'] / MIB:,.0f} "
+              f"MiB/s write-back at fsync (one writer; the store's budget: {args.store_bandwidth:g} MiB/s)")
         print(f"training's step with a fresh copy of its state alive: {1 + calibration['drag']:.3f}x "
               f"(fresh_copy_drag); a trial ckptio save of every rank at once cost it "
               f"{calibration['trial_lost_s'] * 1e3:.1f} ms, {modelled.lost_per_save_s * 1e3:.1f} from the model's "
@@ -417,7 +458,7 @@ def main() -> int:
             m = measured[mode]
             # The host's other load, as the training thread felt it in the clean steps (no save in them).
             share = m["cpu_share"] / (m["cpu_share"] + m["rq_share"]) if m["cpu_share"] > 0 else 1.0
-            p = predicted[mode] = predict(args, state_bytes, costs, calibration, share)[mode]
+            p = predicted[mode] = predict(args, state_bytes, costs, calibration, disk, cpu_share=share)[mode]
             print(f"  {mode:<10} lost {m['lost'] * 1e3:7.1f} ± {m['lost_stderr'] * 1e3:.1f} ms/save (standard error "
                   f"over saves) = blocking {m['blocking'] * 1e3:.1f} + "
                   f"contention {m['contention'] * 1e3:.1f}; predicted {p.blocking_s * 1e3:.1f} + "

@@ -253,6 +253,22 @@ def test_more_lockstep_ranks_never_cost_less_and_a_cpu_bound_flush_is_unchanged(
         _lost(store_s=20.0, host=host, lockstep_ranks=1024)["dcp_sync"]
 
 
+def test_lockstep_ranks_lose_a_buffered_files_serialization_once() -> None:
+    """Below the write-back threshold DCP's writers serialize from the save's start on every rank at once: their
+    theft lines up and lockstep ranks lose it once, whatever their number. With write-back from the first byte the
+    bursts do not line up and more ranks lose more; so do ckptio's ``O_DIRECT`` chunks, whatever the threshold."""
+    host = HostModel(cores_per_rank=1.0)
+
+    def lost(mode: str, ranks: int, dirty: float) -> float:
+        return _lost(store_s=20.0, host=host, lockstep_ranks=ranks, dirty_background_bytes=dirty)[mode]
+
+    for mode in ("dcp_async", "dcp_best"):
+        below = [lost(mode, n, 2 * GIB) for n in (1, 2, 1024)]
+        assert below == pytest.approx([below[0]] * 3), mode
+        assert lost(mode, 1024, 0.0) > lost(mode, 1, 0.0), mode
+    assert lost("ckptio", 1024, 2 * GIB) > lost("ckptio", 1, 2 * GIB)
+
+
 @pytest.mark.parametrize("mode", ["dcp_async", "dcp_best", "ckptio"])
 def test_a_cpu_job_waiting_for_its_peers_has_no_spare_below_one_core(mode: str) -> None:
     def lost(train_cores: float, **kw: object) -> float:
@@ -338,6 +354,29 @@ def test_buffered_writers_wait_for_the_write_back_and_ckptio_direct_io_for_the_s
         modes(writeback_store_s=-1.0)
     with pytest.raises(ConfigError):
         modes(writeback_store_s=float("nan"))
+
+
+def test_a_paced_store_holds_each_writer_for_its_booking_and_a_slower_disk_under_it_binds() -> None:
+    """``paced_store_s``: the demo's and bench_planner's budget on this host's disk books a writer's bytes and holds
+    it until the booking is up, so each writer takes the longer of the booking and its real write (for a file
+    below the write-back threshold: serialize, then the fsync's write-back)."""
+    costs = WriterCosts(torch_save_bytes_per_s=2e9, checksum_bytes_per_s=1e12, direct_write_bytes_per_s=1e12)
+
+    def modes(**kw: object) -> dict[str, object]:
+        return predict_modes(bytes_per_rank=1e9, store_s=0.25, writeback_store_s=0.25, costs=costs,
+                             host=HostModel(cores_per_rank=2.0), dirty_background_bytes=2e9,
+                             **kw)  # type: ignore[arg-type]
+
+    real = modes()["dcp_sync"].lost_per_save_s
+    assert real == pytest.approx(0.5 + 0.25)  # serialize, then the write-back
+    assert modes(paced_store_s=2.0)["dcp_sync"].lost_per_save_s == pytest.approx(2.0)  # the booking binds
+    assert modes(paced_store_s=0.5)["dcp_sync"].lost_per_save_s == pytest.approx(real)  # the disk binds
+    assert modes(paced_store_s=0.0) == modes()
+    for mode in ("dcp_async", "dcp_best", "ckptio"):  # each background writer's flush, too
+        assert modes(paced_store_s=2.0)[mode].flush_s >= 2.0, mode  # type: ignore[attr-defined]
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ConfigError):
+            modes(paced_store_s=bad)
 
 
 def test_a_trial_save_sets_the_direct_io_term_to_what_the_model_does_not_charge() -> None:

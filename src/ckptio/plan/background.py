@@ -207,6 +207,11 @@ class _Background:
     nice: int
     serial: float | None = None
     """Share of the work done before any byte moves to the store (:func:`overlapped_write_s`)."""
+    coincident: float = 0.0
+    """Share of the work every rank does in the same window: a buffered file below the write-back threshold is
+    serialized from the save's start, which the ranks reach together, so their writers' theft lines up and lockstep
+    ranks lose it once (:func:`lockstep_delay` is for the rest: bursts that do not line up, as a paced writer's or
+    ``O_DIRECT`` chunks' between device writes)."""
 
 
 def predict_modes(
@@ -222,6 +227,7 @@ def predict_modes(
     dirty_background_bytes: float | None = None,
     lockstep_ranks: int = 1,
     writeback_store_s: float | None = None,
+    paced_store_s: float | None = None,
 ) -> dict[str, ModeCost]:
     """Each of :data:`MODES`' cost per save for a rank writing ``bytes_per_rank`` whose bytes take ``store_s``
     to reach the store (all ranks writing at once), saving every ``interval_s`` seconds of compute (None: far
@@ -249,12 +255,18 @@ def predict_modes(
     the page cache (the kernel's write-back that a buffered writer's fsync waits for: DCP's files, ckptio's
     buffered path), which can be faster than the ``O_DIRECT`` writes ``store_s`` was measured with (one VM: 1.7–2.5
     GiB/s against 0.9–1.4). None: ``store_s`` for every writer.
+    ``paced_store_s``: when the store is a budget on top of this host's disk that books each writer's bytes and
+    holds the writer until its booking is up (the demo's and ``bench/bench_planner.py``'s emulated stores:
+    ``ThrottledStorage``, ``ThrottledFileSystemWriter``), the seconds it books these bytes (all ranks); ``store_s``
+    and ``writeback_store_s`` then say how fast the disk under it takes them, and each writer takes the longer of
+    its booking and its real write. None: the store's time is its medium's.
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
-    optional_times = (device_copy_s, writeback_store_s)
+    optional_times = (device_copy_s, writeback_store_s, paced_store_s)
     if bytes_per_rank < 0 or store_s < 0 or any(t is not None and not t >= 0 for t in optional_times):
-        raise ConfigError(f"bytes and times must be >= 0, got {bytes_per_rank}, {store_s}, {device_copy_s} and "
-                          f"{writeback_store_s}")
+        raise ConfigError(f"bytes and times must be >= 0, got {bytes_per_rank}, {store_s}, {device_copy_s}, "
+                          f"{writeback_store_s} and {paced_store_s}")
+    paced = paced_store_s or 0.0
     buffered_s = store_s if writeback_store_s is None else writeback_store_s
     if not 0.0 <= dtensor_share <= 1.0:
         raise ConfigError(f"dtensor_share must be within [0, 1], got {dtensor_share!r}")
@@ -289,22 +301,25 @@ def predict_modes(
     device_io = host.direct_io_s_per_gib * b / GIB if direct_io else 0.0
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
-        "dcp_sync": _sync((device_copy_s or 0.0) + overlapped_write_s(torch_save * slow, buffered_s, dcp_serial)),
+        "dcp_sync": _sync((device_copy_s or 0.0)
+                          + max(paced, overlapped_write_s(torch_save * slow, buffered_s, dcp_serial))),
         "dcp_async": _with_extra(_with_drag(_background(
             blocking_s=dcp_staging,
-            work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
-            store_s=buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
+            work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial, coincident=dcp_serial or 0.0),
+            store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ), host.fresh_copy_drag), device_io),
         "dcp_best": _with_extra(_background(
             blocking_s=0.0,
-            work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
-            store_s=buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
+            work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial,
+                             coincident=dcp_serial or 0.0),
+            store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ), device_io),
         "ckptio": _with_extra(_background(
             blocking_s=copy,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
-                             serial=ckptio_serial),
-            store_s=store_s if direct_io else buffered_s, host=host, interval_s=interval_s, ranks=lockstep_ranks,
+                             serial=ckptio_serial, coincident=0.0 if direct_io else dcp_serial or 0.0),
+            store_s=store_s if direct_io else buffered_s, paced_s=paced, host=host, interval_s=interval_s,
+            ranks=lockstep_ranks,
         ), device_io),
     }
 
@@ -402,15 +417,16 @@ def _with_extra(cost: ModeCost, extra_s: float) -> ModeCost:
 
 
 def _background(*, blocking_s: float, work: _Background, store_s: float, host: HostModel,
-                interval_s: float | None, ranks: int = 1) -> ModeCost:
+                interval_s: float | None, ranks: int = 1, paced_s: float = 0.0) -> ModeCost:
     rate, from_training = writer_rate(host, work.nice)
     # CPU the writer takes while training wants the core. Training's thread loses exactly that in wall time,
     # whatever the other load (it takes its slices from all runnable threads in proportion, and training's were
     # already its share); a training that spreads over several cores loses it spread over them.
     busy = work.cpu_s / rate  # the writer's wall time on its share of the cores
     stolen = work.cpu_s * from_training / rate
-    flush = overlapped_write_s(busy, store_s, work.serial)
-    delay = lockstep_delay(stolen / max(1.0, host.train_cores), busy, flush, ranks)
+    flush = max(paced_s, overlapped_write_s(busy, store_s, work.serial))
+    alone = stolen / max(1.0, host.train_cores)
+    delay = work.coincident * alone + (1.0 - work.coincident) * lockstep_delay(alone, busy, flush, ranks)
     wait = max(0.0, flush - interval_s) if interval_s is not None else 0.0
     inflation = 1.0 + delay / flush if flush > 0 else 1.0
     return ModeCost(blocking_s=blocking_s, background_cpu_s=work.cpu_s, stolen_s=delay, flush_s=flush,
