@@ -379,7 +379,7 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
         costs = dataclasses.replace(costs, fresh_copy_bytes_per_s=costs.copy_bytes_per_s)
     # The store is a budget on this host's disk (ThrottleSpec): each writer takes the longer of its booking and its
     # real write, DCP's files through the page cache and its fsync, ckptio's around it. On a disk slower than the
-    # budget the disk binds: dcp.save lost 0.80-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
+    # budget the disk binds: dcp.save lost 0.77-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
     # budget at all, against the booking's 0.64 s (one VM, one hour).
     dirty = dirty_background_bytes()
     return predict_modes(bytes_per_rank=state_bytes, store_s=job_bytes / disk["direct"], host=host, costs=costs,

@@ -317,7 +317,7 @@ def predict_modes(
         "ckptio": _with_extra(_background(
             blocking_s=copy,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
-                             serial=ckptio_serial, coincident=0.0 if direct_io else dcp_serial or 0.0),
+                             serial=ckptio_serial, coincident=0.0 if direct_io else (dcp_serial or 0.0)),
             store_s=store_s if direct_io else buffered_s, paced_s=paced, host=host, interval_s=interval_s,
             ranks=lockstep_ranks,
         ), device_io),
