@@ -207,10 +207,11 @@ class _Background:
     nice: int
     serial: float | None = None
     """Share of the work done before any byte moves to the store (:func:`overlapped_write_s`)."""
-    coincident: float = 0.0
-    """Share of the work every rank does in the same window: a buffered file below the write-back threshold is
-    serialized from the save's start, which the ranks reach together, so their writers' theft lines up and lockstep
-    ranks lose it once (:func:`lockstep_delay` is for the rest: bursts that do not line up, as a paced writer's or
+    chunked: bool = False
+    """Its serial share alternates with the device chunk by chunk (``O_DIRECT``), rather than coming first (a
+    buffered file below the write-back threshold, serialized from the save's start and fsynced after). Only the
+    latter lines up across ranks, which reach the save together: their writers' theft coincides and lockstep ranks
+    lose it once (:func:`lockstep_delay` is for the rest: bursts that do not line up, as a paced writer's or
     ``O_DIRECT`` chunks' between device writes)."""
 
 
@@ -305,19 +306,18 @@ def predict_modes(
                           + max(paced, overlapped_write_s(torch_save * slow, buffered_s, dcp_serial))),
         "dcp_async": _with_extra(_with_drag(_background(
             blocking_s=dcp_staging,
-            work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial, coincident=dcp_serial or 0.0),
+            work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ), host.fresh_copy_drag), device_io),
         "dcp_best": _with_extra(_background(
             blocking_s=0.0,
-            work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial,
-                             coincident=dcp_serial or 0.0),
+            work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ), device_io),
         "ckptio": _with_extra(_background(
             blocking_s=copy,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
-                             serial=ckptio_serial, coincident=0.0 if direct_io else (dcp_serial or 0.0)),
+                             serial=ckptio_serial, chunked=direct_io),
             store_s=store_s if direct_io else buffered_s, paced_s=paced, host=host, interval_s=interval_s,
             ranks=lockstep_ranks,
         ), device_io),
@@ -426,7 +426,8 @@ def _background(*, blocking_s: float, work: _Background, store_s: float, host: H
     stolen = work.cpu_s * from_training / rate
     flush = max(paced_s, overlapped_write_s(busy, store_s, work.serial))
     alone = stolen / max(1.0, host.train_cores)
-    delay = work.coincident * alone + (1.0 - work.coincident) * lockstep_delay(alone, busy, flush, ranks)
+    coincident = 0.0 if work.chunked else work.serial or 0.0
+    delay = coincident * alone + (1.0 - coincident) * lockstep_delay(alone, busy, flush, ranks)
     wait = max(0.0, flush - interval_s) if interval_s is not None else 0.0
     inflation = 1.0 + delay / flush if flush > 0 else 1.0
     return ModeCost(blocking_s=blocking_s, background_cpu_s=work.cpu_s, stolen_s=delay, flush_s=flush,
