@@ -519,36 +519,3 @@ def median_figure(saves: list[dict[str, float]], key: str) -> float:
     return statistics.median(s[key] for s in saves)
 
 
-def disk_write_bytes_per_s(directory: Path, nbytes: int = 64 * MiB) -> float:
-    """The disk's bandwidth for an ``O_DIRECT`` writer (ckptio's): one 64 MiB write + fsync into ``directory``
-    (best of 2)."""
-    from ckptio.storage.direct_io import write_direct
-
-    data = memoryview(os.urandom(nbytes))
-    best = float("inf")
-    for n in range(2):
-        path = directory / f"bandwidth-probe-{n}"
-        began = time.perf_counter()
-        write_direct(str(path), [data])
-        best = min(best, time.perf_counter() - began)
-        path.unlink()
-    return nbytes / best
-
-
-def disk_writeback_bytes_per_s(directory: Path, nbytes: int = 128 * MiB) -> float:
-    """The disk's bandwidth for a buffered writer: ``nbytes`` written into the page cache of a new file, then the
-    fsync timed alone (the kernel's write-back, what DCP's writers wait for at the end of each file; best of 2)."""
-    data = os.urandom(nbytes)
-    best = float("inf")
-    for n in range(2):
-        path = directory / f"writeback-probe-{n}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            began = time.perf_counter()
-            os.fsync(fd)
-            best = min(best, time.perf_counter() - began)
-        finally:
-            os.close(fd)
-        path.unlink()
-    return nbytes / best

@@ -59,8 +59,6 @@ from _common import (
     MiB,
     children_cpu,
     costs_line,
-    disk_write_bytes_per_s,
-    disk_writeback_bytes_per_s,
     host_cpu,
     prediction_check,
     quiet_dcp,
@@ -503,11 +501,11 @@ def main() -> int:
                     batch=args.batch, plain=args.plain)
         # The planner's inputs come first, measured before any mode runs.
         from ckptio.plan.background import WriterCosts
-        from ckptio.plan.host import measure_writer_costs
+        from ckptio.plan.host import measure_disk, measure_writer_costs
 
         costs = WriterCosts(**measure_writer_costs(directory=str(root)))
-        disk = disk_write_bytes_per_s(root)
-        writeback = disk_writeback_bytes_per_s(root)
+        rates = measure_disk(str(root))
+        disk, writeback = rates.direct_bytes_per_s, rates.writeback_bytes_per_s
         began = time.perf_counter()
         run_ranks(2, _rank, spec)
         results = []

@@ -60,7 +60,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -68,8 +67,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
     children_cpu,
     costs_line,
-    disk_write_bytes_per_s,
-    disk_writeback_bytes_per_s,
     host_steal,
     prediction_check,
     quiet_dcp,
@@ -79,8 +76,10 @@ from _common import (
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
 from ckptio.plan.host import (
+    DiskRates,
     any_rank,
     dirty_background_bytes,
+    measure_disk,
     measure_fresh_copy_drag,
     measure_save_loss,
     measure_writer_costs,
@@ -360,9 +359,9 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
 
 
 def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
-            disk: dict[str, float], *, cpu_share: float = 1.0) -> dict[str, ModeCost]:
-    """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``disk`` :func:`measure_disk`'s,
-    ``cpu_share`` the host's load as the training thread felt it."""
+            disk: DiskRates, *, cpu_share: float = 1.0) -> dict[str, ModeCost]:
+    """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``disk``
+    :func:`ckptio.plan.host.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
     booked_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
     job_bytes = args.ranks * state_bytes
@@ -382,23 +381,10 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
     # budget the disk binds: dcp.save lost 0.77-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
     # budget at all, against the booking's 0.64 s (one VM, one hour).
     dirty = dirty_background_bytes()
-    return predict_modes(bytes_per_rank=state_bytes, store_s=job_bytes / disk["direct"], host=host, costs=costs,
-                         direct_io=direct_io, lockstep_ranks=args.ranks, paced_store_s=booked_s,
-                         writeback_store_s=job_bytes / disk["writeback"],
+    return predict_modes(bytes_per_rank=state_bytes, store_s=job_bytes / disk.direct_bytes_per_s, host=host,
+                         costs=costs, direct_io=direct_io, lockstep_ranks=args.ranks, paced_store_s=booked_s,
+                         writeback_store_s=job_bytes / disk.writeback_bytes_per_s,
                          dirty_background_bytes=None if dirty is None else dirty / args.ranks)
-
-
-def measure_disk(directory: str) -> dict[str, float]:
-    """The disk under the emulated store, bytes/s: ``direct`` for an ``O_DIRECT`` writer (ckptio's), ``writeback``
-    for a buffered one's fsync (DCP's)."""
-    from ckptio.storage.direct_io import DirectIOUnsupported
-
-    writeback = disk_writeback_bytes_per_s(Path(directory))
-    try:
-        direct = disk_write_bytes_per_s(Path(directory))
-    except DirectIOUnsupported:  # tmpfs (--dir /dev/shm): ckptio writes through memory pages as DCP does
-        direct = writeback
-    return {"direct": direct, "writeback": writeback}
 
 
 def _width(state_bytes: int) -> int:
@@ -443,8 +429,9 @@ def main() -> int:
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
               f"{load_before[1]:.2f} {load_before[2]:.2f} before the runs")
         costs_line(costs)
-        print(f"the disk under the store: {disk['direct'] / MIB:,.0f} MiB/s O_DIRECT, {disk['writeback'] / MIB:,.0f} "
-              f"MiB/s write-back at fsync (one writer; the store's budget: {args.store_bandwidth:g} MiB/s)")
+        print(f"the disk under the store: {disk.direct_bytes_per_s / MIB:,.0f} MiB/s O_DIRECT, "
+              f"{disk.writeback_bytes_per_s / MIB:,.0f} MiB/s write-back at fsync (one writer; the store's "
+              f"budget: {args.store_bandwidth:g} MiB/s)")
         print(f"training's step with a fresh copy of its state alive: {1 + calibration['drag']:.3f}x "
               f"(fresh_copy_drag); a trial ckptio save of every rank at once cost it "
               f"{calibration['trial_lost_s'] * 1e3:.1f} ms, {modelled.lost_per_save_s * 1e3:.1f} from the model's "

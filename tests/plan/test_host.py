@@ -191,3 +191,14 @@ def test_save_loss_of_a_real_checkpointer_commits_every_trial_save(tmp_path: Pat
         lost = measure_save_loss(step, save, steps=1, repeats=3)  # type: ignore[arg-type]
         assert math.isfinite(lost)
         assert checkpointer.latest_step() == 3
+
+
+def test_the_disk_probe_writes_both_ways_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Both rates are real writes into the directory, which holds nothing afterwards (a probe's file left behind
+    would be read as part of the store). The rates are timings: only their sign is asserted."""
+    from ckptio.plan.host import measure_disk
+
+    (tmp_path / "kept").write_bytes(b"x")
+    rates = measure_disk(str(tmp_path), direct_bytes=1 << 20, writeback_bytes=1 << 20)
+    assert rates.direct_bytes_per_s > 0 and rates.writeback_bytes_per_s > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]

@@ -22,7 +22,7 @@ import torch
 from ckptio.demo.model import ModelShape, Trainer, TrainState
 from ckptio.plan.background import HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
-from ckptio.plan.host import measure_fresh_copy_drag, measure_writer_costs
+from ckptio.plan.host import DiskRates, dirty_background_bytes, measure_fresh_copy_drag
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 8
@@ -68,6 +68,12 @@ class Prediction:
     direct_io_s_per_gib: float = 0.0
     """From the trial save: what ckptio's ``O_DIRECT`` saves cost the steps per GiB beyond what the model charges
     from their CPU costs (:func:`ckptio.plan.background.direct_io_from_trial`)."""
+
+    costs: WriterCosts | None = None
+    """Measured: this host's per-byte CPU costs of a save's work (:func:`ckptio.plan.host.measure_writer_costs`)."""
+
+    disk: DiskRates | None = None
+    """Measured: the disk beneath the directory store (:func:`ckptio.plan.host.measure_disk`), or None."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -221,14 +227,19 @@ def predict(
     every: int,
     step_time_s: float,
     copy_bytes_per_s: float,
+    costs: WriterCosts,
+    disk: DiskRates | None = None,
     direct_io: bool = True,
     fresh_copy_drag: float = 0.0,
     trial_lost_s: float | None = None,
 ) -> Prediction:
-    """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``direct_io``:
-    ckptio's writer writes around the page cache (the directory store; not the embedded S3 server);
-    ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`; ``trial_lost_s``: a trial ckptio save's cost,
-    measured on the job's ranks (:attr:`Prediction.trial_lost_s`)."""
+    """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``costs``: this
+    host's per-byte CPU costs (:func:`ckptio.plan.host.measure_writer_costs`); ``disk``: the disk beneath the
+    directory store (:func:`ckptio.plan.host.measure_disk`): the store is a budget on it, so each writer takes the
+    longer of its booking and its real write, and a buffered file below the kernel's write-back threshold is
+    serialized before its fsync moves a byte; ``direct_io``: ckptio's writer writes around the page cache (the
+    directory store; not the embedded S3 server); ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`;
+    ``trial_lost_s``: a trial ckptio save's cost, measured on the job's ranks (:attr:`Prediction.trial_lost_s`)."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -242,14 +253,22 @@ def predict(
         )
 
     state_bytes = shape.state_bytes()
-    costs = WriterCosts(**measure_writer_costs())
+    booked_s = state_bytes / bytes_per_s
+    store_s, paced_store_s, writeback_store_s, dirty_per_rank = booked_s, None, None, None
+    if disk is not None:  # the budget on this host's disk: the disk itself may bind
+        store_s, paced_store_s = state_bytes / disk.direct_bytes_per_s, booked_s
+        writeback_store_s = state_bytes / disk.writeback_bytes_per_s
+        dirty = dirty_background_bytes()
+        dirty_per_rank = None if dirty is None else dirty / world
 
     def model(direct_io_s_per_gib: float) -> dict[str, ModeCost]:
         host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
                          direct_io_s_per_gib=direct_io_s_per_gib)
-        return predict_modes(bytes_per_rank=state_bytes / world, store_s=state_bytes / bytes_per_s, host=host,
-                             costs=costs, interval_s=every * step_time_s, direct_io=direct_io,
-                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world)
+        return predict_modes(bytes_per_rank=state_bytes / world, store_s=store_s, host=host, costs=costs,
+                             interval_s=every * step_time_s, direct_io=direct_io,
+                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world,
+                             paced_store_s=paced_store_s, writeback_store_s=writeback_store_s,
+                             dirty_background_bytes=dirty_per_rank)
 
     modes = model(0.0)
     direct_io_s_per_gib = 0.0
@@ -258,4 +277,4 @@ def predict(
         modes = model(direct_io_s_per_gib)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
                       staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag,
-                      trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib)
+                      trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib, costs=costs, disk=disk)

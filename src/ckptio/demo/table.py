@@ -121,8 +121,18 @@ def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
         f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
         f"(measured here: {prediction.step_time_s:.2f} s/step, {prediction.fresh_copy_drag:+.0%} with a fresh copy "
         f"of the state alive, {_trial(prediction)}; copy "
-        f"{format_rate(prediction.copy_bytes_per_s)})"
+        f"{format_rate(prediction.copy_bytes_per_s)}{_writers(prediction)})"
     )
+
+
+def _writers(prediction: Prediction) -> str:
+    parts = []
+    if prediction.costs is not None:
+        parts.append(f"torch.save + fsync {format_rate(prediction.costs.torch_save_bytes_per_s)} per core")
+    if prediction.disk is not None:
+        parts.append(f"the disk under the store {format_rate(prediction.disk.direct_bytes_per_s)} O_DIRECT, "
+                     f"{format_rate(prediction.disk.writeback_bytes_per_s)} write-back")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _trial(prediction: Prediction) -> str:
