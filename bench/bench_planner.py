@@ -354,7 +354,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
     """Run one mode on fresh ranks; :func:`measured_lost`'s figures averaged over ranks."""
     # The checkpoints stay until the end: deleting them here would free their page cache just before the next
     # mode runs, and pages freed a moment ago make its writer's page-cache writes several times cheaper than a
-    # steady job's (docs/planning.md, "Known misses"). ckptio's own retention still deletes within its run.
+    # steady job's (docs/planning-measurements.md). ckptio's own retention still deletes within its run.
     return _means([measured_lost(records, args.saves) for records in _rank_records(mode, args, workdir)])
 
 
