@@ -325,7 +325,8 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
     ``steps`` clean steps again: the two clean runs bracket the live one, so a drift of the step time over the
     measurement cancels; ``repeats`` times (a CPU step moves by ±10 % on its own, the drag is of that order).
     Call it on every rank of a job whose steps wait for each other, at the same point. The copy's own cost (the
-    blocking part of such a save) is not in the figure.
+    blocking part of such a save) is not in the figure, nor is the first copy's (one untimed step with a first
+    copy alive comes before the runs: the job's first save is set-up, as the planner counts it).
     """
     import torch
 
@@ -341,6 +342,13 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
 
     if steps < 1 or repeats < 1:
         raise ConfigError(f"steps and repeats must be >= 1, got {steps} and {repeats}")
+    # A first copy, one step with it alive, untimed: as the job's first save does, it takes the memory the steps
+    # were recycling, and they grow their heap once. A heap that is never trimmed keeps that growth, so the saves
+    # after the first meet no drag from it; one that is trimmed grows again at every copy, which the timed runs see.
+    with torch.no_grad():
+        first = fresh_copy(state())
+    step()
+    del first
     clean: list[float] = []
     live: list[float] = []
     for _ in range(repeats):
@@ -372,7 +380,7 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     """Training seconds one save of the job's own saver costs its steps, on the job's own ranks and store: the
     time the call that starts it holds the loop, plus Σ (step begun while it is in flight − the round's mean
     clean step), the mean of ``repeats`` saves. The planner takes from it what its model cannot derive from
-    per-byte CPU costs (:func:`ckptio.plan.background.direct_io_from_trial`).
+    per-byte CPU costs (:func:`ckptio.plan.background.excess_from_trial`).
 
     ``save(index)`` starts save ``index`` (1, 2, …: fresh step numbers on a scratch root) and returns a poll that
     says whether it is done (durable); ``step`` is one training step, with whatever the saver asks of it before
