@@ -70,7 +70,7 @@ from _common import (
     thread_stats,
     verdict,
 )
-from ckptio.plan.background import direct_io_from_trial
+from ckptio.plan.background import excess_from_trial
 from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
@@ -548,7 +548,7 @@ def main() -> int:
     trial = statistics.fmean(r["trial_lost_s"] for r in results)
     modelled = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
                        writeback_bytes_per_s=writeback)["ckptio"]
-    direct_io = direct_io_from_trial(trial, modelled, state_bytes / 2)
+    direct_io = excess_from_trial(trial, modelled, state_bytes / 2)
     predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
                         direct_io_s_per_gib=direct_io, writeback_bytes_per_s=writeback)
     print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s (O_DIRECT), {writeback / MiB:.0f} MiB/s (page-cache "

@@ -24,10 +24,12 @@ Prediction first, from measurements that never see a mode run: the writer's per-
 (:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
 per rank, training's CPU use (one thread: 1 core), how much slower its step runs while a fresh copy of its
 state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
-``async_save`` keeps such a copy until its write is done), and what a trial save of ckptio's own writer, every
-rank at once into a root of its own on the same store, costs the steps beyond what the model charges it from its
-CPU costs (:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.background.
-direct_io_from_trial`). Then each mode runs, ckptio first (:func:`run_order`).
+``async_save`` keeps such a copy until its write is done), and what a trial save of ckptio's own writer, and one of
+DCP-best's (the buffered writer DCP's background modes share), every rank at once into a root of its own on the
+same store, cost the steps beyond what the model charges them from their CPU costs
+(:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.background.excess_from_trial`).
+Where a trial loses more than the model charges, that mode's prediction is its trial's; default ``async_save``'s
+takes DCP-best's excess per GiB, a prediction across modes. Then each mode runs, ckptio first (:func:`run_order`).
 
 Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
@@ -73,7 +75,7 @@ from _common import (
     standard_error,
     thread_schedstat,
 )
-from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, direct_io_from_trial, predict_modes
+from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
 from ckptio.plan.host import (
     DiskRates,
@@ -222,6 +224,24 @@ class _Saver:
             dist.destroy_process_group(self.group)
 
 
+def _trial_lost(mode: str, rank: int, cfg: dict[str, Any], trainer: _Trainer) -> float:
+    """:func:`measure_save_loss` of ``mode``'s saver on a root of its own (kept until the end, as the runs' are)."""
+    trial = _Saver(mode, rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"], root_name=f"trial-{mode}")
+    try:
+        trial.save(0, trainer.state())  # warm-up, as a mode's run does
+        trial.drain()
+
+        def save(index: int) -> Callable[[], bool]:
+            trial.save(index, trainer.state())
+            return trial.done
+
+        # At the job's own interval, as the runs save (measure_save_loss: the slow tail after a save).
+        return measure_save_loss(lambda: trainer.step(trial.before_update), save, any_writing=any_rank,
+                                 every=cfg["every"])
+    finally:
+        trial.close()
+
+
 def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     import torch.distributed as dist
 
@@ -231,23 +251,12 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
         for _ in range(3):
             trainer.step(lambda: None)
         drag = measure_fresh_copy_drag(lambda: trainer.step(lambda: None), trainer.state, steps=_DRAG_STEPS)
-        # ckptio's own writer, on a root of its own on the same throttled store: a trial save's cost.
-        trial = _Saver("ckptio", rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"], root_name="trial")
-        try:
-            trial.save(0, trainer.state())  # warm-up, as a mode's run does
-            trial.drain()
-
-            def save(index: int) -> Callable[[], bool]:
-                trial.save(index, trainer.state())
-                return trial.done
-
-            # At the job's own interval, as the runs save (measure_save_loss: the slow tail after a save).
-            trial_lost = measure_save_loss(lambda: trainer.step(trial.before_update), save, any_writing=any_rank,
-                                           every=cfg["every"])
-        finally:
-            trial.close()
+        # ckptio's own writer, then DCP-best's (the buffered writer DCP's background modes share), each on a root
+        # of its own on the same throttled store: what a trial save costs the steps.
+        trials = {key: _trial_lost(mode, rank, cfg, trainer)
+                  for key, mode in (("trial_lost_s", "ckptio"), ("buffered_trial_lost_s", "dcp_best"))}
         with open(os.path.join(cfg["out_dir"], f"{_CALIBRATE}.rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump({"drag": drag, "trial_lost_s": trial_lost}, f)
+            json.dump({"drag": drag, **trials}, f)
         return
     saver = _Saver(cfg["mode"], rank, cfg["store_dir"], cfg["throttle_state"], cfg["bandwidth"])
     records: list[dict[str, Any]] = []
@@ -367,7 +376,8 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
     job_bytes = args.ranks * state_bytes
     host = HostModel(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
                      cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=calibration["drag"],
-                     direct_io_s_per_gib=calibration["direct_io_s_per_gib"])
+                     direct_io_s_per_gib=calibration["direct_io_s_per_gib"],
+                     buffered_io_s_per_gib=calibration["buffered_io_s_per_gib"])
     # ckptio's writer goes around the page cache on a disk (O_DIRECT); on tmpfs the bytes land in memory pages.
     direct_io = not os.path.realpath(args.dir or tempfile.gettempdir()).startswith("/dev/shm")
     if not args.glibc_trim:
@@ -422,8 +432,13 @@ def main() -> int:
         time.sleep(_SETTLE_S)
         state_bytes = _state_bytes(args.mib_per_rank)
         calibration = calibrate(args, workdir)
-        modelled = predict(args, state_bytes, costs, {**calibration, "direct_io_s_per_gib": 0.0}, disk)["ckptio"]
-        calibration["direct_io_s_per_gib"] = direct_io_from_trial(calibration["trial_lost_s"], modelled, state_bytes)
+        # Each trial's excess: what it lost beyond the model's charge for that save without the term.
+        bare = predict(args, state_bytes, costs,
+                       {**calibration, "direct_io_s_per_gib": 0.0, "buffered_io_s_per_gib": 0.0}, disk)
+        modelled = bare["ckptio"]
+        calibration["direct_io_s_per_gib"] = excess_from_trial(calibration["trial_lost_s"], modelled, state_bytes)
+        calibration["buffered_io_s_per_gib"] = excess_from_trial(calibration["buffered_trial_lost_s"],
+                                                                 bare["dcp_best"], state_bytes)
         quiet = predict(args, state_bytes, costs, calibration, disk)
         predicted: dict[str, ModeCost] = {}
         print(f"host: {os.cpu_count()} cores, {args.ranks} ranks; load average {load_before[0]:.2f} "
@@ -435,8 +450,11 @@ def main() -> int:
         print(f"training's step with a fresh copy of its state alive: {1 + calibration['drag']:.3f}x "
               f"(fresh_copy_drag); a trial ckptio save of every rank at once cost it "
               f"{calibration['trial_lost_s'] * 1e3:.1f} ms, {modelled.lost_per_save_s * 1e3:.1f} from the model's "
-              f"CPU costs: {calibration['direct_io_s_per_gib']:.2f} s/GiB more (direct_io_s_per_gib); ranks' "
-              f"heap: {'glibc defaults' if args.glibc_trim else 'large buffers kept, never trimmed'}")
+              f"CPU costs: {calibration['direct_io_s_per_gib']:.2f} s/GiB more (direct_io_s_per_gib); a trial "
+              f"DCP-best save {calibration['buffered_trial_lost_s'] * 1e3:.1f} ms, "
+              f"{bare['dcp_best'].lost_per_save_s * 1e3:.1f} from the model's: "
+              f"{calibration['buffered_io_s_per_gib']:.2f} s/GiB more (buffered_io_s_per_gib); ranks' heap: "
+              f"{'glibc defaults' if args.glibc_trim else 'large buffers kept, never trimmed'}")
         print(f"job: {args.ranks} ranks x {state_bytes / MIB:.0f} MiB, a save every {args.every} steps, "
               f"{args.saves} saves per mode, store {args.store_bandwidth:g} MiB/s shared, in {workdir}")
         measured = {}

@@ -17,9 +17,10 @@ from ckptio.plan.background import (
     GIB,
     MODES,
     HostModel,
+    ModeCost,
     WriterCosts,
     cfs_weight,
-    direct_io_from_trial,
+    excess_from_trial,
     predict_modes,
     writer_rate,
 )
@@ -380,20 +381,46 @@ def test_a_paced_store_holds_each_writer_for_its_booking_and_a_slower_disk_under
 
 
 def test_a_trial_save_sets_the_direct_io_term_to_what_the_model_does_not_charge() -> None:
-    """:func:`direct_io_from_trial`: the trial's loss beyond the model's blocking copy and CPU theft, per GiB of
+    """:func:`excess_from_trial`: the trial's loss beyond the model's blocking copy and CPU theft, per GiB of
     the rank's bytes; never below 0; a wait for the previous save (which a trial never has) is not subtracted;
     and the prediction built with it charges a same-size save exactly the trial's loss."""
     kwargs = {"bytes_per_rank": GIB / 2, "store_s": 2.0, "costs": COSTS, "direct_io": True}
     modelled = predict_modes(host=HostModel(cores_per_rank=1.0), **kwargs)["ckptio"]
     charged = modelled.blocking_s + modelled.stolen_s
-    assert direct_io_from_trial(charged + 0.25, modelled, GIB / 2) == pytest.approx(0.5)
-    assert direct_io_from_trial(charged / 2, modelled, GIB / 2) == 0.0
-    term = direct_io_from_trial(charged + 0.25, modelled, GIB / 2)
+    assert excess_from_trial(charged + 0.25, modelled, GIB / 2) == pytest.approx(0.5)
+    assert excess_from_trial(charged / 2, modelled, GIB / 2) == 0.0
+    term = excess_from_trial(charged + 0.25, modelled, GIB / 2)
     again = predict_modes(host=HostModel(cores_per_rank=1.0, direct_io_s_per_gib=term), **kwargs)["ckptio"]
     assert again.lost_per_save_s == pytest.approx(charged + 0.25)
     waiting = predict_modes(host=HostModel(cores_per_rank=1.0), interval_s=0.5, **kwargs)["ckptio"]
     assert waiting.lost_per_save_s > charged  # the flush outlasts the interval: the next save waits
-    assert direct_io_from_trial(charged + 0.25, waiting, GIB / 2) == pytest.approx(0.5)
+    assert excess_from_trial(charged + 0.25, waiting, GIB / 2) == pytest.approx(0.5)
     for trial, nbytes in ((float("nan"), GIB), (0.1, 0.0)):
         with pytest.raises(ConfigError):
-            direct_io_from_trial(trial, modelled, nbytes)
+            excess_from_trial(trial, modelled, nbytes)
+
+
+def test_a_buffered_trial_charges_dcps_background_modes_instead_of_the_direct_io_term() -> None:
+    """``HostModel.buffered_io_s_per_gib``, from a trial of DCP-best's writer: DCP-best's prediction is then the
+    trial's loss, default ``async_save`` takes the same per-GiB excess on top of its own model, ``dcp.save`` (its
+    I/O lands while training waits) and ckptio (``direct_io_s_per_gib``, its own trial) keep theirs; None keeps the
+    direct term for DCP's modes as before; a negative or non-finite figure is refused."""
+    kwargs = {"bytes_per_rank": GIB / 2, "store_s": 2.0, "costs": COSTS, "direct_io": True}
+
+    def modes(**host: float | None) -> dict[str, ModeCost]:
+        return predict_modes(host=HostModel(cores_per_rank=1.0, **host), **kwargs)  # type: ignore[arg-type]
+
+    bare = modes(buffered_io_s_per_gib=0.0)
+    trial = bare["dcp_best"].lost_per_save_s + 0.3
+    term = excess_from_trial(trial, bare["dcp_best"], GIB / 2)
+    assert term == pytest.approx(0.6)
+    charged = modes(buffered_io_s_per_gib=term, direct_io_s_per_gib=0.2)
+    assert charged["dcp_best"].lost_per_save_s == pytest.approx(trial)
+    assert charged["dcp_async"].lost_per_save_s == pytest.approx(bare["dcp_async"].lost_per_save_s + 0.3)
+    assert charged["dcp_sync"].lost_per_save_s == pytest.approx(bare["dcp_sync"].lost_per_save_s)
+    assert charged["ckptio"].lost_per_save_s == pytest.approx(bare["ckptio"].lost_per_save_s + 0.1)
+    direct_only = modes(direct_io_s_per_gib=0.2)  # no buffered trial: DCP's modes take the direct term
+    assert direct_only["dcp_best"].lost_per_save_s == pytest.approx(bare["dcp_best"].lost_per_save_s + 0.1)
+    for bad in (-0.1, float("inf")):
+        with pytest.raises(ConfigError):
+            HostModel(buffered_io_s_per_gib=bad)

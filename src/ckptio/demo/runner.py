@@ -201,6 +201,8 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         results = _launch(console, config, paths, list(_CKPTIO_FIRST), s3_endpoint)
         rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
         resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
+        # The DCP-best trial's checkpoints stayed for the runs (see run_calibration); nothing needs them now.
+        shutil.rmtree(_store_spec(config, paths, "calibrate", None).buffered_trial().root, ignore_errors=True)
     check = ResumeCheck(
         restored_step=resumed.restored_step,
         resumed=resumed.losses,
@@ -293,10 +295,12 @@ def _plan(
     config = config.with_every(choice.every)
     _intro(console, config, s3_endpoint)
     console.print(f"[bold]Interval[/]: {choice.reason()}")
-    # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured by a trial save on
-    # the job's own ranks (the S3 store's bytes go through a socket instead).
+    # ckptio writes the directory store with O_DIRECT, DCP through the page cache: what each writer's I/O costs the
+    # steps beyond its CPU is measured by trial saves on the job's own ranks (the S3 store's bytes go through a
+    # socket instead).
     calibrated = _launch(console, config, paths, ["calibrate"], None)["calibrate"] if direct_io else []
     trials = [r.trial_lost_s for r in calibrated if r.trial_lost_s is not None]
+    buffered_trials = [r.buffered_trial_lost_s for r in calibrated if r.buffered_trial_lost_s is not None]
     prediction = predict(
         config.shape,
         world=world,
@@ -309,6 +313,7 @@ def _plan(
         direct_io=direct_io,
         fresh_copy_drag=training.fresh_copy_drag,
         trial_lost_s=statistics.fmean(trials) if trials else None,
+        buffered_trial_lost_s=statistics.fmean(buffered_trials) if buffered_trials else None,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))
@@ -335,7 +340,7 @@ def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str
     )
 
 
-_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: a trial ckptio save"}
+_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: trial saves"}
 
 
 def _label(mode: str) -> str:

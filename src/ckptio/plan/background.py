@@ -23,7 +23,8 @@ The modes:
   a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere.
 
 On a durable POSIX tier the device's I/O may cost the steps more than the writers' CPU: every background mode is
-charged :attr:`HostModel.direct_io_s_per_gib` for its bytes.
+charged :attr:`HostModel.direct_io_s_per_gib` for its bytes (DCP's, :attr:`HostModel.buffered_io_s_per_gib` where a
+trial of their own writer measured it).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class HostModel:
     direct_io_s_per_gib: float = 0.0
     """Training seconds the job loses per GiB a rank's writer moves to the store's device while training runs,
     beyond what the model charges from CPU costs (a save's staging copy and its writer's CPU); measured through
-    ckptio's ``O_DIRECT`` writer, hence the name: :func:`direct_io_from_trial` takes it from a trial save of
+    ckptio's ``O_DIRECT`` writer, hence the name: :func:`excess_from_trial` takes it from a trial save of
     ckptio's own writer on the job's ranks and store
     (:func:`ckptio.plan.host.measure_save_loss`), every rank saving at once, so the figure is already the job's,
     lockstep included. The device's I/O is not free for the cores: on a VM the hypervisor emulates the disk and
@@ -139,11 +140,24 @@ class HostModel:
     2-vCPU VM (2026-12-04) their loss beyond the model's CPU charge was of the order of what ckptio's trial left
     over (their writers' CPU in flight mostly read 1.2–1.4× the probe's); on an earlier VM their write-back had
     cost about its CPU (docs/planning.md). Not charged where ckptio writes without ``O_DIRECT`` (``direct_io``
-    False: a tmpfs, a socket), where no trial measures it."""
+    False: a tmpfs, a socket), where no trial measures it. Where a trial of a buffered writer measures the DCP
+    modes' own figure (:attr:`buffered_io_s_per_gib`), they are charged that instead."""
+
+    buffered_io_s_per_gib: float | None = None
+    """As :attr:`direct_io_s_per_gib`, for DCP's background writers (``torch.save`` through the page cache, fsync,
+    at the trainer's priority): what they cost the steps per GiB beyond the model's CPU charge, taken by
+    :func:`excess_from_trial` from a trial save of DCP-best on the job's ranks and store, charged to default
+    ``async_save`` and DCP-best. None: no such trial; they are charged :attr:`direct_io_s_per_gib`. Why a trial of
+    their own: on the 2026-12-05 VM ckptio's ``O_DIRECT`` trial cost nothing beyond its CPU while the demo's
+    DCP-best lost 0.10–0.15 s per 160 MiB save beyond its writer's (with the per-byte costs measured cold), and
+    whatever a VM makes of a buffered writer (its page-cache pages' first touch, the write-back's interrupts, the
+    ranks' bursts drifting apart) lands in that figure, measured as the job meets it."""
 
     def __post_init__(self) -> None:
-        for name in ("fresh_copy_drag", "direct_io_s_per_gib"):
+        for name in ("fresh_copy_drag", "direct_io_s_per_gib", "buffered_io_s_per_gib"):
             value = getattr(self, name)
+            if value is None and name == "buffered_io_s_per_gib":
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(self.cpu_share, (int, float)) and 0 < self.cpu_share <= 1):
@@ -300,6 +314,7 @@ def predict_modes(
     # write-back as much as ckptio's O_DIRECT writes (HostModel.direct_io_s_per_gib); dcp.save's lands while
     # training waits anyway.
     device_io = host.direct_io_s_per_gib * b / GIB if direct_io else 0.0
+    dcp_io = device_io if host.buffered_io_s_per_gib is None else host.buffered_io_s_per_gib * b / GIB
     return {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
         "dcp_sync": _sync((device_copy_s or 0.0)
@@ -308,12 +323,12 @@ def predict_modes(
             blocking_s=dcp_staging,
             work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ), host.fresh_copy_drag), device_io),
+        ), host.fresh_copy_drag), dcp_io),
         "dcp_best": _with_extra(_background(
             blocking_s=0.0,
             work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
-        ), device_io),
+        ), dcp_io),
         "ckptio": _with_extra(_background(
             blocking_s=copy,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
@@ -324,12 +339,13 @@ def predict_modes(
     }
 
 
-def direct_io_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: float) -> float:
-    """:attr:`HostModel.direct_io_s_per_gib` from a trial save: ``trial_lost_s``, what a save of ckptio's own
-    writer cost the job's steps (:func:`ckptio.plan.host.measure_save_loss`, the mean over ranks), less what the
-    model charges that save without the term (``modelled``: :func:`predict_modes`' ``ckptio`` cost with
-    ``direct_io_s_per_gib`` 0; its blocking copy and its writer's CPU theft, not a wait for the previous save,
-    which a trial save never has), per GiB of ``bytes_per_rank``; 0 where the model already charges as much.
+def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: float) -> float:
+    """:attr:`HostModel.direct_io_s_per_gib` (or :attr:`~HostModel.buffered_io_s_per_gib`) from a trial save:
+    ``trial_lost_s``, what a save of ckptio's own writer (DCP-best's) cost the job's steps
+    (:func:`ckptio.plan.host.measure_save_loss`, the mean over ranks), less what the model charges that save
+    without the term (``modelled``: :func:`predict_modes`' ``ckptio`` (``dcp_best``) cost with the term 0; its
+    blocking copy and its writer's CPU theft, not a wait for the previous save, which a trial save never has), per
+    GiB of ``bytes_per_rank``; 0 where the model already charges as much.
 
     The term is the one part of ckptio's cost the model does not derive from per-byte CPU costs: a stand-in
     writer that wrote the same bytes with the same ``O_DIRECT`` path read 1.6× what the writer's own saves cost
