@@ -49,7 +49,7 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
         assert row.median_step_s is not None and row.median_step_s > 0
     assert outcome.rows[-1].ready_s > 0  # ckptio's writer booted before step 1
     # The newest step of every mode stays, committed by its own rule (ckptio: the manifest; DCP: .metadata);
-    # the older ones are pruned once measured, so the demo leaves one checkpoint per mode on disk.
+    # the older ones are pruned once every run is measured, so the demo leaves one checkpoint per mode on disk.
     store = tmp_path / "demo" / "store"
     assert (store / "ckptio" / "step-00000009" / "manifest.json").is_file()
     for mode in ("dcp-sync", "dcp-async", "dcp-best"):

@@ -32,7 +32,6 @@ from ckptio.demo.savers import (
     DcpSyncSaver,
     Saver,
     open_demo_storage,
-    prune_older_steps,
 )
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
@@ -120,11 +119,10 @@ def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: T
     lags = saver.lags()
     for record in result.saves:
         record.lag_s = lags.get(record.step)
-    # Every rank's saves are done before rank 0 prunes: another rank may still be waiting to see a manifest.
+    # Every rank's saves are done before rank 0 reads what is committed: another may still be waiting on a manifest.
     dist.barrier()
     if rank == 0:
         result.committed = saver.committed()
-        prune_older_steps(job.stores[result.mode], result.committed)
 
 
 def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer, result: RankResult) -> None:

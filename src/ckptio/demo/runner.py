@@ -28,6 +28,7 @@ from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
 from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_training, predict
+from ckptio.demo.savers import prune_older_steps
 from ckptio.demo.steady import RunRow, run_row
 from ckptio.demo.table import (
     LABELS,
@@ -201,8 +202,13 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         results = _launch(console, config, paths, list(_CKPTIO_FIRST), s3_endpoint)
         rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
         resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
-        # The DCP-best trial's checkpoints stayed for the runs (see run_calibration); nothing needs them now.
+        # Every run's checkpoints but its newest, and the DCP-best trial's, stay until every run is measured: files
+        # deleted a moment ago hand their page-cache pages, several times cheaper to take again on a VM, to the
+        # next run's saves (bench_planner keeps its stores for the same reason).
         shutil.rmtree(_store_spec(config, paths, "calibrate", None).buffered_trial().root, ignore_errors=True)
+        for mode in RUN_MODES:
+            committed = next((r.committed for r in results[mode] if r.committed), [])
+            prune_older_steps(_store_spec(config, paths, mode, s3_endpoint), committed)
     check = ResumeCheck(
         restored_step=resumed.restored_step,
         resumed=resumed.losses,

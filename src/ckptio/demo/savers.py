@@ -56,7 +56,7 @@ def committed_steps(storage: Storage, marker: str) -> list[int]:
 
 
 def prune_older_steps(spec: StoreSpec, committed: list[int]) -> None:
-    """Delete every step directory of a directory store but the newest committed one, once its run is measured:
+    """Delete every step directory of a directory store but the newest committed one, once every run is measured:
     four modes x every save would otherwise leave gigabytes behind (the resume needs ckptio's newest only)."""
     if spec.kind != "posix" or not committed or not os.path.isdir(spec.root):
         return
