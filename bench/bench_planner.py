@@ -250,7 +250,8 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     if cfg["mode"] == _CALIBRATE:
         for _ in range(3):
             trainer.step(lambda: None)
-        drag = measure_fresh_copy_drag(lambda: trainer.step(lambda: None), trainer.state, steps=_DRAG_STEPS)
+        drag = measure_fresh_copy_drag(lambda: trainer.step(lambda: None), trainer.state, steps=_DRAG_STEPS,
+                                       steady_heap=not cfg["glibc_trim"])
         # ckptio's own writer, then DCP-best's (the buffered writer DCP's background modes share), each on a root
         # of its own on the same throttled store: what a trial save costs the steps.
         trials = {key: _trial_lost(mode, rank, cfg, trainer)
@@ -326,7 +327,7 @@ def _run_ranks(mode: str, args: argparse.Namespace, workdir: str) -> None:
     open(throttle_state, "wb").close()
     cfg = {"mode": mode, "bytes_per_rank": args.mib_per_rank * MIB, "store_dir": store_dir,
            "throttle_state": throttle_state, "bandwidth": args.store_bandwidth * MIB, "saves": args.saves,
-           "every": args.every, "out_dir": workdir}
+           "every": args.every, "out_dir": workdir, "glibc_trim": args.glibc_trim}
     run_ranks(args.ranks, _rank_main, cfg)
 
 

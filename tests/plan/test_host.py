@@ -64,7 +64,10 @@ def test_fresh_copy_drag_brackets_live_steps_with_clean_ones_and_leaves_the_stat
         del buffers
 
     drag = measure_fresh_copy_drag(step, lambda: state, steps=2, repeats=2)
-    assert drag >= 0.0 and len(calls) == 13  # one untimed step with a first copy, then 2 × (2 + 2 + 2)
+    assert drag >= 0.0 and len(calls) == 12  # 2 × (2 clean + 2 live + 2 clean)
+    calls.clear()
+    measure_fresh_copy_drag(step, lambda: state, steps=2, repeats=2, steady_heap=True)
+    assert len(calls) == 14  # a never-trimmed heap: 2 untimed steps with a first copy come first
     assert torch.equal(state["w"], before["w"]) and torch.equal(state["nested"]["m"][0], before["m"])
     with pytest.raises(ConfigError):
         measure_fresh_copy_drag(step, lambda: state, steps=0)

@@ -367,7 +367,7 @@ def _timed_steps(step: Callable[[], object], count: int) -> list[float]:
 
 
 def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapping[str, object]], *,
-                            steps: int = 4, repeats: int = 2) -> float:
+                            steps: int = 4, repeats: int = 2, steady_heap: bool = False) -> float:
     """How much slower the caller's training step runs while a freshly allocated copy of its state is alive:
     mean step time with the copy ÷ without, − 1, floored at 0 (:attr:`ckptio.plan.background.HostModel.
     fresh_copy_drag`).
@@ -377,8 +377,9 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
     ``steps`` clean steps again: the two clean runs bracket the live one, so a drift of the step time over the
     measurement cancels; ``repeats`` times (a CPU step moves by ±10 % on its own, the drag is of that order).
     Call it on every rank of a job whose steps wait for each other, at the same point. The copy's own cost (the
-    blocking part of such a save) is not in the figure, nor is the first copy's (one untimed step with a first
-    copy alive comes before the runs: the job's first save is set-up, as the planner counts it).
+    blocking part of such a save) is not in the figure. ``steady_heap``: the caller's process never trims its heap
+    (glibc's ``MALLOC_TRIM_THRESHOLD_`` set high, as bench_planner's ranks): the first copy's drag is then set-up,
+    paid once, and ``steps`` untimed steps with a first copy alive come before the runs.
     """
     import torch
 
@@ -394,13 +395,16 @@ def measure_fresh_copy_drag(step: Callable[[], object], state: Callable[[], Mapp
 
     if steps < 1 or repeats < 1:
         raise ConfigError(f"steps and repeats must be >= 1, got {steps} and {repeats}")
-    # A first copy, one step with it alive, untimed: as the job's first save does, it takes the memory the steps
-    # were recycling, and they grow their heap once. A heap that is never trimmed keeps that growth, so the saves
-    # after the first meet no drag from it; one that is trimmed grows again at every copy, which the timed runs see.
-    with torch.no_grad():
-        first = fresh_copy(state())
-    step()
-    del first
+    if steady_heap:
+        # The first copy takes the memory the steps were recycling, and they grow their heap; one never trimmed
+        # keeps that growth, so the saves after the first meet no drag from it (bench_planner's ranks, scratch: the
+        # first copy's steps 108-120 ms with 2,458-3,277 page faults each against 74-76 clean; every later copy's
+        # 66-88 ms, no fault). A trimmed heap grows again at every copy: the demo's drag read 1-2 % with this
+        # warm-up against 3-12 % without, and its default async_save then came out under.
+        with torch.no_grad():
+            first = fresh_copy(state())
+        _timed_steps(step, steps)
+        del first
     clean: list[float] = []
     live: list[float] = []
     for _ in range(repeats):
