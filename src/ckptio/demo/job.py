@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ckptio.demo.model import ModelShape
@@ -39,11 +39,6 @@ class StoreSpec:
 
     options: dict[str, Any] = field(default_factory=dict)
     """Extra storage options (S3: ``endpoint_url``, ``region``)."""
-
-    def buffered_trial(self) -> StoreSpec:
-        """The directory store beside this one (the calibration's) where DCP-best's trial saves go, on a budget of
-        its own."""
-        return replace(self, root=f"{self.root}-dcp-best", throttle_state=f"{self.throttle_state}-dcp-best")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -190,9 +185,6 @@ class RankResult:
 
     trial_lost_s: float | None = None
     """Calibrate runs: what a trial ckptio save cost this rank's steps (:func:`ckptio.plan.host.measure_save_loss`)."""
-
-    buffered_trial_lost_s: float | None = None
-    """Calibrate runs on a directory store: what a trial DCP-best save cost this rank's steps (the same way)."""
 
     wall_s: float = 0.0
     """From the start of the run's set-up (saver, model) to its last save being durable."""

@@ -69,13 +69,6 @@ class Prediction:
     """From the trial save: what ckptio's ``O_DIRECT`` saves cost the steps per GiB beyond what the model charges
     from their CPU costs (:func:`ckptio.plan.background.excess_from_trial`)."""
 
-    buffered_trial_lost_s: float | None = None
-    """Measured on the job's ranks: what a trial DCP-best save cost the steps (the mean of ranks), or None."""
-
-    buffered_io_s_per_gib: float | None = None
-    """From that trial: what DCP's background writers cost the steps per GiB beyond the model's CPU charge
-    (:attr:`ckptio.plan.background.HostModel.buffered_io_s_per_gib`), or None."""
-
     costs: WriterCosts | None = None
     """Measured: this host's per-byte CPU costs of a save's work (:func:`ckptio.plan.host.measure_writer_costs`)."""
 
@@ -239,7 +232,6 @@ def predict(
     direct_io: bool = True,
     fresh_copy_drag: float = 0.0,
     trial_lost_s: float | None = None,
-    buffered_trial_lost_s: float | None = None,
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``costs``: this
     host's per-byte CPU costs (:func:`ckptio.plan.host.measure_writer_costs`); ``disk``: the disk beneath the
@@ -247,8 +239,7 @@ def predict(
     longer of its booking and its real write, and a buffered file below the kernel's write-back threshold is
     serialized before its fsync moves a byte; ``direct_io``: ckptio's writer writes around the page cache (the
     directory store; not the embedded S3 server); ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`;
-    ``trial_lost_s``: a trial ckptio save's cost, measured on the job's ranks (:attr:`Prediction.trial_lost_s`);
-    ``buffered_trial_lost_s``: a trial DCP-best save's, the same way (:attr:`Prediction.buffered_trial_lost_s`)."""
+    ``trial_lost_s``: a trial ckptio save's cost, measured on the job's ranks (:attr:`Prediction.trial_lost_s`)."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -270,25 +261,20 @@ def predict(
         dirty = dirty_background_bytes()
         dirty_per_rank = None if dirty is None else dirty / world
 
-    def model(direct_io_s_per_gib: float, buffered_io_s_per_gib: float | None) -> dict[str, ModeCost]:
+    def model(direct_io_s_per_gib: float) -> dict[str, ModeCost]:
         host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
-                         direct_io_s_per_gib=direct_io_s_per_gib, buffered_io_s_per_gib=buffered_io_s_per_gib)
+                         direct_io_s_per_gib=direct_io_s_per_gib)
         return predict_modes(bytes_per_rank=state_bytes / world, store_s=store_s, host=host, costs=costs,
                              interval_s=every * step_time_s, direct_io=direct_io,
                              dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world,
                              paced_store_s=paced_store_s, writeback_store_s=writeback_store_s,
                              dirty_background_bytes=dirty_per_rank)
 
-    # Each trial's excess is what it lost beyond the model's charge for that save without the term.
-    bare = model(0.0, 0.0)
+    modes = model(0.0)
     direct_io_s_per_gib = 0.0
     if trial_lost_s is not None and direct_io:
-        direct_io_s_per_gib = excess_from_trial(trial_lost_s, bare["ckptio"], state_bytes / world)
-    buffered_io_s_per_gib = None
-    if buffered_trial_lost_s is not None:
-        buffered_io_s_per_gib = excess_from_trial(buffered_trial_lost_s, bare["dcp_best"], state_bytes / world)
+        direct_io_s_per_gib = excess_from_trial(trial_lost_s, modes["ckptio"], state_bytes / world)
+        modes = model(direct_io_s_per_gib)
     return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
-                      staged=plan("async"), modes=model(direct_io_s_per_gib, buffered_io_s_per_gib),
-                      fresh_copy_drag=fresh_copy_drag, trial_lost_s=trial_lost_s,
-                      direct_io_s_per_gib=direct_io_s_per_gib, buffered_trial_lost_s=buffered_trial_lost_s,
-                      buffered_io_s_per_gib=buffered_io_s_per_gib, costs=costs, disk=disk)
+                      staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag,
+                      trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib, costs=costs, disk=disk)

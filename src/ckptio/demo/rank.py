@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import psutil
 import torch
@@ -206,49 +205,37 @@ def run_resume(job: RankJob, rank: int) -> RankResult:
 
 
 def run_calibration(job: RankJob, rank: int) -> RankResult:
-    """What a save costs this job's steps, every rank saving its share into a store of its own at once
-    (:func:`ckptio.plan.host.measure_save_loss`), for ckptio's own writer and then for DCP-best's (on a POSIX
-    store: the buffered writer DCP's background modes share): the planner's measure of what its model cannot
-    derive from per-byte CPU costs, taken before any run. ckptio's trial checkpoints are removed at the end;
-    DCP-best's stay until the demo ends, as a run's do (deleting them would hand their page-cache pages, freed a
-    moment ago and cheap to take again, to the runs' first saves)."""
+    """What a save of ckptio's own writer costs this job's steps, every rank saving its share into a store of its
+    own at once (:func:`ckptio.plan.host.measure_save_loss`): the planner's measure of what its model cannot derive
+    from per-byte CPU costs, taken before any run. Its checkpoints are removed at the end."""
     began = time.monotonic()
     result = RankResult(mode="calibrate", rank=rank)
     spec = job.stores["calibrate"]
-    trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
-    state = {"app": TrainState(trainer, _mesh(job))}
-    for _ in range(2):
-        trainer.train_step(lambda: 0.0)  # warm-up: first-touch allocation of the Adam moments
-    with contextlib.closing(CkptioSaver(spec, job.events_pattern("calibrate"), rank)) as saver:
+    with contextlib.ExitStack() as stack:
+        saver = CkptioSaver(spec, job.events_pattern("calibrate"), rank)
+        stack.callback(saver.close)
+        trainer = Trainer(job.shape, rank=rank, world=job.world, seed=job.seed)
+        state = {"app": TrainState(trainer, _mesh(job))}
         saver.ready()
-        result.trial_lost_s = _trial_loss(job, trainer, state, saver)
+
+        def step() -> None:
+            trainer.train_step(saver.before_update)
+
+        def save(index: int) -> Callable[[], bool]:
+            saver.save(index, state)
+            return saver.done
+
+        for _ in range(2):
+            step()  # warm-up: first-touch allocation of the Adam moments
+        save(0)  # warm-up: the writer's first save (plans, staging memory)
+        saver.drain()
+        result.trial_lost_s = measure_save_loss(step, save, any_writing=any_rank, every=job.every)
     log(f"calibrate: a trial ckptio save cost the step {result.trial_lost_s * 1e3:.0f} ms")
-    if spec.kind == "posix":
-        with contextlib.ExitStack() as stack:
-            events_path = os.path.join(job.events_dir, f"calibrate-dcp-best.rank{rank}.jsonl")
-            events = stack.enter_context(contextlib.closing(EventLog(events_path, rank=rank, role="trainer")))
-            dcp_saver = DcpBestSaver(spec.buffered_trial(), events, job.bytes_per_rank)
-            stack.callback(dcp_saver.close)
-            result.buffered_trial_lost_s = _trial_loss(job, trainer, state, dcp_saver)
-        log(f"calibrate: a trial DCP-best save cost the step {result.buffered_trial_lost_s * 1e3:.0f} ms")
     dist.barrier()  # every rank's saves are done before rank 0 removes them
     if rank == 0:
         shutil.rmtree(spec.root, ignore_errors=True)
     result.wall_s = time.monotonic() - began
     return result
-
-
-def _trial_loss(job: RankJob, trainer: Trainer, state: dict[str, Any], saver: CkptioSaver | DcpBestSaver) -> float:
-    def step() -> None:
-        trainer.train_step(saver.before_update)
-
-    def save(index: int) -> Callable[[], bool]:
-        saver.save(index, state)
-        return saver.done
-
-    save(0)  # warm-up: the writer's first save (plans, staging memory, DCP-best's checkpoint process)
-    saver.drain()
-    return measure_save_loss(step, save, any_writing=any_rank, every=job.every)
 
 
 def main(argv: list[str]) -> int:

@@ -202,10 +202,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         results = _launch(console, config, paths, list(_CKPTIO_FIRST), s3_endpoint)
         rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
         resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
-        # Every run's checkpoints but its newest, and the DCP-best trial's, stay until every run is measured: files
-        # deleted a moment ago hand their page-cache pages, several times cheaper to take again on a VM, to the
-        # next run's saves (bench_planner keeps its stores for the same reason).
-        shutil.rmtree(_store_spec(config, paths, "calibrate", None).buffered_trial().root, ignore_errors=True)
+        # Every run's checkpoints but its newest stay until every run is measured: files deleted a moment ago hand
+        # their page-cache pages, several times cheaper to take again on a VM, to the next run's saves
+        # (bench_planner keeps its stores for the same reason).
         for mode in RUN_MODES:
             committed = next((r.committed for r in results[mode] if r.committed), [])
             prune_older_steps(_store_spec(config, paths, mode, s3_endpoint), committed)
@@ -301,12 +300,10 @@ def _plan(
     config = config.with_every(choice.every)
     _intro(console, config, s3_endpoint)
     console.print(f"[bold]Interval[/]: {choice.reason()}")
-    # ckptio writes the directory store with O_DIRECT, DCP through the page cache: what each writer's I/O costs the
-    # steps beyond its CPU is measured by trial saves on the job's own ranks (the S3 store's bytes go through a
-    # socket instead).
+    # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured by a trial save on
+    # the job's own ranks (the S3 store's bytes go through a socket instead).
     calibrated = _launch(console, config, paths, ["calibrate"], None)["calibrate"] if direct_io else []
     trials = [r.trial_lost_s for r in calibrated if r.trial_lost_s is not None]
-    buffered_trials = [r.buffered_trial_lost_s for r in calibrated if r.buffered_trial_lost_s is not None]
     prediction = predict(
         config.shape,
         world=world,
@@ -319,7 +316,6 @@ def _plan(
         direct_io=direct_io,
         fresh_copy_drag=training.fresh_copy_drag,
         trial_lost_s=statistics.fmean(trials) if trials else None,
-        buffered_trial_lost_s=statistics.fmean(buffered_trials) if buffered_trials else None,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))
@@ -346,7 +342,7 @@ def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str
     )
 
 
-_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: trial saves"}
+_RUN_LABELS = {**LABELS, "resume": "resume from newest ckptio step", "calibrate": "calibrate: a trial ckptio save"}
 
 
 def _label(mode: str) -> str:

@@ -187,10 +187,6 @@ class DcpAsyncSaver(_DcpSaver):
 
         return done
 
-    def done(self) -> bool:
-        """The last save is durable (or failed: :meth:`drain` raises its error)."""
-        return self.pending is None or self.pending.done()
-
     def drain(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None

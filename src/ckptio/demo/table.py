@@ -138,12 +138,8 @@ def _writers(prediction: Prediction) -> str:
 def _trial(prediction: Prediction) -> str:
     if prediction.trial_lost_s is None:
         return "no trial save"
-    trial = (f"a trial ckptio save {prediction.trial_lost_s:.2f} s, {prediction.direct_io_s_per_gib:.2f} s/GiB of "
-             "O_DIRECT saves beyond their CPU")
-    if prediction.buffered_trial_lost_s is not None and prediction.buffered_io_s_per_gib is not None:
-        trial += (f", a trial DCP-best save {prediction.buffered_trial_lost_s:.2f} s, "
-                  f"{prediction.buffered_io_s_per_gib:.2f} s/GiB of buffered saves beyond their CPU")
-    return trial
+    return (f"a trial ckptio save {prediction.trial_lost_s:.2f} s, {prediction.direct_io_s_per_gib:.2f} s/GiB of "
+            "O_DIRECT saves beyond their CPU")
 
 
 MODEL_KEYS = {"dcp-sync": "dcp_sync", "dcp-async": "dcp_async", "dcp-best": "dcp_best", "ckptio": "ckptio"}

@@ -148,10 +148,9 @@ class HostModel:
     at the trainer's priority): what they cost the steps per GiB beyond the model's CPU charge, taken by
     :func:`excess_from_trial` from a trial save of DCP-best on the job's ranks and store, charged to default
     ``async_save`` and DCP-best. None: no such trial; they are charged :attr:`direct_io_s_per_gib`. Why a trial of
-    their own: on the 2026-12-05 VM ckptio's ``O_DIRECT`` trial cost nothing beyond its CPU while the demo's
-    DCP-best lost 0.10–0.15 s per 160 MiB save beyond its writer's (with the per-byte costs measured cold), and
-    whatever a VM makes of a buffered writer (its page-cache pages' first touch, the write-back's interrupts, the
-    ranks' bursts drifting apart) lands in that figure, measured as the job meets it."""
+    their own: ckptio's ``O_DIRECT`` trial measures a different writer's I/O, and what a VM makes of a buffered one
+    (its page-cache pages' first touch, the write-back's interrupts, the ranks' bursts drifting apart) is not what it
+    makes of ``O_DIRECT`` (on the 2026-12-05 VM ckptio's trial cost nothing beyond its CPU). bench_planner runs it."""
 
     def __post_init__(self) -> None:
         for name in ("fresh_copy_drag", "direct_io_s_per_gib", "buffered_io_s_per_gib"):
