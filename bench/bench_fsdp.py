@@ -244,7 +244,10 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     for _ in range(2):
         loop.step()  # AdamW's state exists from here on: every save has its full size
     # The planner's input for default async_save (HostModel.fresh_copy_drag), measured before any save runs.
-    drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean)
+    # Four bracketed runs, not two: over two 3-step runs the drag read 1.31 and 1.43 an hour apart (2026-12-05),
+    # and default async_save's prediction moved with it (1.08, 1.29); with four, 1.23 (and 1.31: what that mode
+    # loses moves too, 0.93-1.20 s per save over these runs).
+    drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean, repeats=4)
     # ckptio's (HostModel.direct_io_s_per_gib, from the trial's cost): a trial save of ckptio's own writer, every
     # rank at once, into a root of its own on the disk the checkpoints go to. Its brackets are the loop's own
     # baseline (spec.clean steps, as the paired steps right after a save).
