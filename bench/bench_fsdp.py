@@ -504,7 +504,8 @@ def main() -> int:
                     batch=args.batch, plain=args.plain)
         # The planner's inputs come first, measured before any mode runs.
         from ckptio.plan.background import WriterCosts
-        from ckptio.plan.host import measure_disk, measure_writer_costs
+        from ckptio.plan.disk import measure_disk
+        from ckptio.plan.host import measure_writer_costs
 
         costs = WriterCosts(**measure_writer_costs(directory=str(root)))
         rates = measure_disk(str(root))

@@ -77,11 +77,10 @@ from _common import (
 )
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
+from ckptio.plan.disk import DiskRates, measure_disk
 from ckptio.plan.host import (
-    DiskRates,
     any_rank,
     dirty_background_bytes,
-    measure_disk,
     measure_fresh_copy_drag,
     measure_save_loss,
     measure_writer_costs,
@@ -371,7 +370,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
 def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
             disk: DiskRates, *, cpu_share: float = 1.0) -> dict[str, ModeCost]:
     """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``disk``
-    :func:`ckptio.plan.host.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
+    :func:`ckptio.plan.disk.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
     booked_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
     job_bytes = args.ranks * state_bytes

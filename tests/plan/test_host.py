@@ -199,7 +199,7 @@ def test_save_loss_of_a_real_checkpointer_commits_every_trial_save(tmp_path: Pat
 def test_the_disk_probe_writes_both_ways_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Both rates are real writes into the directory, which holds nothing afterwards (a probe's file left behind
     would be read as part of the store). The rates are timings: only their sign is asserted."""
-    from ckptio.plan.host import measure_disk
+    from ckptio.plan.disk import measure_disk
 
     (tmp_path / "kept").write_bytes(b"x")
     rates = measure_disk(str(tmp_path), direct_bytes=1 << 20, writeback_bytes=1 << 20)

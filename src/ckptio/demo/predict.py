@@ -22,7 +22,8 @@ import torch
 from ckptio.demo.model import ModelShape, Trainer, TrainState
 from ckptio.plan.background import HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
-from ckptio.plan.host import DiskRates, dirty_background_bytes, measure_fresh_copy_drag
+from ckptio.plan.disk import DiskRates
+from ckptio.plan.host import dirty_background_bytes, measure_fresh_copy_drag
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 8
@@ -73,7 +74,7 @@ class Prediction:
     """Measured: this host's per-byte CPU costs of a save's work (:func:`ckptio.plan.host.measure_writer_costs`)."""
 
     disk: DiskRates | None = None
-    """Measured: the disk beneath the directory store (:func:`ckptio.plan.host.measure_disk`), or None."""
+    """Measured: the disk beneath the directory store (:func:`ckptio.plan.disk.measure_disk`), or None."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -235,7 +236,7 @@ def predict(
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``costs``: this
     host's per-byte CPU costs (:func:`ckptio.plan.host.measure_writer_costs`); ``disk``: the disk beneath the
-    directory store (:func:`ckptio.plan.host.measure_disk`): the store is a budget on it, so each writer takes the
+    directory store (:func:`ckptio.plan.disk.measure_disk`): the store is a budget on it, so each writer takes the
     longer of its booking and its real write, and a buffered file below the kernel's write-back threshold is
     serialized before its fsync moves a byte; ``direct_io``: ckptio's writer writes around the page cache (the
     directory store; not the embedded S3 server); ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`;

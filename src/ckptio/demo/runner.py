@@ -44,7 +44,8 @@ from ckptio.demo.table import (
 )
 from ckptio.errors import CkptError, ConfigError
 from ckptio.plan.background import WriterCosts
-from ckptio.plan.host import measure_copy_bandwidth, measure_disk, measure_writer_costs
+from ckptio.plan.disk import measure_disk
+from ckptio.plan.host import measure_copy_bandwidth, measure_writer_costs
 from ckptio.plan.units import format_bytes
 from ckptio.testing.s3server import BUCKET, embedded_s3
 
