@@ -71,6 +71,7 @@ from _common import (
     verdict,
 )
 from ckptio.plan.background import excess_from_trial
+from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
 from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
@@ -456,26 +457,20 @@ def _threads_line(results: list[dict[str, Any]]) -> str:
             "run-queue / system CPU s / minor faults; the four that moved most): " + "; ".join(parts))
 
 
-def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk_bytes_per_s: float, *,
-            train_cores: float, drag: float, direct_io_s_per_gib: float = 0.0,
-            writeback_bytes_per_s: float | None = None) -> dict[str, Any]:
+def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk: DiskRates, *,
+            train_cores: float, drag: float, direct_io_s_per_gib: float = 0.0) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
     from ckptio.plan.background import HostModel, predict_modes
-    from ckptio.plan.host import dirty_background_bytes
 
     cores_per_rank = (os.cpu_count() or 1) / 2
     host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank),
                      fresh_copy_drag=drag, direct_io_s_per_gib=direct_io_s_per_gib)
-    dirty = dirty_background_bytes()
-    return predict_modes(bytes_per_rank=state_bytes / 2, store_s=state_bytes / disk_bytes_per_s, host=host,
-                         costs=costs, interval_s=every * clean_step_s,
-                         # The store is this host's disk: DCP's buffered files move at their fsync.
-                         dirty_background_bytes=None if dirty is None else dirty / 2,
+    return predict_modes(bytes_per_rank=state_bytes / 2, host=host, costs=costs, interval_s=every * clean_step_s,
                          # The loop's async_save gets checkpoint_id=, not a FileSystemWriter: DCP stages through its
                          # DefaultStager, one copy per tensor, DTensors included.
                          dtensor_share=0.0, lockstep_ranks=2,
-                         writeback_store_s=None if writeback_bytes_per_s is None
-                         else state_bytes / writeback_bytes_per_s)
+                         # The store is this host's disk: DCP's buffered files move at their fsync.
+                         **on_local_disk(disk, job_bytes=state_bytes, ranks=2))
 
 
 def main() -> int:
@@ -504,12 +499,10 @@ def main() -> int:
                     batch=args.batch, plain=args.plain)
         # The planner's inputs come first, measured before any mode runs.
         from ckptio.plan.background import WriterCosts
-        from ckptio.plan.disk import measure_disk
         from ckptio.plan.host import measure_writer_costs
 
         costs = WriterCosts(**measure_writer_costs(directory=str(root)))
-        rates = measure_disk(str(root))
-        disk, writeback = rates.direct_bytes_per_s, rates.writeback_bytes_per_s
+        disk = measure_disk(str(root))
         began = time.perf_counter()
         run_ranks(2, _rank, spec)
         results = []
@@ -550,12 +543,12 @@ def main() -> int:
     train_cores = figures["clean"]["train_cores"]
     drag = statistics.fmean(r["fresh_copy_drag"] for r in results)
     trial = statistics.fmean(r["trial_lost_s"] for r in results)
-    modelled = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
-                       writeback_bytes_per_s=writeback)["ckptio"]
+    modelled = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag)["ckptio"]
     direct_io = excess_from_trial(trial, modelled, state_bytes / 2)
     predicted = predict(state_bytes, args.every, clean, costs, disk, train_cores=train_cores, drag=drag,
-                        direct_io_s_per_gib=direct_io, writeback_bytes_per_s=writeback)
-    print(f"planner (issue 12): disk {disk / MiB:.0f} MiB/s (O_DIRECT), {writeback / MiB:.0f} MiB/s (page-cache "
+                        direct_io_s_per_gib=direct_io)
+    print(f"planner (issue 12): disk {disk.direct_bytes_per_s / MiB:.0f} MiB/s (O_DIRECT), "
+          f"{disk.writeback_bytes_per_s / MiB:.0f} MiB/s (page-cache "
           f"write-back at fsync), {os.cpu_count()} cores for 2 ranks, training keeps "
           f"{train_cores:.2f} core busy per rank, its step {1 + drag:.3f}x with a fresh copy of its state alive, "
           f"a trial ckptio save cost it {trial:.2f} s, the model's CPU costs {modelled.lost_per_save_s:.2f}: "

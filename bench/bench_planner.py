@@ -77,10 +77,9 @@ from _common import (
 )
 from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.disk import DiskRates, measure_disk
+from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
 from ckptio.plan.host import (
     any_rank,
-    dirty_background_bytes,
     measure_fresh_copy_drag,
     measure_save_loss,
     measure_writer_costs,
@@ -390,11 +389,9 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
     # real write, DCP's files through the page cache and its fsync, ckptio's around it. On a disk slower than the
     # budget the disk binds: dcp.save lost 0.77-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
     # budget at all, against the booking's 0.64 s (one VM, one hour).
-    dirty = dirty_background_bytes()
-    return predict_modes(bytes_per_rank=state_bytes, store_s=job_bytes / disk.direct_bytes_per_s, host=host,
-                         costs=costs, direct_io=direct_io, lockstep_ranks=args.ranks, paced_store_s=booked_s,
-                         writeback_store_s=job_bytes / disk.writeback_bytes_per_s,
-                         dirty_background_bytes=None if dirty is None else dirty / args.ranks)
+    return predict_modes(bytes_per_rank=state_bytes, host=host, costs=costs, direct_io=direct_io,
+                         lockstep_ranks=args.ranks,
+                         **on_local_disk(disk, job_bytes=job_bytes, ranks=args.ranks, booked_s=booked_s))
 
 
 def _width(state_bytes: int) -> int:

@@ -231,3 +231,18 @@ def test_the_cost_probe_spends_freed_page_cache_until_it_turns_cold_and_leaves_n
     probe_dir.mkdir()
     costs = measure_writer_costs(1 << 20, directory=str(probe_dir))
     assert all(rate > 0 for rate in costs.values()) and list(probe_dir.iterdir()) == []
+
+
+def test_a_store_on_the_local_disk_takes_its_times_from_the_disk_and_shares_the_write_back_threshold() -> None:
+    """:func:`ckptio.plan.disk.on_local_disk`: the store arguments of every rank writing at once, the booking of a
+    paced store passed through (None for the bare disk), the kernel's threshold divided among the ranks."""
+    from ckptio.plan.disk import DiskRates, on_local_disk
+    from ckptio.plan.host import dirty_background_bytes
+
+    disk = DiskRates(direct_bytes_per_s=100.0, writeback_bytes_per_s=400.0)
+    store = on_local_disk(disk, job_bytes=800.0, ranks=4, booked_s=3.0)
+    assert (store["store_s"], store["writeback_store_s"], store["paced_store_s"]) == (8.0, 2.0, 3.0)
+    dirty = dirty_background_bytes()
+    # Read twice from /proc: MemAvailable moves a little between the reads.
+    assert store["dirty_background_bytes"] == (None if dirty is None else pytest.approx(dirty / 4, rel=0.05))
+    assert on_local_disk(disk, job_bytes=800.0, ranks=4)["paced_store_s"] is None

@@ -22,8 +22,8 @@ import torch
 from ckptio.demo.model import ModelShape, Trainer, TrainState
 from ckptio.plan.background import HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
-from ckptio.plan.disk import DiskRates
-from ckptio.plan.host import dirty_background_bytes, measure_fresh_copy_drag
+from ckptio.plan.disk import DiskRates, LocalDiskStore, on_local_disk
+from ckptio.plan.host import measure_fresh_copy_drag
 from ckptio.plan.model import CheckpointShape, RankClass
 
 _CALIBRATION_STEPS = 8
@@ -255,21 +255,17 @@ def predict(
 
     state_bytes = shape.state_bytes()
     booked_s = state_bytes / bytes_per_s
-    store_s, paced_store_s, writeback_store_s, dirty_per_rank = booked_s, None, None, None
-    if disk is not None:  # the budget on this host's disk: the disk itself may bind
-        store_s, paced_store_s = state_bytes / disk.direct_bytes_per_s, booked_s
-        writeback_store_s = state_bytes / disk.writeback_bytes_per_s
-        dirty = dirty_background_bytes()
-        dirty_per_rank = None if dirty is None else dirty / world
+    # The budget on this host's disk: the disk itself may bind.
+    store = LocalDiskStore(store_s=booked_s, writeback_store_s=None, paced_store_s=None,
+                           dirty_background_bytes=None) if disk is None \
+        else on_local_disk(disk, job_bytes=state_bytes, ranks=world, booked_s=booked_s)
 
     def model(direct_io_s_per_gib: float) -> dict[str, ModeCost]:
         host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
                          direct_io_s_per_gib=direct_io_s_per_gib)
-        return predict_modes(bytes_per_rank=state_bytes / world, store_s=store_s, host=host, costs=costs,
+        return predict_modes(bytes_per_rank=state_bytes / world, host=host, costs=costs,
                              interval_s=every * step_time_s, direct_io=direct_io,
-                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world,
-                             paced_store_s=paced_store_s, writeback_store_s=writeback_store_s,
-                             dirty_background_bytes=dirty_per_rank)
+                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world, **store)
 
     modes = model(0.0)
     direct_io_s_per_gib = 0.0

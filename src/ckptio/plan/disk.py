@@ -8,6 +8,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
+
+from ckptio.plan.host import dirty_background_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +70,24 @@ def measure_disk(directory: str, *, direct_bytes: int = 64 << 20, writeback_byte
     except DirectIOUnsupported:
         direct_rate = writeback_rate
     return DiskRates(direct_bytes_per_s=direct_rate, writeback_bytes_per_s=writeback_rate)
+
+
+class LocalDiskStore(TypedDict):
+    """:func:`ckptio.plan.background.predict_modes`' store arguments for a store on this host's own disk
+    (:func:`on_local_disk`)."""
+
+    store_s: float
+    writeback_store_s: float | None
+    paced_store_s: float | None
+    dirty_background_bytes: float | None
+
+
+def on_local_disk(disk: DiskRates, *, job_bytes: float, ranks: int, booked_s: float | None = None) -> LocalDiskStore:
+    """The store arguments of ``ranks`` writing ``job_bytes`` at once to this host's disk: ``O_DIRECT`` and
+    write-back times from ``disk``, the kernel's write-back threshold shared by the ranks (a buffered file below it
+    moves at its fsync), and ``booked_s``, the budget a paced store books on that disk (the demo's and
+    bench_planner's), None for the bare disk (bench_fsdp's)."""
+    dirty = dirty_background_bytes()
+    return LocalDiskStore(store_s=job_bytes / disk.direct_bytes_per_s,
+                          writeback_store_s=job_bytes / disk.writeback_bytes_per_s, paced_store_s=booked_s,
+                          dirty_background_bytes=None if dirty is None else dirty / ranks)
