@@ -34,7 +34,9 @@ def main(root: str, steps: int = 30) -> None:
     # saved moments into. AppState goes through torch.distributed.checkpoint.state_dict (FQN keys, optimizer state
     # created before a restore) and adds the scheduler, each rank's RNG states and `progress`.
     app = AppState(model, optim, sched, extras={"progress": progress})
-    with ckptio.Checkpointer(root, every_steps=10, keep_last=2) as ck:
+    # save() returns before its copy into the staging slot is done: the guard makes optim.step() (and a forward
+    # that changes buffers) wait for that copy, so the next step's forward and backward overlap it.
+    with ckptio.Checkpointer(root, every_steps=10, keep_last=2) as ck, ck.guard(optim, model):
         start = (ck.restore({"app": app}) or 0) + 1  # restores `progress` in place too
         for step in range(start, start + steps):
             with ck.step_timer(step):
@@ -46,7 +48,7 @@ def main(root: str, steps: int = 30) -> None:
                 sched.step()
             progress["step"] = step
             if ck.maybe_save(step, {"app": app}) is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-                print(f"step {step}: loss {loss.item():.4f}, checkpoint staged")
+                print(f"step {step}: loss {loss.item():.4f}, checkpoint launched")
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -9,6 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
 
 from ckptio.integrations.hf import CkptioTrainer
+from ckptio.testing.staging import hold_staging
 
 MAX_STEPS, SAVE_STEPS, STOP_AT = 10, 4, 4  # 6 batches per epoch: the resume lands mid-epoch, then crosses one
 
@@ -27,11 +28,19 @@ def dataset(world_size: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-class _Stop(TrainerCallback):
-    """Ends training right after step STOP_AT (and its checkpoint): a preemption, minus the kill."""
+class _StopAfterCheckpoint(TrainerCallback):
+    """The checkpoint of step STOP_AT is copied into staging 0.3 s late, while step STOP_AT + 1 runs, and training
+    ends right after that step: a preemption, minus the kill. Keeps the parameters as saved, to compare."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None  # set once the Trainer exists: its checkpointer may be built from a root
+        self.params: dict[str, torch.Tensor] = {}
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if state.global_step == STOP_AT:
+        if state.global_step == STOP_AT:  # the Trainer saves right after this hook
+            hold_staging(self.trainer.checkpointer, 0.3)
+            self.params = {k: v.detach().clone() for k, v in kwargs["model"].state_dict().items()}
+        if state.global_step == STOP_AT + 1:
             control.should_training_stop = True
         return control
 
@@ -56,17 +65,22 @@ def trainer(ck: Any, out_dir: str, *, save: bool, stop: bool = False, world_size
         logging_steps=1, report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
         ddp_backend="gloo" if world_size > 1 else None,
     )
-    return RecordingTrainer(model=tiny_llama(), args=args, train_dataset=dataset(world_size), checkpointer=ck,
-                            callbacks=[_Stop()] if stop else None)
+    stopper = _StopAfterCheckpoint()
+    job = RecordingTrainer(model=tiny_llama(), args=args, train_dataset=dataset(world_size), checkpointer=ck,
+                           callbacks=[stopper] if stop else None)
+    stopper.trainer = job
+    return job
 
 
 def three_runs(ck: Any, out_dir: str, world_size: int = 1) -> dict[str, Any]:
-    """Uninterrupted run; a run stopped after the step-4 checkpoint; a resumed run. Returns what to compare."""
+    """Uninterrupted run; a run stopped one step after the step-4 checkpoint; a resumed run. Returns what to
+    compare."""
     ref = trainer(ck, out_dir, save=False, world_size=world_size)
     ref.train()
     stopped = trainer(ck, out_dir, save=True, stop=True, world_size=world_size)
     stopped.train()
-    stopped_params = {k: v.detach().clone() for k, v in stopped.model.state_dict().items()}
+    stopper = next(cb for cb in stopped.callback_handler.callbacks if isinstance(cb, _StopAfterCheckpoint))
+    stopped_params = stopper.params
     resumed = trainer(ck, out_dir, save=True, world_size=world_size)
     resumed.train(resume_from_checkpoint=True)
     return {

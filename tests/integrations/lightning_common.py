@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ckptio.integrations.lightning import CkptioCheckpoint
+from ckptio.testing.staging import hold_staging
 
 MAX_STEPS, MID_EPOCH, EPOCH_END = 10, 4, 6  # 6 batches per epoch per rank
 
@@ -64,6 +65,20 @@ class _Stop(pl.Callback):
             trainer.should_stop = True
 
 
+class _HoldStaging(pl.Callback):
+    """Before the checkpoint of step ``step`` (listed before CkptioCheckpoint, so its hook runs first): its copy
+    into staging starts 0.3 s late, while the next step runs, and the parameters as saved are kept to compare."""
+
+    def __init__(self, ck: Any, step: int) -> None:
+        self.ck, self.step = ck, step
+        self.params: dict[str, torch.Tensor] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            hold_staging(self.ck, 0.3)
+            self.params = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+
 def fit(world_size: int, out_dir: str, callbacks: list[pl.Callback], *, ckpt_path: str | None = None,
         loader: str = "stateful", max_epochs: int | None = None) -> TinyModule:
     module = TinyModule(world_size, loader)
@@ -97,18 +112,20 @@ CASES = {
 
 
 def resume_runs(ck: Any, out_dir: str, world_size: int = 1, cases: tuple[str, ...] = tuple(CASES)) -> dict[str, Any]:
-    """Each case: uninterrupted, stopped after a checkpoint, resumed from it. A mid-epoch checkpoint needs a
+    """Each case: uninterrupted, stopped one step after a checkpoint, resumed from it. A mid-epoch checkpoint needs a
     resumable loader (StatefulDataLoader); an epoch-end one, an epoch-seeded sampler (as Lightning's under DDP)."""
     out: dict[str, Any] = {}
     for case in cases:
         loader, max_epochs, stop, saving, resuming = CASES[case]
         kw = {"loader": loader, "max_epochs": max_epochs}
         ref = fit(world_size, out_dir, [], **kw)
-        stopped = fit(world_size, out_dir, [CkptioCheckpoint(ck, **saving), _Stop(stop)], **kw)
+        # Stopped one step after the checkpoint, whose copy into staging is held back while that step runs.
+        hold = _HoldStaging(ck, stop)
+        stopped = fit(world_size, out_dir, [hold, CkptioCheckpoint(ck, **saving), _Stop(stop + 1)], **kw)
         resumed = fit(world_size, out_dir, [CkptioCheckpoint(ck, **resuming)], ckpt_path=f"ckptio:{stop}", **kw)
         out[case] = {"ref": ref.losses, "stopped": stopped.losses, "resumed": resumed.losses,
                      "same_params": _same(ref, resumed)}
         if case == "epoch_end":
-            out["stopped_params"] = {k: v.detach().clone() for k, v in stopped.state_dict().items()}
+            out["stopped_params"] = hold.params
     out["newest"] = CkptioCheckpoint(ck).resume_path()
     return out

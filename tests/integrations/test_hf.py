@@ -24,7 +24,7 @@ def _check_bit_exact(result: dict) -> None:
     ref, resumed = result["ref_losses"], result["resumed_losses"]
     assert sorted(resumed) == list(range(STOP_AT + 1, MAX_STEPS + 1))
     assert resumed == {s: ref[s] for s in resumed}  # exact float equality, every step after the resume
-    assert result["stopped_losses"] == {s: ref[s] for s in range(1, STOP_AT + 1)}
+    assert result["stopped_losses"] == {s: ref[s] for s in range(1, STOP_AT + 2)}  # one step past the checkpoint
     assert result["same_params"]
     assert result["resumed_global_step"] == MAX_STEPS
     # trainer_state came back: the log history runs on from the stopped run's.

@@ -23,6 +23,7 @@ from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersCon
 from ckptio.errors import ConfigError
 from ckptio.integrations.torchtitan import CkptioCheckpointManager
 from ckptio.testing.ranks import run_ranks
+from ckptio.testing.staging import hold_staging
 
 STEPS, INTERVAL = 10, 3
 STATEFUL_LOADER = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
@@ -61,8 +62,12 @@ def _job(manager_config, base_folder: str, *, dp_rank: int = 0, dp_world_size: i
     return model, optimizers, schedulers, loader, train_state, manager
 
 
-def _train(manager_config, base_folder: str, *, stop_at: int = STEPS, dp_rank: int = 0, dp_world_size: int = 1):
-    """Trainer.train's order: load, then a step and save(step, last_step) each iteration. Returns step losses."""
+def _train(manager_config, base_folder: str, *, stop_at: int = STEPS, dp_rank: int = 0, dp_world_size: int = 1,
+           hold_s: float = 0.0):
+    """Trainer.train's order: load, then a step and save(step, last_step) each iteration, without the Trainer's
+    maybe_wait_for_staging() (the manager's guard must cover a loop that leaves it out). ``hold_s``: each save's
+    copy into staging starts that late, so an optimizer step that did not wait for it lands in the checkpoint.
+    Returns step losses."""
     model, optimizers, schedulers, loader, train_state, manager = _job(manager_config, base_folder, dp_rank=dp_rank,
                                                                        dp_world_size=dp_world_size)
     manager.load()
@@ -81,6 +86,8 @@ def _train(manager_config, base_folder: str, *, stop_at: int = STEPS, dp_rank: i
         optimizers.zero_grad()
         schedulers.step()
         losses[train_state.step] = loss.item()
+        if hold_s and train_state.step % INTERVAL == 0:
+            hold_staging(manager.checkpointer, hold_s)
         manager.save(train_state.step, last_step=train_state.step == STEPS)
     manager.close()
     return losses, model, optimizers
@@ -96,13 +103,28 @@ def _config(**kw):
 def test_resume_through_the_manager_is_bit_exact(tmp_path):
     ref_losses, ref_model, _ = _train(CkptioCheckpointManager.Config(enable=False), str(tmp_path / "ref"))
     base = str(tmp_path / "run")
-    stopped, _, _ = _train(_config(), base, stop_at=7)  # saves steps 3 and 6: a "preemption" after step 7
+    # Saves steps 3 and 6, each copied 0.3 s late, while steps 4 and 7 run: a "preemption" after step 7.
+    stopped, _, _ = _train(_config(), base, stop_at=7, hold_s=0.3)
     resumed, model, _ = _train(_config(), base)  # loads step 6, replays 7, goes on to 10 (saved as last step)
     assert stopped == {s: ref_losses[s] for s in range(1, 8)}
     assert resumed == {s: ref_losses[s] for s in range(7, STEPS + 1)}
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref_model.state_dict().values(),
                                                   strict=True))
     assert {"step-00000003", "step-00000006", "step-00000009", "step-00000010"} <= set(os.listdir(f"{base}/ckpt"))
+
+
+@STATEFUL_LOADER
+def test_maybe_wait_for_staging_returns_once_the_save_is_staged(tmp_path):
+    *_, manager = _job(_config(), str(tmp_path))
+    try:
+        hold_staging(manager.checkpointer, 0.3)
+        manager.save(INTERVAL)
+        with pytest.raises(TimeoutError):  # launched, not copied yet
+            manager.checkpointer.wait_staged(timeout=0)
+        manager.maybe_wait_for_staging()  # what torchtitan's Trainer calls before optimizers.step()
+        manager.checkpointer.wait_staged(timeout=0)
+    finally:
+        manager.close()
 
 
 def test_hugging_face_formats_are_refused():

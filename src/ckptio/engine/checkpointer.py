@@ -350,10 +350,10 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
 
     def guard(self, optimizer: Any = None, model: Any = None) -> StagingGuard:
         """Make the state's first mutation after a save wait until the save is staged, through hooks: a step
-        pre-hook on ``optimizer`` (one or a list), and forward pre-hooks on the modules of ``model`` that own
-        buffers (BatchNorm and the like: the wait applies while the module is in training mode). Mutations
-        elsewhere (in-place edits outside ``optimizer.step``/``forward``) still need ``wait_staged()``. Returns a
-        handle whose ``remove()`` takes the hooks off (also a context manager)."""
+        pre-hook on ``optimizer`` (one or a list), and forward pre-hooks on the modules of ``model`` (one or a list
+        of parts) that own buffers (BatchNorm and the like: the wait applies while the module is in training
+        mode). Mutations elsewhere (in-place edits outside ``optimizer.step``/``forward``) still need
+        ``wait_staged()``. Returns a handle whose ``remove()`` takes the hooks off (also a context manager)."""
         return StagingGuard(self._stager, optimizer, model)
 
     def writer_ready(self, timeout: float | None = None) -> bool:

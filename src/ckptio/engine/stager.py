@@ -263,22 +263,31 @@ def mutated_in_forward(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if any(True for _ in m.buffers(recurse=False))]
 
 
+def _as_list(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 class StagingGuard:
     """Hooks that make the first mutation after a save wait until the save is staged; ``remove()`` (or leaving
     the ``with`` block) takes them off. Returned by ``Checkpointer.guard``."""
 
-    def __init__(self, stager: Stager, optimizer: Any = None, model: torch.nn.Module | None = None) -> None:
+    def __init__(self, stager: Stager, optimizer: Any = None, model: Any = None) -> None:
+        self._stager = stager
         self._hooks: list[Any] = []
-        optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [
-            optimizer]
-        for opt in optimizers:
+        for opt in _as_list(optimizer):
             self._hooks.append(opt.register_step_pre_hook(lambda *_: stager.wait_mutable()))
-        if model is not None:
-            def before_forward(module: torch.nn.Module, _args: Any) -> None:
-                if module.training:
-                    stager.wait_mutable()
 
-            self._hooks.extend(m.register_forward_pre_hook(before_forward) for m in mutated_in_forward(model))
+        def before_forward(module: torch.nn.Module, _args: Any) -> None:
+            if module.training:
+                stager.wait_mutable()
+
+        for part in _as_list(model):  # a model, or its parts (pipeline stages, torchtitan's model_parts)
+            self._hooks.extend(m.register_forward_pre_hook(before_forward) for m in mutated_in_forward(part))
+
+    def wait(self) -> None:
+        """Return once the state saved so far may be mutated: for a framework's own hook before its update (one
+        that runs after forward and backward, where a step pre-hook would run before them)."""
+        self._stager.wait_mutable()
 
     def remove(self) -> None:
         for hook in self._hooks:

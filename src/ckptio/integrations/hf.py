@@ -39,6 +39,9 @@ from ckptio import Checkpointer
 from ckptio.errors import ConfigError
 from ckptio.integrations.torch import AppState
 
+if TYPE_CHECKING:
+    from ckptio.engine.stager import StagingGuard
+
 __all__ = ["TRAINER_STATE_KEY", "CkptioTrainer", "CkptioTrainerMixin"]
 
 log = logging.getLogger("ckptio.integrations.hf")
@@ -74,6 +77,7 @@ class CkptioTrainerMixin(_Base):
                               f"got {type(checkpointer).__name__}")
         self._ckptio_resume: tuple[str, int] | None = None
         self._ckptio_restored: AppState | None = None
+        self._ckptio_guard: tuple[Any, StagingGuard] | None = None  # (the optimizer it hooks, the guard)
         _check_args(self)
 
     @property
@@ -90,7 +94,22 @@ class CkptioTrainerMixin(_Base):
         if self.hp_search_backend is None and trial is None:
             self.store_flos()  # a collective: every rank calls it here, as the Trainer's own save does
         state = {_APP_KEY: self._ckptio_app(), TRAINER_STATE_KEY: self._ckptio_trainer_state_json()}
+        self._ckptio_guard_state()
         self.checkpointer.save(self.state.global_step, state)
+
+    def _ckptio_guard_state(self) -> None:
+        """save() returns before its copy into staging is done: the next optimizer step (and a forward that changes
+        buffers) waits for the copy, not the whole save. Hooked once per optimizer the Trainer builds."""
+        optimizer = _torch_optimizer(self.optimizer)
+        if self._ckptio_guard is not None and self._ckptio_guard[0] is optimizer:
+            return
+        self._ckptio_unguard()
+        self._ckptio_guard = (optimizer, self.checkpointer.guard(optimizer, self.model))
+
+    def _ckptio_unguard(self) -> None:
+        if self._ckptio_guard is not None:
+            self._ckptio_guard[1].remove()
+            self._ckptio_guard = None
 
     def _ckptio_app(self) -> AppState:
         extras = {}
@@ -138,6 +157,7 @@ class CkptioTrainerMixin(_Base):
 
     def _ckptio_finish(self, output: Any) -> Any:
         """A failed background save surfaces here, at the latest; a Checkpointer built by the mixin is closed."""
+        self._ckptio_unguard()
         if self._ckptio is not None:
             if self._ckptio_spec is None:
                 self._ckptio.wait()

@@ -29,7 +29,7 @@ import io
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -39,6 +39,9 @@ import ckptio
 from ckptio import Checkpointer
 from ckptio.errors import CheckpointNotFoundError, ConfigError
 from ckptio.integrations.torch import AppState
+
+if TYPE_CHECKING:
+    from ckptio.engine.stager import StagingGuard
 
 __all__ = ["LIGHTNING_KEY", "CkptioCheckpoint"]
 
@@ -97,6 +100,7 @@ class CkptioCheckpoint(pl.Callback):
         self._loaded_step: int | None = None
         self._reapply_rng: AppState | None = None
         self._wrapped: tuple[Any, CheckpointIO] | None = None
+        self._guard: StagingGuard | None = None
 
     @property
     def checkpointer(self) -> Checkpointer:
@@ -132,6 +136,7 @@ class CkptioCheckpoint(pl.Callback):
         # A load for validate/test/predict leaves its optimizer half unused: it must not leak into a later fit.
         self._loaded = self._loaded_step = None
         self._reapply_rng = None
+        self._remove_guard()
         if self._wrapped is not None:
             strategy, original = self._wrapped
             strategy.checkpoint_io = original
@@ -195,6 +200,11 @@ class CkptioCheckpoint(pl.Callback):
         return checkpoint
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # save() returns before its copy into staging is done: a forward that changes buffers waits for the copy
+        # (the guard's hooks), and so does the optimizer's update (on_before_optimizer_step). A step pre-hook would
+        # wait too early: Lightning's optimizer.step(closure) runs forward and backward inside it.
+        self._remove_guard()
+        self._guard = self.checkpointer.guard(model=pl_module)
         if self._loaded is None:
             return
         checkpoint, step = self._loaded, self._loaded_step
@@ -208,6 +218,15 @@ class CkptioCheckpoint(pl.Callback):
         # as in the uninterrupted run. Mid-epoch, the resumed loader's iterator draws first: set them again before
         # the first batch.
         self._reapply_rng = app if checkpoint.get(_MID_EPOCH) else None
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self._guard is not None:
+            self._guard.wait()
+
+    def _remove_guard(self) -> None:
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:

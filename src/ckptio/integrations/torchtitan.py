@@ -16,7 +16,8 @@ with plain ``dcp.load`` and as torchtitan's ``initial_load_path``. The same poli
 ``enable_first_step_checkpoint``, ``last_save_model_only``/``export_dtype``, ``load_only``, ``exclude_from_loading``,
 ``initial_load_path``/``initial_load_model_only``, step 0 loads the model only); ``keep_latest_k`` becomes ckptio's
 ``keep_last``; saves are ckptio's (staged, flushed by a writer process, ``max_pending``/``overflow``) instead of
-``async_mode``.
+``async_mode``; the copy into staging overlaps the next step's forward and backward, and the optimizer step waits for
+it (``maybe_wait_for_staging``, and a guard on the optimizers and the model parts).
 
 This module owns that mapping only. It never writes outside the checkpointer's root, and refuses (``ConfigError``)
 what it does not do: Hugging Face safetensors import/export (``initial_load_in_hf``, ``last_save_in_hf``).
@@ -76,7 +77,7 @@ class CkptioCheckpointManager(BaseCheckpointManager):
         self.enable = config.enable
         if not self.enable:
             return
-        self.save_future = None  # ckptio flushes in its writer process; save() returns once staged
+        self.save_future = None  # ckptio flushes in its writer process
         self.config = config
         self.states = states
         self.states.update({MODEL: ModelWrapper(model_parts), OPTIMIZER: optimizers, DATALOADER: dataloader,
@@ -88,6 +89,11 @@ class CkptioCheckpointManager(BaseCheckpointManager):
         root = config.root or (config.folder if "://" in config.folder else os.path.join(base_folder, config.folder))
         self.checkpointer = Checkpointer(root, local_dir=config.local_dir, keep_last=config.keep_latest_k,
                                          max_pending=config.max_pending, overflow=config.overflow)
+        # save() returns before its copy into the staging slot is done. The Trainer calls maybe_wait_for_staging()
+        # before optimizers.step(); the guard covers loops that do not (and buffers changed in forward): the first
+        # optimizer step or forward after a save waits for the copy, not the whole save.
+        inner = getattr(optimizers, "optimizers", optimizers)  # OptimizersContainer holds one per model part
+        self._guard = self.checkpointer.guard(list(inner), model_parts)
 
     # ---- save ----------------------------------------------------------------------------------------------------
     def _should_save(self, step: int, last_step: bool) -> bool:
@@ -116,7 +122,7 @@ class CkptioCheckpointManager(BaseCheckpointManager):
         return flat
 
     def _maybe_wait_for_staging(self) -> None:
-        pass  # ckptio's save() returns only once its snapshot is staged
+        self.checkpointer.wait_staged()
 
     def _wait_for_saving(self) -> None:
         self.checkpointer.wait()
@@ -147,6 +153,9 @@ class CkptioCheckpointManager(BaseCheckpointManager):
         return True
 
     def _close(self) -> None:
+        guard = self.__dict__.pop("_guard", None)
+        if guard is not None:
+            guard.remove()
         checkpointer = self.__dict__.pop("checkpointer", None)  # absent: closed already, or __init__ failed early
         if checkpointer is not None:
             checkpointer.close()

@@ -3,7 +3,8 @@
 - :mod:`ckptio.testing.conformance`: the storage conformance suite (``StoreTests``), a pytest plugin;
 - :mod:`ckptio.testing.wrappers`: throttle, latency and fault-injection storages;
 - :mod:`ckptio.testing.s3server`: an embedded S3-protocol server (moto) on 127.0.0.1;
-- :mod:`ckptio.testing.ranks`: one launcher for real ``torch.distributed`` gloo ranks.
+- :mod:`ckptio.testing.ranks`: one launcher for real ``torch.distributed`` gloo ranks;
+- :mod:`ckptio.testing.staging`: hold a Checkpointer's staging copy back (mutation-safety tests).
 
 Nothing here is imported by the engine; the demo imports it, never the reverse.
 """
