@@ -275,13 +275,10 @@ class CkptioSaver:
         return self.pending is None or bool(self.pending.done())
 
     def before_update(self) -> float:
-        # Today's save() copies before it returns. Once the copy leaves the training thread (issue 08's
-        # ``wait_staged``), the demo waits for it here, exactly where it waits for DCP-best's staging.
-        wait_staged = getattr(self.checkpointer, "wait_staged", None)
-        if wait_staged is None:
-            return 0.0
+        # save() returns before its copy into staging is done: the optimizer step must not change the state
+        # under it, so the demo waits here, exactly where it waits for DCP-best's staging.
         began = time.monotonic()
-        wait_staged()
+        self.checkpointer.wait_staged()
         return time.monotonic() - began
 
     def drain(self) -> None:
