@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.obs.eventfiles import load_events, read_event_file
-from ckptio.plan.background import prediction_error
+from ckptio.plan.calibration import prediction_error
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -185,7 +185,8 @@ def costs_line(costs: Any) -> str:
     """The planner's measured writer costs (``WriterCosts``), one line: the input a reader checks first when a
     prediction misses (they move with the host's memory state: see docs/planning.md)."""
     line = "writer costs (MiB per CPU-second): " + ", ".join(
-        f"{k.removesuffix('_bytes_per_s')} {v / MiB:,.0f}" for k, v in costs.to_json().items())
+        f"{k.removesuffix('_bytes_per_s')} {v / MiB:,.0f}" if k.endswith("_bytes_per_s") else f"{k} {v:,.0f}"
+        for k, v in costs.to_json().items())
     print(line, flush=True)
     return line
 

@@ -70,7 +70,7 @@ from _common import (
     thread_stats,
     verdict,
 )
-from ckptio.plan.background import excess_from_trial
+from ckptio.plan.calibration import excess_from_trial
 from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
 from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss
 

@@ -27,7 +27,7 @@ state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks
 ``async_save`` keeps such a copy until its write is done), and what a trial save of ckptio's own writer, and one of
 DCP-best's (the buffered writer DCP's background modes share), every rank at once into a root of its own on the
 same store, cost the steps beyond what the model charges them from their CPU costs
-(:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.background.excess_from_trial`).
+(:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.calibration.excess_from_trial`).
 Where a trial loses more than the model charges, that mode's prediction is its trial's; default ``async_save``'s
 takes DCP-best's excess per GiB, a prediction across modes. Then each mode runs, ckptio first (:func:`run_order`).
 
@@ -43,7 +43,7 @@ Closing lines (contract): ``RATIOS lost_<mode>=predicted ÷ measured`` and ``POI
 measured) ÷ (every × clean step) × 100`` (percentage points of the training time between saves). Goal: each
 within 0.8–1.2 or within ±3 points.
 
-    .venv/bin/python bench/bench_planner.py [--ranks 2] [--mib-per-rank 192] [--every 40] [--saves 8]
+    .venv/bin/python bench/bench_planner.py [--ranks 2] [--mib-per-rank 192] [--every 40] [--saves 8] [--layers 4]
 
 Eight timed saves per mode by default: over 3 a mode's loss carried standard errors up to 206 ms (default
 ``async_save`` read 384 ± 80 ms in a run where it missed by 3.4 points), over 8 of 2–45 ms. Each save more costs
@@ -75,8 +75,9 @@ from _common import (
     standard_error,
     thread_schedstat,
 )
-from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
+from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import StorageModel, flush_times
+from ckptio.plan.calibration import excess_from_trial
 from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
 from ckptio.plan.host import (
     any_rank,
@@ -88,6 +89,8 @@ from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
 _LAYERS = 4
+"""Default ``--layers``: four square layers, 12 state items per rank (each weight and its two Adam moments). The
+demo's transformer has 109; DCP-best pays per item as well as per byte (``WriterCosts.dcp_items_per_s``)."""
 _CALIBRATE = "calibrate"
 _DRAG_STEPS = 10
 _STEADY_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 * MIB), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
@@ -108,12 +111,12 @@ after 3.3 s, 317–496 after 8 s)."""
 class _Trainer:
     """An MLP with Adam; the state it saves is every parameter and both Adam moments, under rank-own keys."""
 
-    def __init__(self, rank: int, state_bytes: int) -> None:
+    def __init__(self, rank: int, state_bytes: int, layers: int) -> None:
         import torch
 
         torch.manual_seed(rank)
-        width = _width(state_bytes)
-        self.model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(_LAYERS)])
+        width = _width(state_bytes, layers)
+        self.model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
         self.x = torch.randn(8, width)
         self.rank = rank
@@ -244,7 +247,7 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     quiet_dcp()
-    trainer = _Trainer(rank, cfg["bytes_per_rank"])
+    trainer = _Trainer(rank, cfg["bytes_per_rank"], cfg["layers"])
     if cfg["mode"] == _CALIBRATE:
         for _ in range(3):
             trainer.step(lambda: None)
@@ -325,7 +328,7 @@ def _run_ranks(mode: str, args: argparse.Namespace, workdir: str) -> None:
     open(throttle_state, "wb").close()
     cfg = {"mode": mode, "bytes_per_rank": args.mib_per_rank * MIB, "store_dir": store_dir,
            "throttle_state": throttle_state, "bandwidth": args.store_bandwidth * MIB, "saves": args.saves,
-           "every": args.every, "out_dir": workdir, "glibc_trim": args.glibc_trim}
+           "every": args.every, "out_dir": workdir, "glibc_trim": args.glibc_trim, "layers": args.layers}
     run_ranks(args.ranks, _rank_main, cfg)
 
 
@@ -390,17 +393,17 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
     # budget the disk binds: dcp.save lost 0.77-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
     # budget at all, against the booking's 0.64 s (one VM, one hour).
     return predict_modes(bytes_per_rank=state_bytes, host=host, costs=costs, direct_io=direct_io,
-                         lockstep_ranks=args.ranks,
+                         lockstep_ranks=args.ranks, items_per_rank=3 * args.layers,
                          **on_local_disk(disk, job_bytes=job_bytes, ranks=args.ranks, booked_s=booked_s))
 
 
-def _width(state_bytes: int) -> int:
+def _width(state_bytes: int, layers: int) -> int:
     """Width of the square layers whose weights and two Adam moments (3 fp32 copies) make ``state_bytes``."""
-    return max(64, int((state_bytes / 3 / 4 / _LAYERS) ** 0.5))
+    return max(64, int((state_bytes / 3 / 4 / layers) ** 0.5))
 
 
-def _state_bytes(mib_per_rank: int) -> int:
-    return 3 * 4 * _LAYERS * _width(mib_per_rank * MIB) ** 2
+def _state_bytes(mib_per_rank: int, layers: int) -> int:
+    return 3 * 4 * layers * _width(mib_per_rank * MIB, layers) ** 2
 
 
 def main() -> int:
@@ -408,6 +411,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--mib-per-rank", type=int, default=192, help="state per rank (weights + Adam moments)")
     parser.add_argument("--every", type=int, default=40, help="steps between saves")
+    parser.add_argument("--layers", type=int, default=_LAYERS,
+                        help="square layers the state is split over (3 state items each), same bytes")
     parser.add_argument("--saves", type=int, default=8, help="timed saves per mode (after a warm-up save)")
     parser.add_argument("--store-bandwidth", type=float, default=400.0, help="MiB/s shared by all ranks")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the modes")
@@ -416,6 +421,8 @@ def main() -> int:
     parser.add_argument("--glibc-trim", action="store_true",
                         help="run the ranks with glibc's default heap trimming (see _STEADY_HEAP)")
     args = parser.parse_args()
+    if args.layers < 1:
+        parser.error(f"--layers must be >= 1, got {args.layers}")
     quiet_dcp()
     if not args.glibc_trim:
         os.environ.update(_STEADY_HEAP)  # read by glibc at the start of each spawned rank (not this process)
@@ -427,7 +434,7 @@ def main() -> int:
         disk = measure_disk(workdir)
         # The probe has just deleted its files: let the freed pages go cold before any mode runs (see above).
         time.sleep(_SETTLE_S)
-        state_bytes = _state_bytes(args.mib_per_rank)
+        state_bytes = _state_bytes(args.mib_per_rank, args.layers)
         calibration = calibrate(args, workdir)
         # Each trial's excess: what it lost beyond the model's charge for that save without the term.
         bare = predict(args, state_bytes, costs,

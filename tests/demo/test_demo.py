@@ -208,3 +208,17 @@ def test_embedded_s3_store_takes_a_throttled_write(tmp_path: Path) -> None:
         assert committed_steps(storage, "manifest.json") == [3]
         assert _clock(spec.throttle_state) > 0  # the write was booked on the shared clock
     assert os.environ.get("AWS_ENDPOINT_URL") == before
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_the_demo_counts_the_entries_of_its_state_as_dcp_flattens_them(layers: int) -> None:
+    """:meth:`ModelShape.state_items`, the planner's per-item input, is the number of entries DCP's flattening gives
+    one rank's state (a wrong count would move DCP-best's prediction silently)."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    from ckptio.demo.model import Trainer, TrainState
+
+    shape = ModelShape(vocab=64, d_model=8, layers=layers, heads=2, seq_len=4, batch=2, classes=4, pool=2)
+    state = TrainState(Trainer(shape, rank=0, world=1, seed=0), mesh=None).state_dict()
+    flat, _ = flatten_state_dict(state)
+    assert shape.state_items() == len(flat)

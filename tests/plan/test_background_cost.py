@@ -20,10 +20,10 @@ from ckptio.plan.background import (
     ModeCost,
     WriterCosts,
     cfs_weight,
-    excess_from_trial,
     predict_modes,
     writer_rate,
 )
+from ckptio.plan.calibration import excess_from_trial
 from ckptio.plan.host import dirty_background_bytes
 
 COSTS = WriterCosts()
@@ -51,6 +51,23 @@ def test_more_cores_never_inflate_more_and_spare_cores_hide_the_writer(mode: str
     # A whole spare core takes the one-thread writer entirely: training loses only the blocking part.
     assert runs[-1].stolen_s == 0.0 and runs[-1].step_inflation == 1.0
     assert runs[-1].lost_per_save_s == pytest.approx(runs[-1].blocking_s)
+
+
+def test_dcp_best_pays_per_state_item_and_only_it() -> None:
+    """``items_per_rank``: DCP-best's checkpointer pipes and plans every entry of the state, so the same bytes in
+    more entries cost it more CPU and more time lost; the other modes are charged per byte only. A bad count is a
+    named error."""
+    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
+    runs = [predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=COSTS, items_per_rank=n)
+            for n in (0, 100, 1000)]
+    best = [r["dcp_best"] for r in runs]
+    assert best[1].background_cpu_s - best[0].background_cpu_s == pytest.approx(100 / COSTS.dcp_items_per_s)
+    assert best[0].lost_per_save_s < best[1].lost_per_save_s < best[2].lost_per_save_s
+    for mode in ("dcp_sync", "dcp_async", "ckptio"):
+        assert runs[0][mode] == runs[2][mode]
+    for bad in (-1, 1.5):
+        with pytest.raises(ConfigError, match="items_per_rank"):
+            predict_modes(bytes_per_rank=GIB, store_s=1.0, items_per_rank=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -219,7 +236,7 @@ def test_host_load_slows_work_on_the_training_thread_not_a_dma() -> None:
 
 
 def test_prediction_error_is_within_the_bar_by_ratio_or_by_points() -> None:
-    from ckptio.plan.background import prediction_error
+    from ckptio.plan.calibration import prediction_error
 
     assert prediction_error(1.1, 1.0, 100.0) == pytest.approx((1.1, 0.1, True))  # 10 % off
     ratio, points, within = prediction_error(0.2, 1.0, 10.0)  # 5x off, 8 points of a 10 s interval

@@ -66,6 +66,12 @@ class ModelShape:
         """Bytes of the embedding table with its two Adam moments: the part of the state saved as DTensors."""
         return 12 * self.vocab * self.d_model
 
+    def state_items(self) -> int:
+        """Entries of one rank's flattened state: each parameter (the embedding's local rows, a pre-norm block's 12,
+        the head's 2), its Adam ``step`` and two moments, and the step. DCP's saves pay per entry as well as per
+        byte (:attr:`ckptio.plan.background.WriterCosts.dcp_items_per_s`)."""
+        return 4 * (1 + 12 * self.layers + 2) + 1
+
     def state_bytes(self) -> int:
         """Bytes of the whole checkpoint (all ranks): fp32 parameters plus Adam's two moments."""
         block = self.layers * (12 * self.d_model * self.d_model + 13 * self.d_model)

@@ -20,8 +20,9 @@ from typing import Literal
 import torch
 
 from ckptio.demo.model import ModelShape, Trainer, TrainState
-from ckptio.plan.background import HostModel, ModeCost, WriterCosts, excess_from_trial, predict_modes
+from ckptio.plan.background import HostModel, ModeCost, WriterCosts, predict_modes
 from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
+from ckptio.plan.calibration import excess_from_trial
 from ckptio.plan.disk import DiskRates, LocalDiskStore, on_local_disk
 from ckptio.plan.host import measure_fresh_copy_drag
 from ckptio.plan.model import CheckpointShape, RankClass
@@ -68,7 +69,7 @@ class Prediction:
 
     direct_io_s_per_gib: float = 0.0
     """From the trial save: what ckptio's ``O_DIRECT`` saves cost the steps per GiB beyond what the model charges
-    from their CPU costs (:func:`ckptio.plan.background.excess_from_trial`)."""
+    from their CPU costs (:func:`ckptio.plan.calibration.excess_from_trial`)."""
 
     costs: WriterCosts | None = None
     """Measured: this host's per-byte CPU costs of a save's work (:func:`ckptio.plan.host.measure_writer_costs`)."""
@@ -265,7 +266,8 @@ def predict(
                          direct_io_s_per_gib=direct_io_s_per_gib)
         return predict_modes(bytes_per_rank=state_bytes / world, host=host, costs=costs,
                              interval_s=every * step_time_s, direct_io=direct_io,
-                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world, **store)
+                             dtensor_share=shape.sharded_bytes() / state_bytes, lockstep_ranks=world,
+                             items_per_rank=shape.state_items(), **store)
 
     modes = model(0.0)
     direct_io_s_per_gib = 0.0

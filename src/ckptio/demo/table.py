@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ckptio.demo.predict import Prediction
 from ckptio.demo.steady import RunRow
-from ckptio.plan.background import prediction_error
+from ckptio.plan.calibration import prediction_error
 from ckptio.plan.units import format_bytes, format_rate
 
 _DEMO_FINDINGS = ("flush-behind", "flush-tight", "stall")

@@ -81,6 +81,12 @@ class WriterCosts:
     """``O_DIRECT`` write of new bytes through ckptio's bounce buffer (``ckptio.storage.direct_io``): the bounce
     copy and the system calls; the device moves the bytes by DMA."""
 
+    dcp_items_per_s: float = 2000.0
+    """State items (tensors, other values), not bytes, per CPU-second: what DCP-best's saves spend per item beyond
+    its bytes (planning and metadata, and the pipe that hands the staged shared-memory state dict to the checkpoint
+    process, each storage's file descriptor passed on its own). Not probed: measured on a 2-vCPU VM (2026-12-05),
+    0.4–0.6 ms per item, trainer and checkpoint process together (docs/planning-measurements.md)."""
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -128,8 +134,8 @@ class HostModel:
     direct_io_s_per_gib: float = 0.0
     """Training seconds the job loses per GiB a rank's writer moves to the store's device while training runs,
     beyond what the model charges from CPU costs (a save's staging copy and its writer's CPU); measured through
-    ckptio's ``O_DIRECT`` writer, hence the name: :func:`excess_from_trial` takes it from a trial save of
-    ckptio's own writer on the job's ranks and store
+    ckptio's ``O_DIRECT`` writer, hence the name: :func:`~ckptio.plan.calibration.excess_from_trial` takes it
+    from a trial save of ckptio's own writer on the job's ranks and store
     (:func:`ckptio.plan.host.measure_save_loss`), every rank saving at once, so the figure is already the job's,
     lockstep included. The device's I/O is not free for the cores: on a VM the hypervisor emulates the disk and
     its interrupts on the vCPUs training runs on (a kernel without ``CONFIG_IRQ_TIME_ACCOUNTING`` charges
@@ -146,11 +152,12 @@ class HostModel:
     buffered_io_s_per_gib: float | None = None
     """As :attr:`direct_io_s_per_gib`, for DCP's background writers (``torch.save`` through the page cache, fsync,
     at the trainer's priority): what they cost the steps per GiB beyond the model's CPU charge, taken by
-    :func:`excess_from_trial` from a trial save of DCP-best on the job's ranks and store, charged to default
-    ``async_save`` and DCP-best. None: no such trial; they are charged :attr:`direct_io_s_per_gib`. Why a trial of
-    their own: ckptio's ``O_DIRECT`` trial measures a different writer's I/O, and what a VM makes of a buffered one
-    (its page-cache pages' first touch, the write-back's interrupts, the ranks' bursts drifting apart) is not what it
-    makes of ``O_DIRECT`` (on the 2026-12-05 VM ckptio's trial cost nothing beyond its CPU). bench_planner runs it."""
+    :func:`~ckptio.plan.calibration.excess_from_trial` from a trial save of DCP-best on the job's ranks and store,
+    charged to default ``async_save`` and DCP-best. None: no such trial; they are charged
+    :attr:`direct_io_s_per_gib`. Why a trial of their own: ckptio's ``O_DIRECT`` trial measures a different writer's
+    I/O, and what a VM makes of a buffered one (its page-cache pages' first touch, the write-back's interrupts, the
+    ranks' bursts drifting apart) is not what it makes of ``O_DIRECT`` (on the 2026-12-05 VM ckptio's trial cost
+    nothing beyond its CPU). bench_planner runs it."""
 
     def __post_init__(self) -> None:
         for name in ("fresh_copy_drag", "direct_io_s_per_gib", "buffered_io_s_per_gib"):
@@ -242,6 +249,7 @@ def predict_modes(
     lockstep_ranks: int = 1,
     writeback_store_s: float | None = None,
     paced_store_s: float | None = None,
+    items_per_rank: int = 0,
 ) -> dict[str, ModeCost]:
     """Each of :data:`MODES`' cost per save for a rank writing ``bytes_per_rank`` whose bytes take ``store_s``
     to reach the store (all ranks writing at once), saving every ``interval_s`` seconds of compute (None: far
@@ -274,6 +282,8 @@ def predict_modes(
     ``ThrottledStorage``, ``ThrottledFileSystemWriter``), the seconds it books these bytes (all ranks); ``store_s``
     and ``writeback_store_s`` then say how fast the disk under it takes them, and each writer takes the longer of
     its booking and its real write. None: the store's time is its medium's.
+    ``items_per_rank``: the entries of a rank's flattened state dict (a model's parameters times three with Adam,
+    and each moment's ``step``); DCP-best is charged :attr:`WriterCosts.dcp_items_per_s` for them. 0: bytes only.
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
     optional_times = (device_copy_s, writeback_store_s, paced_store_s)
@@ -288,6 +298,8 @@ def predict_modes(
         raise ConfigError(f"dirty_background_bytes must be >= 0, got {dirty_background_bytes!r}")
     if not (isinstance(lockstep_ranks, int) and lockstep_ranks >= 1):
         raise ConfigError(f"lockstep_ranks must be an int >= 1, got {lockstep_ranks!r}")
+    if not (isinstance(items_per_rank, int) and items_per_rank >= 0):
+        raise ConfigError(f"items_per_rank must be an int >= 0, got {items_per_rank!r}")
     # Share of a buffered writer's bytes written before the kernel starts moving any to the store. ckptio's
     # O_DIRECT writes have no write-behind: each chunk reaches the device before the next is prepared.
     dcp_serial: float | None = None
@@ -325,7 +337,8 @@ def predict_modes(
         ), host.fresh_copy_drag), dcp_io),
         "dcp_best": _with_extra(_background(
             blocking_s=0.0,
-            work=_Background(cpu_s=staging_cpu + torch_save, nice=0, serial=dcp_serial),
+            work=_Background(cpu_s=staging_cpu + torch_save + items_per_rank / costs.dcp_items_per_s, nice=0,
+                             serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=lockstep_ranks,
         ), dcp_io),
         "ckptio": _with_extra(_background(
@@ -336,32 +349,6 @@ def predict_modes(
             ranks=lockstep_ranks,
         ), device_io),
     }
-
-
-def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: float) -> float:
-    """:attr:`HostModel.direct_io_s_per_gib` (or :attr:`~HostModel.buffered_io_s_per_gib`) from a trial save:
-    ``trial_lost_s``, what a save of ckptio's own writer (DCP-best's) cost the job's steps
-    (:func:`ckptio.plan.host.measure_save_loss`, the mean over ranks), less what the model charges that save
-    without the term (``modelled``: :func:`predict_modes`' ``ckptio`` (``dcp_best``) cost with the term 0; its
-    blocking copy and its writer's CPU theft, not a wait for the previous save, which a trial save never has), per
-    GiB of ``bytes_per_rank``; 0 where the model already charges as much.
-
-    The term is the one part of ckptio's cost the model does not derive from per-byte CPU costs: a stand-in
-    writer that wrote the same bytes with the same ``O_DIRECT`` path read 1.6× what the writer's own saves cost
-    (it writes back to back, the writer frames, checksums and paces), so the writer itself is what is measured.
-    """
-    if not (math.isfinite(trial_lost_s) and bytes_per_rank > 0):
-        raise ConfigError(f"a trial save needs a finite loss and bytes > 0, got {trial_lost_s!r} and "
-                          f"{bytes_per_rank!r}")
-    return max(0.0, trial_lost_s - modelled.blocking_s - modelled.stolen_s) / (bytes_per_rank / GIB)
-
-
-def prediction_error(predicted_s: float, measured_s: float, between_s: float) -> tuple[float, float, bool]:
-    """How far a predicted time lost per save is from the measured one: (predicted ÷ measured, predicted − measured
-    in percentage points of the time between saves, within the bar of 20 % relative or 3 points)."""
-    ratio = predicted_s / measured_s if measured_s > 0 else math.inf
-    points = 100.0 * (predicted_s - measured_s) / between_s if between_s > 0 else 0.0
-    return ratio, points, abs(ratio - 1.0) <= 0.2 or abs(points) <= 3.0
 
 
 def overlapped_write_s(cpu_s: float, store_s: float, serial: float | None) -> float:

@@ -376,7 +376,7 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     """Training seconds one save of the job's own saver costs its steps, on the job's own ranks and store: the
     time the call that starts it holds the loop, plus Σ (step begun while it is in flight − the round's mean
     clean step), the mean of ``repeats`` saves. The planner takes from it what its model cannot derive from
-    per-byte CPU costs (:func:`ckptio.plan.background.excess_from_trial`).
+    per-byte CPU costs (:func:`ckptio.plan.calibration.excess_from_trial`).
 
     ``save(index)`` starts save ``index`` (1, 2, …: fresh step numbers on a scratch root) and returns a poll that
     says whether it is done (durable); ``step`` is one training step, with whatever the saver asks of it before
