@@ -54,7 +54,8 @@ def cfs_weight(nice: int) -> float:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class WriterCosts:
-    """Bytes per CPU-second of one core, per piece of work a save does (``host.measure_writer_costs``).
+    """Bytes per CPU-second of one core, per piece of work a save does (``host.measure_writer_costs``); DCP-best's
+    per-entry work is counted in state entries (:attr:`dcp_items_per_s`).
 
     The defaults were measured on a small 2-core cloud VM (2026) with ``ckptio.plan.host.measure_writer_costs``;
     give the figures of the host the job runs on when they matter.
