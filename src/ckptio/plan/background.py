@@ -283,8 +283,8 @@ def predict_modes(
     ``ThrottledStorage``, ``ThrottledFileSystemWriter``), the seconds it books these bytes (all ranks); ``store_s``
     and ``writeback_store_s`` then say how fast the disk under it takes them, and each writer takes the longer of
     its booking and its real write. None: the store's time is its medium's.
-    ``items_per_rank``: the entries of a rank's flattened state dict (a model's parameters times three with Adam,
-    and each moment's ``step``); DCP-best is charged :attr:`WriterCosts.dcp_items_per_s` for them. 0: bytes only.
+    ``items_per_rank``: the entries of a rank's flattened state dict (with Adam, four per parameter: it, its two
+    moments and their ``step``); DCP-best is charged :attr:`WriterCosts.dcp_items_per_s` for them. 0: bytes only.
     The demo and ``bench/bench_planner.py`` call this with their measured host and costs; ``plan`` with flags.
     """
     optional_times = (device_copy_s, writeback_store_s, paced_store_s)

@@ -14,12 +14,13 @@ from ckptio.plan.background import GIB, ModeCost
 
 
 def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: float) -> float:
-    """:attr:`HostModel.direct_io_s_per_gib` (or :attr:`~HostModel.buffered_io_s_per_gib`) from a trial save:
-    ``trial_lost_s``, what a save of ckptio's own writer (DCP-best's) cost the job's steps
-    (:func:`ckptio.plan.host.measure_save_loss`, the mean over ranks), less what the model charges that save
-    without the term (``modelled``: :func:`predict_modes`' ``ckptio`` (``dcp_best``) cost with the term 0; its
-    blocking copy and its writer's CPU theft, not a wait for the previous save, which a trial save never has), per
-    GiB of ``bytes_per_rank``; 0 where the model already charges as much.
+    """:attr:`~ckptio.plan.background.HostModel.direct_io_s_per_gib` (or
+    :attr:`~ckptio.plan.background.HostModel.buffered_io_s_per_gib`) from a trial save: ``trial_lost_s``, what a
+    save of ckptio's own writer (DCP-best's) cost the job's steps (:func:`ckptio.plan.host.measure_save_loss`, the
+    mean over ranks), less what the model charges that save without the term (``modelled``:
+    :func:`~ckptio.plan.background.predict_modes`' ``ckptio`` (``dcp_best``) cost with the term 0; its blocking
+    copy and its writer's CPU theft, not a wait for the previous save, which a trial save never has), per GiB of
+    ``bytes_per_rank``; 0 where the model already charges as much.
 
     The term is the one part of ckptio's cost the model does not derive from per-byte CPU costs: a stand-in
     writer that wrote the same bytes with the same ``O_DIRECT`` path read 1.6× what the writer's own saves cost
