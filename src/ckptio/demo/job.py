@@ -186,6 +186,10 @@ class RankResult:
     trial_lost_s: float | None = None
     """Calibrate runs: what a trial ckptio save cost this rank's steps (:func:`ckptio.plan.host.measure_save_loss`)."""
 
+    trial_bytes: int | None = None
+    """Calibrate runs: the bytes this rank's trial saves staged. The ranks' shares differ: DCP's planner, which
+    ckptio and the DCP modes share, writes each replicated tensor from one rank."""
+
     wall_s: float = 0.0
     """From the start of the run's set-up (saver, model) to its last save being durable."""
 

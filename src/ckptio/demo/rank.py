@@ -230,6 +230,7 @@ def run_calibration(job: RankJob, rank: int) -> RankResult:
         save(0)  # warm-up: the writer's first save (plans, staging memory)
         saver.drain()
         result.trial_lost_s = measure_save_loss(step, save, any_writing=any_rank, every=job.every)
+        result.trial_bytes = saver.staged_bytes()
     log(f"calibrate: a trial ckptio save cost the step {result.trial_lost_s * 1e3:.0f} ms")
     dist.barrier()  # every rank's saves are done before rank 0 removes them
     if rank == 0:

@@ -305,6 +305,8 @@ def _plan(
     # the job's own ranks (the S3 store's bytes go through a socket instead).
     calibrated = _launch(console, config, paths, ["calibrate"], None)["calibrate"] if direct_io else []
     trials = [r.trial_lost_s for r in calibrated if r.trial_lost_s is not None]
+    # Ranks in lockstep wait for the one that saves the most; the trial saves say which and how much.
+    largest = max((r.trial_bytes for r in calibrated if r.trial_bytes), default=None)
     prediction = predict(
         config.shape,
         world=world,
@@ -317,6 +319,7 @@ def _plan(
         direct_io=direct_io,
         fresh_copy_drag=training.fresh_copy_drag,
         trial_lost_s=statistics.fmean(trials) if trials else None,
+        largest_rank_bytes=largest,
     )
     console.print(prediction_heading(prediction, bandwidth=config.store_bandwidth))
     console.print(prediction_table(prediction))

@@ -274,6 +274,10 @@ class CkptioSaver:
         """The last save is durable (or failed: :meth:`drain` raises its error)."""
         return self.pending is None or bool(self.pending.done())
 
+    def staged_bytes(self) -> int:
+        """The bytes of this rank's last save, as staged (0 before any)."""
+        return 0 if self.pending is None else int(self.pending.bytes)
+
     def before_update(self) -> float:
         # save() returns before its copy into staging is done: the optimizer step must not change the state
         # under it, so the demo waits here, exactly where it waits for DCP-best's staging.

@@ -139,7 +139,7 @@ def _trial(prediction: Prediction) -> str:
     if prediction.trial_lost_s is None:
         return "no trial save"
     return (f"a trial ckptio save {prediction.trial_lost_s:.2f} s, {prediction.direct_io_s_per_gib:.2f} s/GiB of "
-            "O_DIRECT saves beyond their CPU")
+            f"O_DIRECT saves beyond their CPU, {format_bytes(prediction.bytes_per_rank)} from the rank saving the most")
 
 
 MODEL_KEYS = {"dcp-sync": "dcp_sync", "dcp-async": "dcp_async", "dcp-best": "dcp_best", "ckptio": "ckptio"}
