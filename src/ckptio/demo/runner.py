@@ -29,6 +29,7 @@ from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_training, predict
 from ckptio.demo.savers import prune_older_steps
+from ckptio.demo.space import check_store_space, store_bytes_needed
 from ckptio.demo.steady import RunRow, run_row
 from ckptio.demo.table import (
     LABELS,
@@ -299,6 +300,11 @@ def _plan(
             copy_bytes_per_s=copy_bytes_per_s,
         )
     config = config.with_every(choice.every)
+    # Every run's saves stay until all are measured: refuse now, not on a full disk minutes into a run.
+    runs, saves = len(RUN_MODES) - (s3_endpoint is not None), len(range(choice.every, config.steps or 0, choice.every))
+    check_store_space(paths.store, store_bytes_needed(state_bytes=state, saves_per_run=saves, directory_runs=runs,
+                                                      calibrate=direct_io),
+                      what=f"{runs} runs x {saves} saves of {format_bytes(state)}, kept until every run is measured")
     _intro(console, config, s3_endpoint)
     console.print(f"[bold]Interval[/]: {choice.reason()}")
     # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured by a trial save on
