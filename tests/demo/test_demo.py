@@ -18,7 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from rich.console import Console
 
-from ckptio.demo.job import RankJob, StoreSpec
+from ckptio.demo.job import RankJob, RankResult, StoreSpec
 from ckptio.demo.model import ModelShape
 from ckptio.demo.runner import DemoConfig, run_demo
 from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
@@ -66,15 +66,12 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert outcome.prediction.sync.checkpoint_bytes == pytest.approx(TINY.state_bytes())
     # The planner's O_DIRECT input: a trial ckptio save on the job's own ranks, before any run, removed after.
     assert outcome.prediction.trial_lost_s is not None and outcome.prediction.direct_io_s_per_gib >= 0
-    # ... and the rank that saves the most, what the prediction is for.
-    from ckptio.demo.job import RankResult
-
-    staged = [RankResult.load(str(tmp_path / "demo" / "results" / f"calibrate.rank{r}.json")).trial_bytes
-              for r in range(config.ranks)]
-    assert all(staged) and outcome.prediction.bytes_per_rank == max(staged)
-    assert sum(staged) == pytest.approx(TINY.state_bytes(), rel=0.01)
     results = tmp_path / "demo" / "results"
     assert all((results / f"calibrate.rank{r}.json").is_file() for r in range(config.ranks))
+    # ... and the rank that saves the most, what the prediction is for.
+    staged = [RankResult.load(str(results / f"calibrate.rank{r}.json")).trial_bytes for r in range(config.ranks)]
+    assert all(staged) and outcome.prediction.bytes_per_rank == max(staged)
+    assert sum(staged) == pytest.approx(TINY.state_bytes(), rel=0.01)
     assert not (store / "calibrate").exists()  # the trial saves are removed
     # ckptio runs first, right after the trial that calibrates it; the table keeps its own order.
     finished = {m: (results / f"{m}.rank0.json").stat().st_mtime_ns for m in ("ckptio", "dcp-sync", "dcp-best")}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ckptio.demo.space import TRIAL_SAVES, check_store_space, store_bytes_needed
-from ckptio.errors import StorageFullError
+from ckptio.errors import ConfigError, StorageFullError
 
 GIB = 2**30
 
@@ -28,7 +28,7 @@ def test_the_calibrate_trial_sets_the_peak_when_the_runs_save_less() -> None:
 
 
 def test_bad_counts_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         store_bytes_needed(state_bytes=GIB, saves_per_run=-1, directory_runs=4, calibrate=True)
 
 

@@ -18,6 +18,12 @@ Mode = Literal["dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume", "calibra
 MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio", "resume", "calibrate")
 
 
+def save_steps(*, every: int, steps: int) -> list[int]:
+    """Steps ending with a save in a run of ``steps`` saving every ``every``: multiples of ``every`` before the last
+    (a resume needs a next step)."""
+    return list(range(every, steps, every))
+
+
 @dataclass(kw_only=True, slots=True)
 class StoreSpec:
     """Where a run writes, and the bandwidth budget it shares."""
@@ -96,8 +102,8 @@ class RankJob:
         return self.shape.state_bytes() // self.world
 
     def save_steps(self) -> list[int]:
-        """Steps ending with a save: multiples of ``every`` before the last (a resume needs a next step)."""
-        return list(range(self.every, self.steps, self.every))
+        """Steps ending with a save (:func:`save_steps`)."""
+        return save_steps(every=self.every, steps=self.steps)
 
     def events_path(self, run: Mode, rank: int) -> str:
         return self.events_pattern(run).replace("{rank}", str(rank))

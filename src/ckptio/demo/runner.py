@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ckptio._proc import sigterm_as_interrupt
-from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec
+from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec, save_steps
 from ckptio.demo.launcher import run_ranks
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_training, predict
@@ -301,7 +301,8 @@ def _plan(
         )
     config = config.with_every(choice.every)
     # Every run's saves stay until all are measured: refuse now, not on a full disk minutes into a run.
-    runs, saves = len(RUN_MODES) - (s3_endpoint is not None), len(range(choice.every, config.steps or 0, choice.every))
+    runs = len(RUN_MODES) - (s3_endpoint is not None)
+    saves = len(save_steps(every=choice.every, steps=config.steps or 0))
     check_store_space(paths.store, store_bytes_needed(state_bytes=state, saves_per_run=saves, directory_runs=runs,
                                                       calibrate=direct_io),
                       what=f"{runs} runs x {saves} saves of {format_bytes(state)}, kept until every run is measured")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 
-from ckptio.errors import StorageFullError
+from ckptio.errors import ConfigError, StorageFullError
 from ckptio.plan.units import format_bytes
 
 TRIAL_SAVES = 9
@@ -26,7 +26,7 @@ def store_bytes_needed(*, state_bytes: int, saves_per_run: int, directory_runs: 
     """The most the store directory holds at once: every save of the ``directory_runs`` runs that write it
     (the S3 store's run writes elsewhere), or the calibrate trial's saves if those are more."""
     if state_bytes < 0 or saves_per_run < 0 or directory_runs < 0:
-        raise ValueError("bytes, saves and runs must be >= 0")
+        raise ConfigError("bytes, saves and runs must be >= 0")
     saves = max(directory_runs * saves_per_run, TRIAL_SAVES if calibrate else 0)
     return int(saves * state_bytes * _MARGIN)
 
