@@ -1,7 +1,9 @@
-"""Issue 10's pieces without processes: partner placement, options, the local manifest, the partner server."""
+"""The two levels' pieces without processes: partner placement, options, the local level's records, the partner
+server."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import crc32c
@@ -10,16 +12,9 @@ import pytest
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.levels import partner_ranks
 from ckptio.engine.partner_server import PartnerServer, fetch_file, send_files
-from ckptio.errors import ConfigError, CorruptCheckpointError, NotFoundError, ReplicationError
-from ckptio.format import FileRecord, Manifest
-from ckptio.format.local_manifest import (
-    LocalManifest,
-    level_rows,
-    local_committed_steps,
-    partner_copy_key,
-    read_local_manifest,
-    write_local_manifest,
-)
+from ckptio.errors import CommitError, ConfigError, CorruptCheckpointError, NotFoundError, ReplicationError
+from ckptio.format import FileRecord, Manifest, committed_steps, read_manifest, write_manifest
+from ckptio.format.local_level import level_rows, local_records, partner_copy_key
 from ckptio.storage import open_storage
 
 PEERS = [(0, "a", "h", 1), (1, "a", "h", 2), (2, "b", "h", 3), (3, "b", "h", 4), (4, "c", "h", 5), (5, "c", "h", 6)]
@@ -40,28 +35,27 @@ def test_level_options_are_checked(bad, tmp_path):
         CheckpointerConfig(root=str(tmp_path), **bad)
 
 
-def _manifest(step: int) -> LocalManifest:
-    rec = FileRecord(name="__0_0-1.distcp", size=3, crc32c="00000000")
-    return LocalManifest(manifest=Manifest(step=step, world_size=1, save_id=7, files={rec.name: rec}, total_bytes=3),
-                         holders={rec.name: ["a", "b"]}, nodes={0: "a"})
-
-
-def test_local_manifest_commits_once_and_round_trips(tmp_path):
+def test_the_local_levels_records_are_a_root_of_their_own(tmp_path):
+    """The local level commits with the durable level's protocol, one directory down: create-only manifests,
+    committed steps, and ``ls``'s rows read through the same functions."""
     root = open_storage(str(tmp_path), fsync=False)
-    write_local_manifest(root, _manifest(5))
-    write_local_manifest(root, _manifest(5))  # a retry of the same save is fine
-    got = read_local_manifest(root, 5)
-    assert got is not None and got.holders == {"__0_0-1.distcp": ["a", "b"]} and got.nodes == {0: "a"}
-    assert local_committed_steps(root) == [5] and level_rows(root)[5]["nodes"] == ["a", "b"]
-    other = _manifest(5)
-    other.manifest.save_id = 8
-    with pytest.raises(Exception, match="already committed"):
-        write_local_manifest(root, other)
-    bad = _manifest(6)
-    bad.holders = {"../x": ["a"]}
-    root.put("levels/local/step-00000006/manifest.json", bad.to_json())
+    records = local_records(root)
+    rec = FileRecord(name="__0_0-7.distcp", size=3, crc32c="00000000", holders=["a", "b"])
+    write_manifest(records, Manifest(step=5, world_size=1, save_id=7, files={rec.name: rec}, total_bytes=3))
+    write_manifest(records, Manifest(step=5, world_size=1, save_id=7, files={rec.name: rec}, total_bytes=3))
+    assert root.exists("levels/local/step-00000005/manifest.json")
+    assert committed_steps(records) == [5] and committed_steps(root) == []  # never mistaken for a durable step
+    assert read_manifest(records, 5).files[rec.name].holders == ["a", "b"]
+    assert level_rows(root)[5]["nodes"] == ["a", "b"]
+    with pytest.raises(CommitError, match="already committed"):
+        write_manifest(records, Manifest(step=5, world_size=1, save_id=8, files={}, total_bytes=0))
+    bad = {"format": "ckptio-manifest/1", "step": 6, "world_size": 1, "save_id": 1, "total_bytes": 0,
+           "files": {"x": {"name": "x", "size": 1, "crc32c": "0", "holders": "a"}}}
+    root.put("levels/local/step-00000006/manifest.json", json.dumps(bad).encode())
     with pytest.raises(CorruptCheckpointError):
-        read_local_manifest(root, 6)
+        read_manifest(records, 6)
+    with pytest.raises(ConfigError):
+        records.get("../manifest.json")  # a subtree never reaches above itself
 
 
 def test_partner_server_keeps_only_intact_copies_and_serves_them(tmp_path):

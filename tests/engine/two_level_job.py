@@ -2,14 +2,19 @@
 
 Usage: python two_level_job.py SPEC_JSON, with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment.
 SPEC: root, local (this node's local dir), node, steps (how many steps to train after the restore),
-durable_every, replicas, mode: "exit" (close and exit), "hang" (wait to be killed), "unreachable" (stop the
-partner's writer during one save), "sigterm" (train until SIGTERM; the checkpointer saves and exits).
-Each rank's state at step s is a pure function of (s, rank), under a key of its own (no DCP de-duplication), so a
-restore is checked bit-exactly. Prints one JSON line per event of interest.
+durable_every, replicas, restore_step (restore this step, not the newest), variant (of the state saved: the same
+step saved twice holds different values), expect_variant (of the state restored), mode:
+"exit" (close and exit), "hang" (wait to be killed), "twice" (save each step twice: variant 0, then 1),
+"mismatch" (restore into a state with an extra key), "unreachable" (stop the partner's writer during saves),
+"sigterm" (train with maybe_save until SIGTERM), "sigterm-save" (the same, calling save), "sigterm-idle" (one
+save, then no save call until killed).
+Each rank's state at step s is a pure function of (s, rank, variant), under a key of its own (no DCP
+de-duplication), so a restore is checked bit-exactly. Prints one JSON line per event of interest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,8 +28,8 @@ import ckptio
 from ckptio.errors import CkptError
 
 
-def state_for(step: int, rank: int) -> dict:
-    g = torch.Generator().manual_seed(1000 * step + rank)
+def state_for(step: int, rank: int, variant: int = 0) -> dict:
+    g = torch.Generator().manual_seed(1000 * step + rank + 1_000_000 * variant)
     return {f"w{rank}": torch.randn(128, 1024, generator=g), f"b{rank}": torch.full((8,), float(step)), "step": step}
 
 
@@ -44,24 +49,33 @@ def main() -> None:
     ck = ckptio.Checkpointer(spec["root"], local_dir=spec["local"], node_id=spec["node"],
                              durable_every=spec["durable_every"], replicas=spec.get("replicas", 1), lease_s=0,
                              keep_last=2, fsync=False, partner_timeout_s=spec.get("partner_timeout_s", 20.0),
-                             commit_timeout_s=120, every_steps=1, preempt_grace_s=30.0, volume_check="off",
-                             events_path=spec.get("events"))
+                             commit_timeout_s=120, every_steps=1, preempt_grace_s=spec.get("grace", 30.0),
+                             volume_check="off", events_path=spec.get("events"),
+                             max_pending=4 if spec["mode"] == "unreachable" and rank == 1 else 1)
+    if spec["mode"] == "mismatch":
+        target = {**blank(rank), "extra": torch.zeros(3)}
+        try:
+            ck.restore(target)
+        except CkptError as exc:
+            say(rank=rank, restore_error=type(exc).__name__, error=str(exc))
+        ck.close()
+        return
     target = blank(rank)
-    restored = ck.restore(target)
-    ok = restored is None or all(torch.equal(v, state_for(restored, rank)[k]) if isinstance(v, torch.Tensor)
-                                 else v == restored for k, v in target.items())
-    say(rank=rank, restored=restored, ok=ok, last_restore=ck.last_restore)
+    restored = ck.restore(target, step=spec.get("restore_step"))
+    expected = state_for(restored or 0, rank, spec.get("expect_variant", 0))
+    ok = restored is None or all(torch.equal(v, expected[k]) if isinstance(v, torch.Tensor) else v == restored
+                                 for k, v in target.items())
+    say(rank=rank, restored=restored, ok=ok, last_restore=dataclasses.asdict(ck.last_restore))
     start = (restored or 0) + 1
     if spec["mode"] == "unreachable":
-        unreachable(ck, rank, start)
-    elif spec["mode"] == "sigterm":
-        for step in range(start, start + 100_000):
-            ck.maybe_save(step, state_for(step, rank))  # a SIGTERM makes this an emergency save + SystemExit(0)
-            say(rank=rank, saved=step)
-            time.sleep(0.05)
+        unreachable(ck, rank, start, stopped_s=spec["partner_timeout_s"] + 2.0)
+    elif spec["mode"].startswith("sigterm"):
+        until_sigterm(ck, rank, start, spec["mode"])
     else:
         for step in range(start, start + spec["steps"]):
-            ck.save(step, state_for(step, rank)).wait()
+            ck.save(step, state_for(step, rank, spec.get("variant", 0))).wait()
+            if spec["mode"] == "twice":
+                ck.save(step, state_for(step, rank, 1)).wait()
         say(rank=rank, done=start + spec["steps"] - 1, writer_pid=ck._writer.pid)
     if spec["mode"] == "hang":
         dist.barrier()
@@ -71,28 +85,40 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def unreachable(ck: ckptio.Checkpointer, rank: int, start: int) -> None:
-    """Step start: both levels fine. Step start+1: rank 1's writer is stopped (SIGSTOP), so rank 0's copy to it
-    times out. Step start+2: fine again."""
+def until_sigterm(ck: ckptio.Checkpointer, rank: int, start: int, mode: str) -> None:
+    """Train until a SIGTERM makes the checkpointer save and exit (SystemExit(0)), or, idle, until it kills us."""
+    if mode == "sigterm-idle":
+        ck.save(start, state_for(start, rank)).wait()
+        say(rank=rank, saved=start)
+        while True:  # evaluation, data preparation: no save call
+            time.sleep(0.05)
+    for step in range(start, start + 100_000):
+        if mode == "sigterm":
+            ck.maybe_save(step, state_for(step, rank))  # a SIGTERM makes this an emergency save + SystemExit(0)
+        else:
+            ck.save(step, state_for(step, rank))
+        say(rank=rank, saved=step)
+        time.sleep(0.05)
+
+
+def unreachable(ck: ckptio.Checkpointer, rank: int, start: int, *, stopped_s: float) -> None:
+    """Step start: fine. Steps start+1..start+3: rank 1's writer is stopped (SIGSTOP) for ``stopped_s``, so rank
+    0's copies to it time out; rank 1 stages into spare slots meanwhile (max_pending=4). Then rank 1's writer goes
+    on, every save commits, and training goes on."""
     ck.save(start, state_for(start, rank)).wait()
     if rank == 1:
         os.kill(ck._writer.pid, signal.SIGSTOP)
     dist.barrier()
-    handle = ck.save(start + 1, state_for(start + 1, rank))
-    if rank == 0:
-        try:
-            handle.wait()
-        except CkptError as exc:
-            say(rank=rank, failed=start + 1, error_type=type(exc).__name__, error=str(exc))
+    handles = [ck.save(step, state_for(step, rank)) for step in range(start + 1, start + 4)]
+    say(rank=rank, returned=start + 3)
     dist.barrier()
     if rank == 1:
+        time.sleep(stopped_s)
         os.kill(ck._writer.pid, signal.SIGCONT)
-        try:
-            handle.wait()
-        except CkptError as exc:
-            say(rank=rank, failed=start + 1, error_type=type(exc).__name__, error=str(exc))
-    ck.save(start + 2, state_for(start + 2, rank)).wait()
-    say(rank=rank, done=start + 2)
+    for handle in handles:
+        handle.wait()
+    ck.save(start + 4, state_for(start + 4, rank)).wait()
+    say(rank=rank, done=start + 4)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ckptio import format as fmt
 from ckptio.config import CheckpointerConfig, CheckpointerOptions, resolve_config
@@ -24,26 +24,21 @@ from ckptio.engine.dcp import coordinated_plan, resolve_objects, resolve_tensors
 from ckptio.engine.decide import agree_to_plan, prepare_state
 from ckptio.engine.group import SaveIds, SideGroup
 from ckptio.engine.handle import SaveHandle
-from ckptio.engine.levels import TwoLevels
+from ckptio.engine.levels import SingleLevel, open_levels
 from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
 from ckptio.engine.pending import SaveTracker
-from ckptio.engine.restore import restore_step
+from ckptio.engine.protocol import JobLevels
+from ckptio.engine.restore import RestoreReport
 from ckptio.engine.stager import Stager, StagingGuard, checked_sizes
-from ckptio.engine.staging import (
-    StagingArea,
-    check_fits_on_every_rank,
-    remove_stale_slots,
-    staging_dir,
-)
+from ckptio.engine.staging import StagingArea, check_fits_on_every_rank, remove_stale_slots, staging_dir
 from ckptio.engine.step_rules import StepRules, checked_step
 from ckptio.engine.votes import MaybeSaveVotes
 from ckptio.engine.writer_proxy import WriterProxy
 from ckptio.errors import CheckpointerClosedError, CkptError, CommitError, ConfigError
 from ckptio.format.layout import plan_layout
 from ckptio.obs.events import Event, EventLog, rank_path
-from ckptio.obs.metrics import SaveMetrics, start_exporter
+from ckptio.obs.metrics import SaveMetrics, start_rank_exporter
 from ckptio.obs.steps import StepTimer
-from ckptio.policy.volumes import enforce_volume_policy
 from ckptio.storage import PosixRoot, Storage, open_storage, parse_root
 
 if TYPE_CHECKING:
@@ -53,8 +48,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptio")
 
 
-class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks live in engine/levels.py
-    """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``."""
+class Checkpointer:
+    """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``.
+
+    Where saves go and restores come from (one level, or the local level beside the durable one) is its
+    ``levels`` collaborator (``engine.levels``)."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
                  **options: Unpack[CheckpointerOptions]) -> None:
@@ -94,6 +92,8 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._last_save_mono: float | None = None
         self._created_mono = time.monotonic()
         self._closed = False
+        self.last_restore: RestoreReport | None = None
+        """What the last ``restore`` read: the step, the level, the files per source, and why (``note``)."""
 
     def _acquire(self) -> None:
         """Event log, root claim, metrics, staging, writer: in the order close() undoes in reverse. Checks that hold
@@ -111,9 +111,12 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._staging = StagingArea(config.max_pending, slots_dir)
         resources.callback(self._staging.close)
         self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank)
-        self._setup_levels()  # issue 10: partner sockets exchanged on the side group (every rank together)
+        # Every rank together: a two-level job exchanges its partner servers' addresses on the side group.
+        self.levels: SingleLevel = open_levels(config, group=self.group, storage=self.storage, local=self.local,
+                                               events=self.events)
+        resources.callback(self.levels.close)
         self._votes = MaybeSaveVotes(self.group, every_seconds=config.every_seconds, timeout_s=config.commit_timeout_s,
-                                     watch_preemption=self._levels is not None and config.preempt_grace_s > 0)
+                                     watch_preemption=self.levels.watch_preemption)
         resources.callback(self._votes.drain)
         self._writer = WriterProxy(self._writer_spec(), on_message=self._tracker.on_message,
                                    on_death=lambda code: self._tracker.on_writer_death(code, self._writer.pid))
@@ -123,7 +126,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         resources.callback(self._stager.close)  # before the writer stops: queued copies still reach it
         self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
                                 pending_wait_s=config.close_timeout_s, ack_wait_s=config.commit_timeout_s)
-        if config.start_writer == "on_init" or self._levels is not None:  # partner servers serve restores
+        if config.start_writer == "on_init" or self.levels.writer_start() is not None:  # partners serve restores
             # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
             self._writer.ensure_started()
 
@@ -135,16 +138,15 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
 
     def _writer_spec(self) -> protocol.WriterStart:
         return protocol.WriterStart(config=self.config.writer_config(), rank=self.rank, world_size=self.world_size,
-                                    durable=self.storage, local=self.local, owner=self._owner, levels=self._lv_start)
+                                    durable=self.storage, local=self.local, owner=self._owner,
+                                    levels=self.levels.writer_start())
 
     def _start_metrics(self) -> SaveMetrics:
         metrics = SaveMetrics(self.config.metrics_registry, rank=self.rank)
         self.events.add_listener(metrics.observe)
-        if self.config.metrics_port is not None:
-            # Each rank's metrics live in its own process: rank r serves on metrics_port + r (0 = any free port).
-            port = self.config.metrics_port + self.rank if self.config.metrics_port else 0
-            self._exporter = start_exporter(port, host=self.config.metrics_host,
-                                            registry=self.config.metrics_registry)
+        self._exporter = start_rank_exporter(self.config.metrics_port, self.rank, host=self.config.metrics_host,
+                                             registry=self.config.metrics_registry)
+        if self._exporter is not None:
             self._resources.callback(self._exporter.close)
         return metrics
 
@@ -157,8 +159,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
             try:
                 from ckptio.engine.preflight import check_store
 
-                check_store(self.storage, self.config)  # residency (on by default), then store capabilities
-                self._check_root()
+                check_store(self.storage, self.config)  # residency, capabilities, volumes, a test write
                 if self.config.lease_s > 0:
                     self._owner = claim_root(self.storage, lease_s=self.config.lease_s, job_id=self.config.job_id)
                     self._resources.callback(release_root, self.storage, self._owner)
@@ -168,17 +169,6 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._save_ids = SaveIds(nonce)
         if error is not None:
             raise error
-
-    def _check_root(self) -> None:
-        """The volume policy; then fail at construction, not at the first background save, when the root cannot
-        be written."""
-        # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
-        root = parse_root(self.storage.url) if self.storage.is_posix else None
-        if isinstance(root, PosixRoot):
-            enforce_volume_policy(root.path, self.config.data_dirs, mode=self.config.volume_check)
-        key = f".ckptio-write-test-{os.getpid()}"
-        self.storage.put(key, b"ok")
-        self.storage.delete(key)
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -192,12 +182,16 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._check_open()
         t0 = time.monotonic()
         save_id = self._save_ids.next()  # on every call and every rank, so that the ranks' ids stay aligned
+        levels = self.levels.job_levels(self._save_ids.count)
         step = checked_step(step)
+        if self.levels.preempted_at() is not None and not (self.levels.emergency or self._votes.used):
+            # SIGTERM came and no maybe_save agrees it across ranks: this save becomes the emergency save, then exit.
+            self._exit_preempted(step, state)
         self.events.emit(Event.SAVE_REQUESTED, step)
         self._tracker.log_unreported()
         local_error, reserved = self._step_rules.before_agreement(step)
         try:
-            handle = self._save(step, state, save_id, local_error)
+            handle = self._save(step, state, save_id, levels, local_error)
         finally:
             if reserved:  # released once the job (queued on the staging thread) holds the step in the writer
                 self._stager.after(lambda: self._step_rules.after_agreement(step, True))
@@ -207,7 +201,8 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
             self.events.emit(Event.SAVE_RETURNED, step, blocking_s=handle.blocking_s, bytes=handle.bytes)
         return handle
 
-    def _save(self, step: int, state: dict[str, Any], save_id: int, local_error: CkptError | None) -> SaveHandle:
+    def _save(self, step: int, state: dict[str, Any], save_id: int, levels: JobLevels,
+              local_error: CkptError | None) -> SaveHandle:
         state_dict: Any = None
         flat: dict[str, Any] = {}
         key: int | None = None
@@ -215,23 +210,24 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
             state_dict, flat, key, local_error = prepare_state(state, plan_key=self._plan_key,
                                                                fast=self._fast_flatten, rank=self.rank)
         if self._plan_key is None or (key is not None and key != self._plan_key):
-            return self._planning_save(step, (state_dict, flat, key), save_id, local_error)
+            return self._planning_save(step, (state_dict, flat, key), save_id, levels, local_error)
         # The steady path: no collective. Whatever this rank decides alone, it leaves a drop marker for the others.
         t0 = time.monotonic()
+        markers = self.levels.marker_stores(levels)
         if local_error is not None or self._tracker.writer_error is not None:
-            self._stager.drop(step, save_id, f"rank {self.rank} refused the save")
+            self._stager.drop(step, save_id, f"rank {self.rank} refused the save", markers)
             self._raise_local(step, local_error)
         if self._staging.free_slot_id() is None:
             if self.config.overflow == "skip":
-                self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot")
+                self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot", markers)
                 return self._skipped(step, "no free staging slot")
             while not self._staging.wait_free(timeout=1.0):
                 self._check_open()
         self.events.emit(Event.SAVE_AGREED, step, blocked_s=time.monotonic() - t0, pending=self._staging.pending())
-        return self._stage(step, flat, save_id)
+        return self._stage(step, flat, save_id, levels)
 
     def _planning_save(self, step: int, prepared: tuple[Any, dict[str, Any], int | None], save_id: int,
-                       local_error: CkptError | None) -> SaveHandle:
+                       levels: JobLevels, local_error: CkptError | None) -> SaveHandle:
         """The first save and a structure change plan collectively, so they are agreed collectively too."""
         t0 = time.monotonic()
         try:
@@ -239,7 +235,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
                                    overflow=self.config.overflow,
                                    error=local_error is not None or self._tracker.writer_error is not None)
         except ConfigError:
-            self._stager.drop(step, save_id, f"rank {self.rank} planned alone")
+            self._stager.drop(step, save_id, f"rank {self.rank} planned alone", self.levels.marker_stores(levels))
             raise
         if agreed.any_error:
             self._raise_local(step, local_error)
@@ -247,7 +243,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         if not agreed.all_free:
             return self._skipped(step, "no free staging slot")
         self.events.emit(Event.SAVE_AGREED, step, blocked_s=time.monotonic() - t0, pending=self._staging.pending())
-        return self._stage(step, self._replan(*prepared), save_id)
+        return self._stage(step, self._replan(*prepared), save_id, levels)
 
     def _skipped(self, step: int, why: str, *, reason: str | None = None) -> SaveHandle:
         self.events.emit(Event.SAVE_SKIPPED, step, reason=reason or why, pending=self._staging.pending())
@@ -284,7 +280,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._stager.after(lambda: self._writer.send_plan(message))  # after the jobs of the previous plan
         return plan.flat
 
-    def _stage(self, step: int, flat: dict[str, Any], save_id: int) -> SaveHandle:
+    def _stage(self, step: int, flat: dict[str, Any], save_id: int, levels: JobLevels) -> SaveHandle:
         slot_id = self._staging.free_slot_id()
         assert slot_id is not None  # checked free above; only this thread acquires slots
         handle = SaveHandle(step, slot_id=slot_id, save_id=save_id)
@@ -299,13 +295,14 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         except BaseException as exc:
             self._staging.release(slot_id)
             # The other ranks are saving this step: tell their writers it cannot commit.
-            fmt.write_failure(self.storage, step, f"rank{self.rank}", save_id, exc)
+            for records in self.levels.marker_stores(levels):
+                fmt.write_failure(records, step, f"rank{self.rank}", save_id, exc)
             raise
         rollback, replaces = self._tracker.job_rules(handle)
         self._tracker.add(handle)
         job = protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
                                slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
-                               rollback=rollback, replaces=replaces, **self._level_fields())
+                               rollback=rollback, replaces=replaces, levels=levels)
         self._writer.ensure_started()
         self._stager.stage(handle, slot, tensors, job)
         return handle
@@ -320,10 +317,10 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
                               rank=self.rank)
         step = checked_step(step)
         # Agreed without blocking (engine.votes): the decisions land on every rank at the same call, 2 calls late.
-        time_due, preempted = self._votes.decide(
-            elapsed_s=time.monotonic() - (self._last_save_mono or self._created_mono), preempted=self._preempted())
+        elapsed_s = time.monotonic() - (self._last_save_mono or self._created_mono)
+        time_due, preempted = self._votes.decide(elapsed_s=elapsed_s, preempted=self.levels.preempted_at() is not None)
         if preempted:
-            self._exit_preempted(step, state)  # issue 10: SIGTERM on any rank: emergency save, SystemExit(0)
+            self._exit_preempted(step, state)  # SIGTERM on any rank: the emergency save, then SystemExit(0)
         due = time_due or (self.config.every_steps is not None and step % self.config.every_steps == 0)
         return self.save(step, state) if due else None
 
@@ -379,16 +376,25 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         if step is not None:
             step = checked_step(step)
         self._stager.wait_idle()  # a copy still reading the state must finish before restore overwrites it
-        if self._levels is not None:  # issue 10: newest restorable step on any level, fastest intact copies
-            chosen = self._restore_levels(state, step)
-        else:
-            chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
-                                  concurrency=self.config.upload_concurrency,
-                                  trust_pickles=self.config.trust_pickles, safe_globals=self.config.safe_globals)
+        self.last_restore = self.levels.restore(state, step)
+        chosen = self.last_restore.step
         if chosen is not None:
             self._tracker.restored(chosen)
             self._step_rules.seen(chosen)
         return chosen
+
+    def emergency_save(self, step: int, state: dict[str, Any]) -> SaveHandle:
+        """Save ``step`` to the local level and its partners now (the durable level with ``durable_every=1``) and
+        wait at most ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. All ranks call
+        together. Returns the handle; a save that did not commit in time is reported, never raised."""
+        return self.levels.emergency_save(self.save, step, state)
+
+    def _exit_preempted(self, step: int, state: dict[str, Any]) -> NoReturn:
+        """After a SIGTERM: the emergency save, then a clean exit (pending durable uploads are abandoned: the
+        local level holds a newer step)."""
+        self.emergency_save(step, state)
+        self.close(wait=False)
+        raise SystemExit(0)
 
     def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""

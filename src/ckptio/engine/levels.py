@@ -1,13 +1,18 @@
-"""Two levels on the training thread (issue 10): node identity, partner placement, the durable_every schedule,
-emergency saves and SIGTERM preemption, and the restore entry point.
+"""Where each save goes, and where a restore comes from: one level (durable only) or two (local, then durable).
 
-At construction (every rank together), each rank binds its partner server's listening socket, and the side group
-exchanges ``(node, host, port)`` once; each writer inherits its socket and learns every peer from
-:class:`~ckptio.engine.protocol.LevelsStart`. From then on the bytes move writer to writer over TCP: this module
-never moves checkpoint bytes and runs collectives only on the side group, from the training thread.
+The Checkpointer holds one of these as a collaborator, built by :func:`open_levels`:
 
-``Checkpointer`` mixes :class:`TwoLevels` in; with ``durable_every=1`` (the default) ``_levels`` is None and every
-hook here is a no-op, so a save is exactly what it was without levels.
+* :class:`SingleLevel` (``durable_every=1``, the default): every save goes to the durable root, restore reads it.
+  Its hooks do nothing, so a save is exactly what it is without levels.
+* :class:`TwoLevels`: every save goes to the local level (this node's ``local_dir`` plus copies on ``replicas``
+  partner nodes) and every ``durable_every``-th also to the durable root; restore takes the newest restorable step
+  of either level from the fastest intact copies (``engine.sources``); SIGTERM becomes an emergency save to the
+  local level (``engine.preemption``).
+
+At construction (every rank together) each rank of a two-level job binds its partner server's listening socket and
+the side group exchanges ``(rank, node, host, port)`` once; each writer inherits its socket and learns every peer
+from :class:`~ckptio.engine.protocol.LevelsStart`. From then on the bytes move writer to writer: this module never
+moves checkpoint bytes, and runs collectives only on the side group, from the training thread.
 """
 
 from __future__ import annotations
@@ -15,26 +20,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
-import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from ckptio.config import CheckpointerConfig
+from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
-from ckptio.engine.protocol import LevelsStart
+from ckptio.engine.preemption import Preemption
+from ckptio.engine.protocol import JobLevels, LevelsStart
+from ckptio.engine.restore import RestoreReport, restore_step
+from ckptio.engine.sources import TwoLevelRestore
 from ckptio.errors import CkptError, ConfigError
-from ckptio.obs.events import Event
-
-if TYPE_CHECKING:
-    from ckptio.config import CheckpointerConfig
-    from ckptio.engine.group import SideGroup
-    from ckptio.obs.events import EventLog
-    from ckptio.storage import Storage
+from ckptio.format.local_level import local_records
+from ckptio.obs.events import Event, EventLog
+from ckptio.storage import Storage
 
 log = logging.getLogger("ckptio")
-
 
 def node_identity(node_id: str | None) -> str:
     """This rank's node: the override, else the host name (plus torchrun's GROUP_RANK, the node's index)."""
@@ -45,7 +48,7 @@ def node_identity(node_id: str | None) -> str:
     return f"{host}#{group_rank}" if group_rank else host
 
 
-def _advertised_host() -> str:
+def advertised_host() -> str:
     """The address partners reach this rank at: ``CKPTIO_PARTNER_HOST``, else this host's address."""
     host = os.environ.get("CKPTIO_PARTNER_HOST")
     if host:
@@ -74,129 +77,141 @@ def partner_ranks(peers: list[tuple[int, str, str, int]], rank: int, replicas: i
     return tuple(out)
 
 
-@dataclass
-class LevelsRuntime:
-    """The trainer's state of the local level."""
+class SingleLevel:
+    """Every save to the durable root; restore from it. The do-nothing base of :class:`TwoLevels`."""
 
-    start: LevelsStart
-    listener: socket.socket
-    local_saves: int = 0
-    emergency: bool = False
-    preempted_at: float | None = None
-    previous_handler: Any = None
+    watch_preemption = False
+    """Whether ``maybe_save`` agrees a SIGTERM across ranks (only a level that saves on SIGTERM needs to)."""
+    emergency_level = "durable"
+    """Where an emergency save goes."""
 
+    def __init__(self, config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
+                 events: EventLog) -> None:
+        self.config, self.group, self.storage, self.local, self.events = config, group, storage, local, events
+        self.emergency = False
+        """True while an emergency save is being submitted (it goes to ``emergency_level`` only)."""
 
-class TwoLevels:
-    """The Checkpointer's two-level methods (mixed in: checkpointer.py keeps only the hooks)."""
+    def writer_start(self) -> LevelsStart | None:
+        """What the writer needs to know of the levels (None: durable only)."""
+        return None
 
-    _levels: LevelsRuntime | None = None
-    last_restore: dict[str, Any] | None = None
-    """What the last ``restore`` read: ``{"step", "level", "sources": {"local"|"partner"|"durable": files}}``."""
+    def job_levels(self, ordinal: int) -> JobLevels:
+        """The levels of the ``ordinal``-th save call (the same on every rank: every rank calls save together)."""
+        return JobLevels()
 
-    if TYPE_CHECKING:
-        config: CheckpointerConfig
-        group: SideGroup
-        rank: int
-        world_size: int
-        storage: Storage
-        local: Storage | None
-        events: EventLog
-        _resources: contextlib.ExitStack
+    def marker_stores(self, levels: JobLevels) -> tuple[Storage, ...]:
+        """Where a rank's failure or drop marker of a save to ``levels`` goes: each level's records."""
+        return (self.storage,)
 
-        def save(self, step: int, state: dict[str, Any]) -> SaveHandle: ...
+    def preempted_at(self) -> float | None:
+        """``time.monotonic()`` of the SIGTERM this rank received, if it acts on them."""
+        return None
 
-        def close(self, *, wait: bool = True) -> None: ...
-
-    # ---- construction (every rank together) ------------------------------------------------------------------
-    def _setup_levels(self) -> None:
-        config = self.config
-        if config.durable_every == 1:
-            return
-        if self.local is None or not self.local.is_posix:
-            raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
-        host = _advertised_host()
-        listener = socket.create_server((host, 0), backlog=128)
-        self._resources.callback(listener.close)
-        me = (self.rank, node_identity(config.node_id), host, listener.getsockname()[1])
-        gathered = self.group.gather_to_rank0(me)
-        peers = [tuple(p) for p in self.group.broadcast_from_rank0(gathered)]
-        partners = partner_ranks(peers, self.rank, config.replicas)
-        start = LevelsStart(node=me[1], listen_fd=listener.fileno(), peers=tuple(peers),
-                            partner_ranks=partners, timeout_s=config.partner_timeout_s)
-        self._levels = LevelsRuntime(start=start, listener=listener)
-        self._install_sigterm()
-
-    def _install_sigterm(self) -> None:
-        levels = self._levels
-        if levels is None or self.config.preempt_grace_s <= 0 or threading.current_thread() is not \
-                threading.main_thread():
-            return
-
-        def on_sigterm(signum: int, frame: Any) -> None:
-            if levels.preempted_at is None:
-                levels.preempted_at = time.monotonic()
-
-        levels.previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
-        self._resources.callback(self._restore_sigterm)
-
-    def _restore_sigterm(self) -> None:
-        levels = self._levels
-        if levels is not None and threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signal.SIGTERM, levels.previous_handler or signal.SIG_DFL)
-
-    # ---- saves -----------------------------------------------------------------------------------------------
-    def _level_fields(self) -> dict[str, bool]:
-        """The levels of the save being submitted (SaveJob fields); counts local saves for durable_every."""
-        levels = self._levels
-        if levels is None:
-            return {}
-        if levels.emergency:
-            return {"durable": False, "local_level": True}
-        levels.local_saves += 1
-        return {"durable": levels.local_saves % self.config.durable_every == 0, "local_level": True}
-
-    def emergency_save(self, step: int, state: dict[str, Any]) -> SaveHandle:
-        """Save ``step`` to the local level and its partners now (the durable level with ``durable_every=1``) and
-        wait at most ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. All ranks call
-        together. Returns the handle; a save that did not commit in time is reported, never raised."""
-        levels = self._levels
-        t0 = levels.preempted_at if levels is not None and levels.preempted_at is not None else time.monotonic()
-        if levels is not None:
-            levels.emergency = True
+    def emergency_save(self, save: Callable[[int, dict[str, Any]], SaveHandle], step: int,
+                       state: dict[str, Any]) -> SaveHandle:
+        """Save ``step`` now through ``save``, to the local level when there is one, and wait at most
+        ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. A save that did not commit in
+        time is reported (event, log), never raised."""
+        at = self.preempted_at()
+        t0 = at if at is not None else time.monotonic()
+        self.emergency = True
         try:
-            handle = self.save(step, state)
+            handle = save(step, state)
         finally:
-            if levels is not None:
-                levels.emergency = False
+            self.emergency = False
         with contextlib.suppress(CkptError, TimeoutError):
             handle.wait(max(0.0, t0 + self.config.preempt_grace_s - time.monotonic()))
         committed = handle.done() and handle.error is None and not handle.skipped
         self.events.emit(Event.PREEMPTED, step, committed=committed, seconds=time.monotonic() - t0,
-                         level="local" if levels is not None else "durable",
-                         error=str(handle.error) if handle.error else None)
+                         level=self.emergency_level, error=str(handle.error) if handle.error else None)
         if not committed:
             log.warning("ckptio: emergency save of step %s did not commit within %.0f s: %s", step,
                         self.config.preempt_grace_s, handle.error or handle.skip_reason or "timed out")
         return handle
 
-    @property
-    def _lv_start(self) -> LevelsStart | None:
-        return self._levels.start if self._levels is not None else None
+    def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
+        """Load the newest committed step (or ``step``) into ``state``: every rank together."""
+        t0 = time.monotonic()
+        config = self.config
+        chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
+                              concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
+                              safe_globals=config.safe_globals)
+        return RestoreReport(step=chosen, level="durable" if chosen is not None else "none",
+                             seconds=time.monotonic() - t0)
 
-    def _preempted(self) -> bool:
-        """Has this rank received SIGTERM? (``maybe_save`` agrees it across ranks: engine.votes.)"""
-        return self._levels is not None and self._levels.preempted_at is not None
+    def close(self) -> None:
+        """Undo what construction took (sockets, signal handlers)."""
 
-    def _exit_preempted(self, step: int, state: dict[str, Any]) -> None:
-        """After a SIGTERM on any rank: the emergency save, then a clean exit (pending durable uploads are
-        abandoned: the local level holds a newer step)."""
-        self.emergency_save(step, state)
-        self.close(wait=False)
-        raise SystemExit(0)
 
-    # ---- restore ---------------------------------------------------------------------------------------------
-    def _restore_levels(self, state: dict[str, Any], step: int | None) -> int | None:
-        from ckptio.engine.sources import restore_from_levels
+class TwoLevels(SingleLevel):
+    """The local level beside the durable one: partner placement, the ``durable_every`` schedule, SIGTERM."""
 
-        return restore_from_levels(self, state, step)
+    watch_preemption = True
+    emergency_level = "local"
+
+    def __init__(self, config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
+                 events: EventLog) -> None:
+        super().__init__(config, group=group, storage=storage, local=local, events=events)
+        if local is None or not local.is_posix:
+            raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
+        self.records = local_records(storage)
+        host = advertised_host()
+        self.listener = socket.create_server((host, 0), backlog=128)
+        try:
+            me = (group.rank, node_identity(config.node_id), host, self.listener.getsockname()[1])
+            peers = [tuple(p) for p in group.broadcast_from_rank0(group.gather_to_rank0(me))]
+            self.start = LevelsStart(node=me[1], listen_fd=self.listener.fileno(), peers=tuple(peers),
+                                     partner_ranks=partner_ranks(peers, group.rank, config.replicas),
+                                     timeout_s=config.partner_timeout_s)
+        except BaseException:
+            self.listener.close()
+            raise
+        self.preemption = Preemption(config.preempt_grace_s)
+        if config.preempt_grace_s > 0:
+            self.preemption.install()
+        else:
+            self.watch_preemption = False
+
+    def writer_start(self) -> LevelsStart | None:
+        return self.start
+
+    def job_levels(self, ordinal: int) -> JobLevels:
+        if self.emergency:
+            return JobLevels(durable=False, local=True)
+        return JobLevels(durable=ordinal % self.config.durable_every == 0, local=True)
+
+    def marker_stores(self, levels: JobLevels) -> tuple[Storage, ...]:
+        return tuple(s for s, wanted in ((self.storage, levels.durable), (self.records, levels.local)) if wanted)
+
+    def preempted_at(self) -> float | None:
+        return self.preemption.at
+
+    def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
+        """The newest restorable step on either level, each file from its fastest intact copy."""
+        config = self.config
+        restore = TwoLevelRestore(self.storage, self.records, local=self.local, group=self.group,
+                                  node=self.start.node, peers=self.start.peers, timeout_s=config.partner_timeout_s,
+                                  concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
+                                  safe_globals=config.safe_globals)
+        report = restore.run(state, step)
+        self.events.emit(Event.RESTORED, report.step, level=report.level, sources=report.sources, note=report.note,
+                         seconds=report.seconds)
+        return report
+
+    def emergency_save(self, save: Callable[[int, dict[str, Any]], SaveHandle], step: int,
+                       state: dict[str, Any]) -> SaveHandle:
+        try:
+            return super().emergency_save(save, step, state)
+        finally:
+            self.preemption.done()
+
+    def close(self) -> None:
+        self.preemption.uninstall()
+        self.listener.close()
+
+
+def open_levels(config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
+                events: EventLog) -> SingleLevel:
+    """The levels of ``config``: every rank calls it together (a two-level job exchanges partner addresses)."""
+    kind = SingleLevel if config.durable_every == 1 else TwoLevels
+    return kind(config, group=group, storage=storage, local=local, events=events)

@@ -29,7 +29,7 @@ import crc32c
 
 from ckptio.errors import CkptError, CorruptCheckpointError, NotFoundError, ReplicationError, StorageError
 from ckptio.format.keys import check_file_name
-from ckptio.format.local_manifest import own_copy_key, partner_copy_key
+from ckptio.format.local_level import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 from ckptio.storage.posix import TMP_PREFIX
 

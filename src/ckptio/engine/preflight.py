@@ -1,20 +1,26 @@
-"""The checks a Checkpointer runs on its durable root before it writes anything: residency, then capabilities.
+"""The checks a Checkpointer runs on its durable root before it writes anything: residency, capabilities, volumes,
+and one test write.
 
 Owns the order and the verdict: residency first (reads only; on by default, so a public bucket is refused
 unless ``allow_public=True``), then the store's capabilities (:mod:`ckptio.storage.capabilities`, which writes
 only its own sentinel objects and removes them). A store that does not honour the conditional writes the commit
 rests on is refused with :class:`~ckptio.errors.StoreCapabilityError` unless the config opts into
-``commit="lease"``; there is no silent downgrade. Runs on rank 0 only (the Checkpointer shares the verdict).
-It must never write a checkpoint byte, and never change a store setting.
+``commit="lease"``; there is no silent downgrade. Then the volume policy of a POSIX root, and a small write and
+delete, so that a root that cannot be written fails at construction, not at the first background save. Runs on
+rank 0 only (the Checkpointer shares the verdict). It must never write a checkpoint byte, and never change a
+store setting.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from ckptio.config import CheckpointerConfig
 from ckptio.errors import StoreCapabilityError
 from ckptio.policy.residency import check_residency, resolve_residency
+from ckptio.policy.volumes import enforce_volume_policy
+from ckptio.storage import PosixRoot, parse_root
 from ckptio.storage.base import Storage
 from ckptio.storage.capabilities import StoreCapabilities, capability_problems, detect_capabilities
 
@@ -29,8 +35,18 @@ def check_store(storage: Storage, config: CheckpointerConfig) -> StoreCapabiliti
     """
     check_residency(storage, resolve_residency(config.residency, allow_public=config.allow_public,
                                                store_private=config.store_private))
-    if storage.is_posix:
-        return None
+    caps = None if storage.is_posix else _check_capabilities(storage, config)
+    # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
+    root = parse_root(storage.url) if storage.is_posix else None
+    if isinstance(root, PosixRoot):
+        enforce_volume_policy(root.path, config.data_dirs, mode=config.volume_check)
+    key = f".ckptio-write-test-{os.getpid()}"
+    storage.put(key, b"ok")
+    storage.delete(key)
+    return caps
+
+
+def _check_capabilities(storage: Storage, config: CheckpointerConfig) -> StoreCapabilities:
     caps = detect_capabilities(storage)
     problems = capability_problems(caps, commit=config.commit)
     if problems:

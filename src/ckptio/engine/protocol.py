@@ -39,12 +39,13 @@ class WriterStart:
     local: Storage | None
     owner: OwnerRecord | None
     """Rank 0 only: the root's owner record, whose heartbeat the writer keeps fresh."""
-    levels: LevelsStart | None = None  # issue 10: the local level (None: durable_every=1, today's pipeline)
+    levels: LevelsStart | None = None
+    """The local level (None with ``durable_every=1``: every save goes to the durable level only)."""
 
 
 @dataclass(frozen=True, slots=True)
 class LevelsStart:
-    """Issue 10: what a writer needs for the local level (partner replication, local-level commits)."""
+    """What a writer needs for the local level (partner replication, local-level commits)."""
 
     node: str
     listen_fd: int
@@ -55,6 +56,19 @@ class LevelsStart:
     """The ranks (on other nodes) that receive a copy of this rank's files."""
     timeout_s: float
     """A partner that does not take a file within this many seconds is unreachable for that save."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobLevels:
+    """Which levels one save goes to: the durable root, the local level (own node + partners), or both."""
+
+    durable: bool = True
+    local: bool = False
+
+    @property
+    def reporting(self) -> str:
+        """The level whose outcome is the save's outcome: durable when the save goes there, else local."""
+        return "durable" if self.durable else "local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +107,8 @@ class SaveJob:
     """Until a save after a restore commits: retire the abandoned trajectory's later steps."""
     replaces: tuple[int, ...] = ()
     """Save ids of this trainer's earlier saves of this step: their manifest is superseded, any other refused."""
-    durable: bool = True  # issue 10: this save goes to the durable level
-    local_level: bool = False  # issue 10: this save commits on the local level (own node + partners)
-
+    levels: JobLevels = JobLevels()
+    """Where this save goes (the ``durable_every`` schedule, or an emergency save's local level)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
@@ -20,6 +21,20 @@ from ckptio.engine.dcp import CkptioStorageReader
 from ckptio.engine.group import SideGroup
 from ckptio.errors import CheckpointNotFoundError, CkptError, StructureMismatchError
 from ckptio.storage.base import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What a ``restore`` read: the step (None: nothing to restore), the level it came from, and per source
+    (``local``, ``partner``, ``durable``) how many files it read there; ``note`` says why a newer step or a faster
+    level was set aside."""
+
+    step: int | None
+    level: str
+    """``durable``, ``local`` or ``none``."""
+    sources: dict[str, int] = field(default_factory=dict)
+    note: str | None = None
+    seconds: float = 0.0
 
 
 def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | CkptError | None:
@@ -33,7 +48,7 @@ def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | 
     return step
 
 
-def _unwrap(exc: CheckpointException, step: int) -> CkptError:
+def unwrap_load_error(exc: CheckpointException, step: int) -> CkptError:
     """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch."""
     inners = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
     for inner in inners:
@@ -69,7 +84,7 @@ def restore_step(
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
             dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
     except CheckpointException as exc:
-        raise _unwrap(exc, chosen) from exc
+        raise unwrap_load_error(exc, chosen) from exc
     except CkptError:
         raise
     except (RuntimeError, KeyError, ValueError, AssertionError) as exc:

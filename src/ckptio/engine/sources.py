@@ -1,11 +1,13 @@
-"""Restore with two levels (issue 10): pick the newest restorable step, then read each file from the fastest intact
-copy — this node's local dir, a partner node's copy over the network, the durable level — checksums gating each.
+"""Restore with two levels: pick the newest restorable step, then read each file from the fastest intact copy —
+this node's local dir, a partner node's copy over the network, the durable level — checksums gating each.
 
 Rank 0 picks the candidates (newest durable step, newest committed local-level step) and every rank reports which
 of the local step's files its node holds; the local step wins when it is at least as new as the durable one and
 every file is held somewhere (or the same save is durable too). A restore at another world size, a local step
 with a file held nowhere, or a copy that fails its checksum on every source falls back to the durable level, and
-the ``restored`` event and the log say why. All collectives run on the side group, from the training thread.
+the ``restored`` event and the log say why. A state that does not match the checkpoint is never a reason to fall
+back: it raises :class:`~ckptio.errors.StructureMismatchError` naming the key, whatever the level. All collectives
+run on the side group, from the training thread.
 """
 
 from __future__ import annotations
@@ -14,29 +16,28 @@ import logging
 import time
 import warnings
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio import format as fmt
 from ckptio.engine.dcp import CkptioStorageReader
+from ckptio.engine.group import SideGroup
 from ckptio.engine.partner_server import fetch_file
-from ckptio.engine.restore import restore_step
-from ckptio.errors import CheckpointNotFoundError, ChecksumError, CkptError, CorruptCheckpointError
-from ckptio.format.local_manifest import (
-    LocalManifest,
-    local_committed_steps,
-    local_metadata_key,
-    own_copy_key,
-    partner_copy_key,
-    read_local_manifest,
+from ckptio.engine.restore import RestoreReport, restore_step, unwrap_load_error
+from ckptio.errors import (
+    CheckpointNotFoundError,
+    ChecksumError,
+    CkptError,
+    CorruptCheckpointError,
+    StructureMismatchError,
 )
-from ckptio.obs.events import Event
+from ckptio.format import Manifest
+from ckptio.format.local_level import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
-
-if TYPE_CHECKING:
-    from ckptio.engine.levels import TwoLevels
 
 log = logging.getLogger("ckptio")
 
@@ -44,17 +45,16 @@ log = logging.getLogger("ckptio")
 class LevelsStorageReader(CkptioStorageReader):
     """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed)."""
 
-    def __init__(self, storage: Storage, local_manifest: LocalManifest, *, local: Storage, node: str,
+    def __init__(self, records: Storage, manifest: Manifest, *, durable: Storage, local: Storage, node: str,
                  held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
                  durable_fallback: bool, **options: Any) -> None:
-        super().__init__(storage, local_manifest.step, manifest=local_manifest.manifest, local=local, **options)
+        # ``.metadata`` and the manifest are the local level's records; data comes from nodes, else ``durable``.
+        super().__init__(records, manifest.step, manifest=manifest, local=local, **options)
+        self.durable = durable
         self.node, self.held, self.timeout_s = node, held, timeout_s
         self.peers = peers
         self.durable_fallback = durable_fallback
         self.sources: Counter[str] = Counter()
-
-    def metadata_key(self) -> str:
-        return local_metadata_key(self.step)
 
     def _fetch(self, name: str) -> bytes:
         rec = self.manifest.files[name]
@@ -75,7 +75,7 @@ class LevelsStorageReader(CkptioStorageReader):
                     continue
                 try:
                     data = fetch_file(host, port, self.step, name, timeout_s=self.timeout_s)
-                    fmt.check_file(self.storage, self.step, name, data, rec)
+                    fmt.check_file(self.local, self.step, name, data, rec)
                     self.sources["partner"] += 1
                     return data
                 except (OSError, CkptError) as exc:
@@ -83,128 +83,150 @@ class LevelsStorageReader(CkptioStorageReader):
         if not self.durable_fallback:
             raise ChecksumError(f"{name}: no intact copy on any node of the local level", root=self.storage.url,
                                 step=self.step, path=name)
-        data = self.storage.get(rec.key or own_copy_key(self.step, name))
-        fmt.check_file(self.storage, self.step, name, data, rec)
+        data = self.durable.get(fmt.record_key(self.step, rec))
+        fmt.check_file(self.durable, self.step, name, data, rec)
         self.sources["durable"] += 1
         return data
 
 
-def _decide(storage: Storage, step: int | None, world_size: int) -> dict[str, Any] | CkptError:
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """Rank 0's choice, broadcast to every rank: the candidates of each level, and why a local one was set aside."""
+
+    durable: int | None
+    local: Manifest | None
+    durable_fallback: bool = False
+    """The local step's save is also committed on the durable level: a file lost on every node is read there."""
+    note: str | None = None
+
+
+def _decide(durable: Storage, records: Storage, step: int | None, world_size: int) -> _Decision | CkptError:
     """Rank 0: the durable candidate, the local candidate (or None) and why a local one was set aside."""
-    durable_steps = fmt.committed_steps(storage)
-    note = None
+    durable_steps = fmt.committed_steps(durable)
+    if step is not None:
+        candidate: int | None = step if step in durable_steps else None
+        local_steps = [step] if step in fmt.committed_steps(records) else []
+        if candidate is None and not local_steps:
+            return CheckpointNotFoundError("no committed checkpoint for this step on any level",
+                                           root=durable.url, step=step)
+    else:
+        candidate = durable_steps[-1] if durable_steps else None
+        local_steps = [s for s in fmt.committed_steps(records)[-1:] if candidate is None or s >= candidate]
+    if not local_steps:
+        return _Decision(candidate, None)
     try:
-        if step is not None:
-            durable = step if step in durable_steps else None
-            local = read_local_manifest(storage, step)
-            if durable is None and local is None:
-                return CheckpointNotFoundError("no committed checkpoint for this step on any level",
-                                               root=storage.url, step=step)
-        else:
-            durable = durable_steps[-1] if durable_steps else None
-            local_steps = local_committed_steps(storage)
-            local = read_local_manifest(storage, local_steps[-1]) if local_steps else None
-            if local is not None and durable is not None and local.step < durable:
-                local = None
-    except CorruptCheckpointError as exc:
-        local, note = None, f"local level unreadable ({exc})"
-    if local is not None and local.manifest.world_size != world_size:
-        note = (f"local-level step {local.step} was saved by {local.manifest.world_size} ranks, this job has "
-                f"{world_size}: restoring from the durable level")
-        local = None
+        local = fmt.read_manifest(records, local_steps[-1])
+    except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+        return _Decision(candidate, None, note=f"local level unreadable ({exc})")
+    if local.world_size != world_size:
+        return _Decision(candidate, None, note=f"local-level step {local.step} was saved by {local.world_size} ranks, "
+                                                f"this job has {world_size}: restoring from the durable level")
     fallback = False
-    if local is not None and local.durable and durable == local.step:
-        fallback = fmt.read_manifest(storage, durable).save_id == local.manifest.save_id
-    return {"durable": durable, "local": local, "durable_fallback": fallback, "note": note}
+    if candidate == local.step:
+        try:
+            fallback = fmt.read_manifest(durable, local.step).save_id == local.save_id
+        except (CorruptCheckpointError, CheckpointNotFoundError):
+            fallback = False
+    return _Decision(candidate, local, durable_fallback=fallback)
 
 
-def _held(ck: TwoLevels, local: LocalManifest) -> dict[str, list[str]]:
-    """Every rank reports which files of ``local`` its node holds (right size); all ranks get the union."""
-    assert ck.local is not None and ck._levels is not None
-    mine = []
-    for name, rec in local.manifest.files.items():
-        for key in (own_copy_key(local.step, name), partner_copy_key(local.step, name)):
-            try:
-                if ck.local.head(key).size == rec.size:
-                    mine.append(name)
-                    break
-            except CkptError:
-                continue
-    reports = ck.group.broadcast_from_rank0(ck.group.gather_to_rank0((ck._levels.start.node, mine)))
-    held: dict[str, list[str]] = {name: [] for name in local.manifest.files}
-    for node, names in reports:
-        for name in names:
-            if node not in held[name]:
-                held[name].append(node)
-    return held
+class TwoLevelRestore:
+    """One ``restore`` of a two-level job (every rank together)."""
 
+    def __init__(self, durable: Storage, records: Storage, *, local: Storage | None, group: SideGroup, node: str,
+                 peers: tuple[tuple[int, str, str, int], ...], timeout_s: float, concurrency: int,
+                 trust_pickles: bool, safe_globals: Sequence[Any]) -> None:
+        assert local is not None
+        self.durable, self.records, self.local, self.group = durable, records, local, group
+        self.node, self.peers, self.timeout_s = node, peers, timeout_s
+        self.options: dict[str, Any] = {"concurrency": concurrency, "trust_pickles": trust_pickles,
+                                        "safe_globals": safe_globals}
 
-def _load_local(ck: TwoLevels, state: dict[str, Any], local: LocalManifest, held: dict[str, list[str]],
-                durable_fallback: bool) -> Counter[str] | None:
-    """Load ``local`` into ``state``; None (on every rank) when any rank could not."""
-    assert ck.local is not None and ck._levels is not None
-    config = ck.config
-    reader = LevelsStorageReader(ck.storage, local, local=ck.local, node=ck._levels.start.node, held=held,
-                                 peers=ck._levels.start.peers, timeout_s=config.partner_timeout_s,
-                                 durable_fallback=durable_fallback, concurrency=config.upload_concurrency,
-                                 trust_pickles=config.trust_pickles, safe_globals=config.safe_globals)
-    error: BaseException | None = None
-    try:
-        reader.read_metadata()
-    except CkptError as exc:
-        error = exc
-    if ck.group.any_true(error is not None):
-        log.warning("ckptio: local-level step %s: metadata unusable: %s", local.step, error)
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(state, storage_reader=reader, process_group=ck.group.group if ck.group.distributed else None)
-    except (Exception, CheckpointException) as exc:  # DCP raises a rank's read failure on every rank (a BaseException)
-        error = exc
-    if ck.group.any_true(error is not None):
-        log.warning("ckptio: local-level step %s could not be read: %s", local.step, error)
-        return None
-    return reader.sources
+    def run(self, state: dict[str, Any], step: int | None) -> RestoreReport:
+        """The newest restorable step, from the fastest intact copies."""
+        t0 = time.monotonic()
+        group = self.group
+        decision = group.broadcast_from_rank0(
+            _decide(self.durable, self.records, step, group.world_size) if group.rank == 0 else None)
+        if isinstance(decision, CkptError):
+            raise decision
+        local, note = decision.local, decision.note
+        if local is not None:
+            held = self._held(local)
+            missing = [n for n, nodes in held.items() if not nodes]
+            if missing and not decision.durable_fallback:
+                note = (f"local-level step {local.step}: {len(missing)} file(s) held on no node (e.g. {missing[0]}): "
+                        "restoring from the durable level")
+            else:
+                sources = self._load_local(state, local, held, decision.durable_fallback)
+                if sources is not None:
+                    return self._report(local.step, "local", dict(sources), note, t0)
+                note = (f"local-level step {local.step}: a copy failed its checks on every source: restoring from "
+                        "the durable level")
+        if decision.durable is None:
+            if note is not None:
+                raise CheckpointNotFoundError(f"no restorable step: {note}, and the durable level has none",
+                                              root=self.durable.url, step=local.step if local else step)
+            return self._report(None, "none", {}, None, t0)
+        restored = restore_step(self.durable, state, step=decision.durable, local=self.local, group=group,
+                                **self.options)
+        return self._report(restored, "durable", {}, note, t0)
 
+    def _held(self, local: Manifest) -> dict[str, list[str]]:
+        """Every rank reports which files of ``local`` its node holds (right size); all ranks get the union."""
+        mine = []
+        for name, rec in local.files.items():
+            for key in (own_copy_key(local.step, name), partner_copy_key(local.step, name)):
+                try:
+                    if self.local.head(key).size == rec.size:
+                        mine.append(name)
+                        break
+                except CkptError:
+                    continue
+        reports = self.group.broadcast_from_rank0(self.group.gather_to_rank0((self.node, mine)))
+        held: dict[str, list[str]] = {name: [] for name in local.files}
+        for node, names in reports:
+            for name in names:
+                if node not in held[name]:
+                    held[name].append(node)
+        return held
 
-def restore_from_levels(ck: TwoLevels, state: dict[str, Any], step: int | None) -> int | None:
-    """``Checkpointer.restore`` with two levels: the newest restorable step, from the fastest intact copies."""
-    t0 = time.monotonic()
-    decision = ck.group.broadcast_from_rank0(_decide(ck.storage, step, ck.world_size) if ck.rank == 0 else None)
-    if isinstance(decision, CkptError):
-        raise decision
-    local: LocalManifest | None = decision["local"]
-    note: str | None = decision["note"]
-    if local is not None:
-        held = _held(ck, local)
-        missing = [n for n, nodes in held.items() if not nodes]
-        if missing and not decision["durable_fallback"]:
-            note = (f"local-level step {local.step}: {len(missing)} file(s) held on no node (e.g. {missing[0]}): "
-                    "restoring from the durable level")
-        else:
-            sources = _load_local(ck, state, local, held, decision["durable_fallback"])
-            if sources is not None:
-                _report(ck, local.step, "local", dict(sources), note, t0=t0)
-                return local.step
-            note = f"local-level step {local.step}: a copy failed its checks on every source: restoring from durable"
-    durable = decision["durable"]
-    if durable is None:
-        if note is not None:
-            raise CheckpointNotFoundError(f"no restorable step: {note}, and the durable level has none",
-                                          root=ck.storage.url, step=local.step if local else step)
-        _report(ck, None, "none", {}, None, t0=t0)
-        return None
-    restored = restore_step(ck.storage, state, step=durable, local=ck.local, group=ck.group,
-                            concurrency=ck.config.upload_concurrency, trust_pickles=ck.config.trust_pickles,
-                            safe_globals=ck.config.safe_globals)
-    _report(ck, restored, "durable", {}, note, t0=t0)
-    return restored
+    def _load_local(self, state: dict[str, Any], local: Manifest, held: dict[str, list[str]],
+                    durable_fallback: bool) -> Counter[str] | None:
+        """Load ``local`` into ``state``; None (on every rank) when any rank could not read it. A state that does
+        not match raises on every rank: no other copy would match better."""
+        group = self.group
+        reader = LevelsStorageReader(self.records, local, durable=self.durable, local=self.local, node=self.node,
+                                     held=held, peers=self.peers, timeout_s=self.timeout_s,
+                                     durable_fallback=durable_fallback, **self.options)
+        error: CkptError | None = None
+        try:
+            reader.read_metadata()
+        except CkptError as exc:
+            error = exc
+        if group.any_true(error is not None):
+            log.warning("ckptio: local-level step %s: metadata unusable: %s", local.step, error)
+            return None
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+                dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
+        except CheckpointException as exc:  # DCP raises a rank's read failure on every rank (a BaseException)
+            error = unwrap_load_error(exc, local.step)
+        except CkptError as exc:
+            error = exc
+        except (RuntimeError, KeyError, ValueError, AssertionError) as exc:
+            error = StructureMismatchError(f"state does not match the checkpoint: {exc}", step=local.step)
+        if group.any_true(isinstance(error, StructureMismatchError)):
+            raise error if isinstance(error, StructureMismatchError) else StructureMismatchError(
+                "the state of another rank does not match the checkpoint", step=local.step)
+        if group.any_true(error is not None):
+            log.warning("ckptio: local-level step %s could not be read: %s", local.step, error)
+            return None
+        return reader.sources
 
-
-def _report(ck: TwoLevels, step: int | None, level: str, sources: dict[str, int], note: str | None, *,
-            t0: float) -> None:
-    if note:
-        log.warning("ckptio: %s", note)
-    ck.last_restore = {"step": step, "level": level, "sources": sources, "note": note}
-    ck.events.emit(Event.RESTORED, step, level=level, sources=sources, note=note, seconds=time.monotonic() - t0)
+    def _report(self, step: int | None, level: str, sources: dict[str, int], note: str | None,
+                t0: float) -> RestoreReport:
+        if note:
+            log.warning("ckptio: %s", note)
+        return RestoreReport(step=step, level=level, sources=sources, note=note, seconds=time.monotonic() - t0)

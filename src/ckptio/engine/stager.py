@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -141,11 +141,13 @@ class Stager:
         else:
             self._put(action)
 
-    def drop(self, step: int, save_id: int, reason: str) -> None:
+    def drop(self, step: int, save_id: int, reason: str, records: Sequence[Storage]) -> None:
         """Tell the other ranks, through the store and off the training thread, that attempt ``save_id`` of
-        ``step`` will not commit: their saves of it complete as dropped (``engine.committer``)."""
+        ``step`` will not commit: a drop marker in the ``records`` of each level the save goes to, so their saves
+        of it complete as dropped (``engine.committer``)."""
         def write() -> None:
-            write_failure(self.storage, step, f"rank{self.rank}", save_id, reason, dropped=True)
+            for store in records:
+                write_failure(store, step, f"rank{self.rank}", save_id, reason, dropped=True)
 
         if self.mode == "sync":
             write()

@@ -1,9 +1,9 @@
 """Per-step decisions every rank must take at the same step, agreed without blocking the training thread.
 
 ``maybe_save`` has two decisions that one rank alone can see coming: a time-based save (``every_seconds``: rank 0's
-clock decides, since the ranks' clocks differ) and the emergency save after a SIGTERM that reached some ranks only
-(issue 10). Agreeing on them with a blocking all-reduce at every call would put a collective on every training step,
-absorbing the skew between ranks each time — what issue 08 took off the steady path.
+clock decides, since the ranks' clocks differ) and the emergency save after a SIGTERM that reached some ranks only.
+Agreeing on them with a blocking all-reduce at every call would put a collective on every training step, absorbing
+the skew between ranks each time, which the steady path must never do.
 
 So each ``maybe_save`` call starts an *asynchronous* all-reduce of this call's flags on the side group and reads the
 result of the one started :data:`LAG` calls earlier, long complete in lockstep training. Every rank reads the same
@@ -75,11 +75,15 @@ class MaybeSaveVotes:
         self._votes = StepVotes(group, 2, timeout_s=timeout_s)
         self._rank0 = group.rank == 0
         self._time_raised = False  # rank 0 raised "time is due" and waits for the vote to come back
+        self.used = False
+        """Whether ``maybe_save`` ever voted: then a SIGTERM is acted on when the vote says so, on every rank at
+        the same call, and not by a ``save`` call on one rank alone."""
 
     def decide(self, *, elapsed_s: float, preempted: bool) -> tuple[bool, bool]:
         """(a time-based save is due now, a rank was preempted), the same on every rank at this call."""
         if self.every_seconds is None and not self.watch_preemption:
             return False, False
+        self.used = True
         raise_time = (self.every_seconds is not None and self._rank0 and not self._time_raised
                       and elapsed_s >= self.every_seconds)
         self._time_raised |= raise_time

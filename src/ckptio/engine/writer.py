@@ -1,14 +1,17 @@
-"""The job pipeline of one rank's writer: staging slot → serialized data files → tiers → rank index.
+"""The job pipeline of one rank's writer: staging slot → serialized data files → tiers → rank index → commit.
 
 Per :class:`~ckptio.engine.protocol.SaveJob`, in order: serialize each data file straight from the shared-memory
 slot, write it to the first tier (local if configured, else durable), give the slot back as soon as the bytes are
-safe, upload from the local tier, then write this rank's index to the durable tier and hand the save to the
-:class:`~ckptio.engine.committer.Committer`. The process around it (message loop, priority) is
-``engine.writer_main``.
+safe, hand a local-level save to the local level (its copies to partners and its commit run on that level's own
+thread), upload a durable save from the local tier, write this rank's index to the durable root and hand the save
+to the durable level's :class:`~ckptio.engine.committer.StepCommitter`. The process around it (message loop,
+priority) is ``engine.writer_main``; the local directory's space belongs to ``engine.local_tier``.
 
-Full disks: a failed save's data files are deleted from both tiers at once. A local tier that runs out of space
-(ENOSPC, not the ``local_capacity_bytes`` budget) evicts its older, already committed steps and tries again; when
-that is not enough the save goes to the durable tier only, with a ``local_tier_full`` warning event.
+Failures stay with the level they hit: a failure before the files are written fails the save on every level it
+goes to (markers in each level's records, its files deleted); an upload or durable index that fails fails the
+durable level only, and the local level goes on. Full disks: a local tier that runs out of space (ENOSPC, not the
+``local_capacity_bytes`` budget) evicts older superseded steps and tries again; when that is not enough a durable
+save goes to the durable tier only, with a ``local_tier_full`` warning event, and a local-only save fails.
 
 It must never touch the training process group, commit a step, or delete a committed one.
 """
@@ -20,26 +23,28 @@ import contextlib
 import mmap
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ckptio.engine.committer import CommitRequest, Committer, discard_attempt, report_failure
+from ckptio.engine.committer import CommitLevel, CommitRequest, StepCommitter, discard_attempt, report_failure
 from ckptio.engine.live import LiveSteps
-from ckptio.engine.protocol import Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
-from ckptio.engine.replica import LocalLevel
+from ckptio.engine.local_level import LocalLevelWriter
+from ckptio.engine.local_tier import LocalTier
+from ckptio.engine.protocol import JobLevels, Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.format import (
     FileRecord,
     ItemRecord,
     RankIndex,
-    all_step_dirs,
     checksum,
     durable_data_key,
     index_key,
-    manifest_key,
+    record_key,
     step_dir,
     write_failure,
 )
 from ckptio.format.layout import TensorEntry, data_file_name
+from ckptio.format.local_level import local_records
 from ckptio.format.serialize import TensorFramer
 from ckptio.obs.events import Event, Phase
 from ckptio.storage.base import Storage, join_key
@@ -60,116 +65,153 @@ class Writer:
         self.live = live or LiveSteps()
         self._maps: dict[str, mmap.mmap] = {}
         self._pool = ThreadPoolExecutor(max_workers=self.config.upload_concurrency, thread_name_prefix="ckptio-up")
-        self._committer = Committer(start, out, self.live)
         self._last_residency_check = 0.0
         self._plans: dict[int, WriterPlan] = {}
         self._framer = TensorFramer()
-        self._levels = LocalLevel(start, out) if start.levels is not None else None  # issue 10
+        records = local_records(start.durable) if start.levels is not None else None
+        self.local_tier = None if start.local is None else LocalTier(
+            start.local, durable=start.durable, local_records=records, live=self.live,
+            budget=self.config.local_capacity_bytes, rank=start.rank)
+        evict = self.local_tier.evict_below if self.local_tier is not None else None
+        self._durable = StepCommitter(CommitLevel("durable", start.durable, keep_last=self.config.keep_last,
+                                                  retire_also=(records,) if records is not None else (),
+                                                  after_commit=evict), start, out, self.live)
+        self._local: StepCommitter | None = None
+        self._local_writer: LocalLevelWriter | None = None
+        if records is not None:
+            self._local_writer = LocalLevelWriter(start, out, records)
+            # The local level keeps its newest step only: it is the fast way back, the durable level the safe one.
+            self._local = StepCommitter(CommitLevel("local", records, keep_last=1, retire_also=(start.durable,),
+                                                    after_commit=evict), start, out, self.live)
 
     def add_plan(self, plan: WriterPlan) -> None:
         self._plans = {plan.plan_id: plan}  # jobs are in order, so older plans are never referenced again
 
+    def _levels(self, job: SaveJob) -> JobLevels:
+        return job.levels if self._local is not None else JobLevels()
+
     # ---- per job ----------------------------------------------------------------------------------------------
     def run_job(self, job: SaveJob) -> None:
-        """Run one save up to its commit request; ``job.step`` is live (registered by the caller) until the
-        committer, or the failure path here, reports the outcome."""
-        rank, durable = self.start.rank, self.start.durable
-        slot_freed = False
+        """Run one save up to its commit requests; ``job.step`` is live (registered by the caller, once) until
+        each level's committer, or a failure path here, reports that level's outcome."""
+        levels = self._levels(job)
+        if levels.durable and levels.local:
+            self.live.add(job.step)  # one registration per level: each level's outcome removes its own
+        slot = _Slot(self.out, job)
         plan = self._plans.get(job.plan_id)
         try:
             if plan is None:
-                raise StorageError(f"no plan {job.plan_id} for this save", step=job.step, rank=rank)
+                raise StorageError(f"no plan {job.plan_id} for this save", step=job.step, rank=self.start.rank)
             self._check_residency()
             buf = self._map(job.slot_path, job.slot_nbytes)
-            self._make_local_room(job, plan)
-            files, items, local = self._write_first_tier(job, plan, buf)
-            if local is not None:
-                # The snapshot is safe on the local tier (NVMe/RAM) once written: free the slot before uploading.
-                self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
-                slot_freed = True
-                if self._levels is not None and job.local_level:  # issue 10: partners + local-level commit
-                    self._levels.run(job, plan.metadata_skeleton, files, items)
-                if not job.durable:
-                    self.live.remove(job.step)  # a local-level-only save ends here: nothing for the committer
-                    return
-                self._upload_from_local(job, files, local)
+            if self.local_tier is not None:
+                self.local_tier.make_room(job.step, self._bytes_needed(job, plan))
+            files, items, on_local = self._write_first_tier(job, plan, buf, fallback=levels.durable)
+        except BaseException as exc:
+            slot.free()
+            self._fail(job, levels, plan.layout.n_files if plan is not None else 0, exc)
+            return
+        if on_local:
+            slot.free()  # the snapshot is safe on the local tier (NVMe/RAM): free the slot before anything else
+        if levels.local:
+            self._submit_local(job, plan, files, items, on_local=on_local, reports=not levels.durable)
+        if levels.durable:
+            self._durable_part(job, plan, files, items, on_local=on_local, slot=slot)
+
+    def _durable_part(self, job: SaveJob, plan: WriterPlan, files: list[FileRecord], items: list[ItemRecord],
+                      *, on_local: bool, slot: _Slot) -> None:
+        """Upload (from the local tier), write this rank's durable index, queue the durable commit."""
+        rank, durable = self.start.rank, self.start.durable
+        tiers = self._discard_tiers(job)
+        try:
+            if on_local:
+                assert self.start.local is not None
+                self._upload_from_local(job, files, self.start.local)
             index = RankIndex(step=job.step, rank=rank, world_size=self.start.world_size,
                               save_id=job.save_id, files=files, items=items)
             t0 = time.monotonic()
             durable.put(index_key(job.step, rank), index.to_json())
             self.out.event(Event.PHASE, job.step, phase=Phase.RANK_INDEX, seconds=time.monotonic() - t0, bytes=0,
                            tier="durable")
-            if not slot_freed:
-                self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
-                slot_freed = True
-            self._committer.submit(CommitRequest(step=job.step, save_id=job.save_id,
-                                                 metadata_skeleton=plan.metadata_skeleton,
-                                                 n_files=plan.layout.n_files, rollback=job.rollback,
-                                                 replaces=job.replaces))
         except BaseException as exc:
-            if not slot_freed:
-                self.out.send(SlotFree(job.step, job.save_id, job.slot_id))
+            slot.free()
             write_failure(durable, job.step, f"rank{rank}", job.save_id, exc)
-            if plan is not None:
-                discard_attempt(self.start, job.step, job.save_id, plan.layout.n_files)
+            discard_attempt(tiers, rank, job.step, job.save_id, plan.layout.n_files)
             self.live.remove(job.step)
             report_failure(self.out, self.start, job.step, job.save_id, exc)
-
-    def _write_first_tier(self, job: SaveJob, plan: WriterPlan,
-                          buf: mmap.mmap) -> tuple[list[FileRecord], list[ItemRecord], Storage | None]:
-        """Write the files to the local tier, else (none, or no room even after eviction) to the durable one.
-        Returns the files, their items and the tier they are on when it is the local one."""
-        local = self.start.local
-        if local is None:
-            return *self._write_files(job, plan, buf, None), None
-        for attempt in range(2):
-            try:
-                return *self._write_files(job, plan, buf, local), local
-            except StorageFullError as exc:
-                discard_attempt(self.start, job.step, job.save_id, plan.layout.n_files)
-                if attempt == 0 and self._evict_committed_local(job.step):
-                    continue
-                self.out.event(Event.LOCAL_TIER_FULL, job.step, error=str(exc))
-                break
-        return *self._write_files(job, plan, buf, None), None
-
-    def _evict_committed_local(self, below: int) -> bool:
-        """Free the local tier for a save of ``below``: drop its older steps that are committed on the durable
-        tier and not in flight. True when something was deleted."""
-        local, durable = self.start.local, self.start.durable
-        assert local is not None
-        evicted = False
-        with self.live.cleaning() as live:
-            for step in all_step_dirs(local):
-                if step < below and step not in live and durable.exists(manifest_key(step)):
-                    local.delete_prefix(step_dir(step))
-                    evicted = True
-        return evicted
-
-    def _make_local_room(self, job: SaveJob, plan: WriterPlan) -> None:
-        """Keep the local tier within its budget: evict steps that are already durable, else refuse this save."""
-        local, budget = self.start.local, self.config.local_capacity_bytes
-        if local is None or budget is None:
             return
+        slot.free()
+        self._durable.submit(CommitRequest(step=job.step, save_id=job.save_id,
+                                           metadata_skeleton=plan.metadata_skeleton, n_files=plan.layout.n_files,
+                                           discard_tiers=tiers, rollback=job.rollback, replaces=job.replaces))
+
+    def _discard_tiers(self, job: SaveJob) -> tuple[Storage, ...]:
+        """Where a failed durable attempt's files are deleted: never the local copies a local-level save of the
+        same job still uses."""
+        local = self.start.local
+        if local is None or self._levels(job).local:
+            return (self.start.durable,)
+        return (local, self.start.durable)
+
+    def _submit_local(self, job: SaveJob, plan: WriterPlan, files: list[FileRecord], items: list[ItemRecord], *,
+                      on_local: bool, reports: bool) -> None:
+        assert self._local is not None and self._local_writer is not None and self.start.local is not None
+        writer = self._local_writer
+        if not on_local:  # the local tier was full: this save holds nothing on the local level
+            error = StorageFullError("local level: the local tier had no room for this save",
+                                     root=self.start.local.url, step=job.step, rank=self.start.rank)
+            self._local.submit(CommitRequest(step=job.step, save_id=job.save_id, metadata_skeleton=None,
+                                             reports=reports, prepare=_raise(error)))
+            return
+        self._local.submit(CommitRequest(
+            step=job.step, save_id=job.save_id, metadata_skeleton=plan.metadata_skeleton,
+            n_files=plan.layout.n_files, discard_tiers=(self.start.local,) if reports else (),
+            rollback=job.rollback, replaces=job.replaces, reports=reports,
+            prepare=lambda: writer.prepare(job, files, items)))
+
+    def _fail(self, job: SaveJob, levels: JobLevels, n_files: int, exc: BaseException) -> None:
+        """The save failed before its files were written: it fails on every level it goes to."""
+        rank = self.start.rank
+        for records, wanted in ((self.start.durable, levels.durable), (self._local_records(), levels.local)):
+            if wanted and records is not None:
+                write_failure(records, job.step, f"rank{rank}", job.save_id, exc)
+        tiers = [t for t in (self.start.local, self.start.durable) if t is not None]
+        discard_attempt(tiers, rank, job.step, job.save_id, n_files)
+        for wanted in (levels.durable, levels.local):
+            if wanted:
+                self.live.remove(job.step)
+        if levels.local and not levels.durable:
+            self.out.event(Event.LEVEL_FAILED, job.step, level="local", error=str(exc), error_type=type(exc).__name__)
+        report_failure(self.out, self.start, job.step, job.save_id, exc)
+
+    def _local_records(self) -> Storage | None:
+        return self._local.records if self._local is not None else None
+
+    def _bytes_needed(self, job: SaveJob, plan: WriterPlan) -> int:
         # Serialized files are the raw tensor bytes plus a few KiB of framing per tensor.
         layout = plan.layout
-        need = layout.tensor_bytes + sum(map(len, job.objects)) + 4096 * (len(layout.tensors) + 1)
-        if need > budget:  # hopeless: keep what the tier holds (a restore may still want it)
-            raise StorageFullError(f"local tier budget exhausted: this save needs {need:,} bytes of {budget:,}",
-                                   root=local.url, step=job.step, rank=self.start.rank)
-        with self.live.cleaning() as live:
-            for step in all_step_dirs(local):
-                used = sum(i.size for i in local.list(""))
-                if used + need <= budget:
-                    return
-                if step < job.step and step not in live and self.start.durable.exists(manifest_key(step)):
-                    local.delete_prefix(step_dir(step))
-        used = sum(i.size for i in local.list(""))
-        if used + need > budget:
-            raise StorageFullError(
-                f"local tier budget exhausted: {used + need:,} bytes needed of {budget:,}",
-                root=local.url, step=job.step, rank=self.start.rank,
-            )
+        return layout.tensor_bytes + sum(map(len, job.objects)) + 4096 * (len(layout.tensors) + 1)
+
+    def _write_first_tier(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap, *,
+                          fallback: bool) -> tuple[list[FileRecord], list[ItemRecord], bool]:
+        """Write the files to the local tier, else (none, or no room even after eviction, and ``fallback``) to the
+        durable one. Returns the files, their items, and whether they are on the local tier."""
+        local = self.start.local
+        if local is None:
+            return *self._write_files(job, plan, buf, None), False
+        assert self.local_tier is not None
+        for attempt in range(2):
+            try:
+                return *self._write_files(job, plan, buf, local), True
+            except StorageFullError as exc:
+                discard_attempt((local,), self.start.rank, job.step, job.save_id, plan.layout.n_files)
+                if attempt == 0 and self.local_tier.free_for(job.step):
+                    continue
+                if not fallback:
+                    raise
+                self.out.event(Event.LOCAL_TIER_FULL, job.step, error=str(exc))
+                break
+        return *self._write_files(job, plan, buf, None), False
 
     def _map(self, path: str, nbytes: int) -> mmap.mmap:
         buf = self._maps.get(path)
@@ -232,20 +274,19 @@ class Writer:
         target.put(plain if local is not None else durable_key, blobs)
         self.out.event(Event.PHASE, job.step, phase=Phase.LOCAL_WRITE if local is not None else Phase.UPLOAD,
                        seconds=time.monotonic() - t1, bytes=offset, tier=tier, file=name)
-        record_key = durable_key if durable_key != plain else ""
-        return FileRecord(name=name, size=offset, crc32c=crc, key=record_key), items
+        stored_key = durable_key if durable_key != plain else ""
+        return FileRecord(name=name, size=offset, crc32c=crc, key=stored_key), items
 
     def _upload_from_local(self, job: SaveJob, files: list[FileRecord], local: Storage) -> None:
         durable = self.start.durable
 
         def upload(rec: FileRecord) -> None:
-            key = join_key(step_dir(job.step), rec.name)
-            target = rec.key or key
+            key = join_key(step_dir(job.step), rec.name)  # the local tier never hashes keys
             t0 = time.monotonic()
             if local.is_posix:
-                durable.put_file(target, local.local_path(key))
+                durable.put_file(record_key(job.step, rec), local.local_path(key))
             else:
-                durable.put(target, local.get(key))
+                durable.put(record_key(job.step, rec), local.get(key))
             self.out.event(Event.PHASE, job.step, phase=Phase.UPLOAD, seconds=time.monotonic() - t0,
                            bytes=rec.size, tier="durable", file=rec.name)
 
@@ -267,10 +308,31 @@ class Writer:
 
     def close(self) -> None:
         """Finish the queued commits, then release the threads and the slot mappings."""
-        self._committer.close()
-        if self._levels is not None:
-            self._levels.close()
+        self._durable.close()
+        if self._local is not None:
+            self._local.close()
+        if self._local_writer is not None:
+            self._local_writer.close()
         self._pool.shutdown(wait=True)
         for buf in self._maps.values():
             with contextlib.suppress(BufferError):
                 buf.close()
+
+
+class _Slot:
+    """The staging slot of one job: given back to the trainer once (``SlotFree``), as soon as nothing reads it."""
+
+    def __init__(self, out: Outbox, job: SaveJob) -> None:
+        self.out, self.job, self.freed = out, job, False
+
+    def free(self) -> None:
+        if not self.freed:
+            self.freed = True
+            self.out.send(SlotFree(self.job.step, self.job.save_id, self.job.slot_id))
+
+
+def _raise(error: BaseException) -> Callable[[], None]:
+    def fail() -> None:
+        raise error
+
+    return fail

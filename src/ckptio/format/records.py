@@ -37,10 +37,19 @@ class FileRecord:
     crc32c: str
     key: str = ""
     """The object's key under the root when it is not ``step-XXXXXXXX/<name>`` (hash-prefixed S3 data)."""
+    holders: list[str] = field(default_factory=list)
+    """Local level only: the nodes holding a copy of the file, the writing rank's node first (its data lives on
+    node-local disks, not under the root)."""
+    digest: str = ""
+    """Local level only: a cryptographic digest of the file (``<algorithm>:<hex>``). A copy that crossed the
+    network is checked against it, because crc32c catches accidents, not forgeries; it is recorded under the
+    durable root, where a network peer cannot write."""
 
     def check(self, *, step: int, path: str = "") -> None:
         """Raise CorruptCheckpointError unless this record is well typed and names a key of ``step``'s own."""
-        if not (_is_int(self.size) and self.size >= 0 and isinstance(self.crc32c, str) and isinstance(self.key, str)):
+        if not (_is_int(self.size) and self.size >= 0 and isinstance(self.crc32c, str) and isinstance(self.key, str)
+                and isinstance(self.digest, str) and isinstance(self.holders, list)
+                and all(isinstance(h, str) for h in self.holders)):
             raise CorruptCheckpointError(f"malformed file record {self.name!r}", step=step, path=path)
         if self.key:
             check_data_key(self.key, self.name, step=step, path=path)

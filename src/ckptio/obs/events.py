@@ -86,9 +86,10 @@ class Event(StrEnum):
     WRITER_DIED = "writer_died"
     LOCAL_TIER_FULL = "local_tier_full"  # a warning: the local tier had no room even after eviction; durable only
     STEPS_RETIRED = "steps_retired"  # after a restore, the abandoned trajectory's later steps were retired
-    # issue 10: the local level (node-local + partner copies), restores from it, preemption
+    # The local level (node-local + partner copies), restores from it, preemption.
     LEVEL_COMMITTED = "level_committed"
     LEVEL_FAILED = "level_failed"
+    REPLICA_FAILED = "replica_failed"  # a partner took no copy of a local-level save: it commits with fewer holders
     RESTORED = "restored"
     PREEMPTED = "preempted"
 
@@ -98,7 +99,7 @@ class Phase(StrEnum):
 
     SERIALIZE = "serialize"
     LOCAL_WRITE = "local_write"
-    REPLICATE = "replicate"  # issue 10: copies to partner nodes
+    REPLICATE = "replicate"  # copies to partner nodes (the local level)
     UPLOAD = "upload"
     RANK_INDEX = "rank_index"
     METADATA = "metadata"

@@ -250,3 +250,12 @@ def start_exporter(
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
     return MetricsExporter(server, thread)
+
+
+def start_rank_exporter(base_port: int | None, rank: int, *, host: str,
+                        registry: CollectorRegistry | None) -> MetricsExporter | None:
+    """A rank's exporter, or None when ``base_port`` is None. Each rank's metrics live in its own process: rank r
+    serves on ``base_port + r`` (``base_port=0``: any free port)."""
+    if base_port is None:
+        return None
+    return start_exporter(base_port + rank if base_port else 0, host=host, registry=registry)
