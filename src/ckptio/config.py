@@ -283,10 +283,10 @@ class CheckpointerConfig:
     a tuple."""
 
     durable_every: int = 1
-    """Issue 10, two levels: with k > 1 every ``save`` is a local-level save (this node's ``local_dir`` plus copies
-    on ``replicas`` partner nodes, committed with its own manifest) and every k-th one (counted per Checkpointer,
-    the first at the k-th) also goes to the durable root. Needs ``local_dir``. 1: every save is durable, as
-    without levels (``replicas`` is then unused)."""
+    """Two levels: with k > 1 every ``save`` is a local-level save (this node's ``local_dir`` plus copies on
+    ``replicas`` partner nodes, committed with its own manifest) and every k-th call of ``save`` (counted per
+    Checkpointer, the first at the k-th; skipped saves count too, so every rank agrees) also goes to the durable
+    root. Needs ``local_dir``. 1: every save is durable, as without levels (``replicas`` is then unused)."""
 
     replicas: int = 1
     """Partner nodes that receive a copy of each rank's local-level files (the same local rank on the next

@@ -110,11 +110,12 @@ class Checkpointer:
         remove_stale_slots(slots_dir)
         self._staging = StagingArea(config.max_pending, slots_dir)
         resources.callback(self._staging.close)
-        self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank)
         # Every rank together: a two-level job exchanges its partner servers' addresses on the side group.
         self.levels: SingleLevel = open_levels(config, group=self.group, storage=self.storage, local=self.local,
                                                events=self.events)
         resources.callback(self.levels.close)
+        self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank,
+                                    markers=self.levels.marker_stores(JobLevels(durable=True, local=True)))
         self._votes = MaybeSaveVotes(self.group, every_seconds=config.every_seconds, timeout_s=config.commit_timeout_s,
                                      watch_preemption=self.levels.watch_preemption)
         resources.callback(self._votes.drain)

@@ -32,8 +32,12 @@ _IDS_PER_STEP = 8
 class SaveTracker:
     """Pending handles, failures to report, the writer's readiness, and the rollback rule in force."""
 
-    def __init__(self, events: EventLog, staging: StagingArea, storage: Storage, rank: int) -> None:
+    def __init__(self, events: EventLog, staging: StagingArea, storage: Storage, rank: int, *,
+                 markers: tuple[Storage, ...] = ()) -> None:
         self.events, self.staging, self.storage, self.rank = events, staging, storage, rank
+        self.markers = markers or (storage,)
+        """Where a failure marker goes when this rank's saves fail here: every level's records (a save pending
+        on either level must end on the other ranks at once, not at their commit timeout)."""
         self.lock = threading.Lock()
         self._pending: dict[int, SaveHandle] = {}
         self._failed: list[SaveHandle] = []
@@ -181,7 +185,8 @@ class SaveTracker:
         for handle in self.handles():
             error = error_for(message, root=self.storage.url, step=handle.step, rank=self.rank)
             # The committer (and the other ranks) learn it now instead of waiting for their timeout.
-            fmt.write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
+            for records in self.markers:
+                fmt.write_failure(records, handle.step, f"rank{self.rank}", handle.save_id, error)
             self.complete(handle.save_id, error)
 
     def on_writer_death(self, exitcode: int | None, pid: int | None) -> None:

@@ -36,7 +36,8 @@ def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ckptio.engine.writer_main", str(theirs.fileno())],
-            # issue 10: the partner server's listening socket, held by the trainer, is inherited by each writer.
+            # The partner server's listening socket, held by the trainer, is inherited by each writer (its address
+            # outlives a writer restart).
             pass_fds=[theirs.fileno()] + ([start.levels.listen_fd] if start.levels is not None else []),
             env=child_env(),  # the writer must import the same ckptio as the trainer, installed or not
             close_fds=True,

@@ -2,10 +2,9 @@
 
 Why: a buffered write copies every byte into freshly allocated page-cache pages, which the kernel then writes back.
 On a host whose cores are training, that allocation and copy is the writer's largest CPU cost, and it lands on the
-training step (measured on the 2-core dev VM, thread CPU time for 170 MiB into new files: ~0.43 s buffered, ~0.04 s
-with ``O_DIRECT``; ``ckptio.plan.host.measure_writer_costs`` measures both rates). Checkpoint bytes are written once
-and seldom read back soon, so caching them only evicts the training job's own pages — the reason DeepSpeed's
-FastPersist writes them with ``O_DIRECT`` too.
+training step (the planner's measurement of the writer's costs times both ways; docs/planning-measurements.md has
+the figures). Checkpoint bytes are written once and seldom read back soon, so caching them only evicts the
+training job's own pages — the reason DeepSpeed's FastPersist writes them with ``O_DIRECT`` too.
 
 ``O_DIRECT`` needs the buffer address, the file offset and the length aligned to the device's logical block. The
 bytes go through a reusable page-aligned bounce buffer (one per thread: the writer writes files concurrently), the
