@@ -28,10 +28,9 @@ from ckptio.format.keys import (
     index_key,
     manifest_key,
     parse_step_dir,
-    record_key,
     step_dir,
 )
-from ckptio.format.records import FileRecord, ItemRecord, Manifest, RankIndex, checksum, versions
+from ckptio.format.records import FileRecord, ItemRecord, Manifest, RankIndex, checksum, record_key, versions
 from ckptio.format.retention import apply_retention, delete_step, remove_unlisted_files
 from ckptio.format.verify import VerifyResult, check_file, verify_step
 

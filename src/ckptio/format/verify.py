@@ -18,8 +18,8 @@ from typing import Any
 from ckptio.errors import CheckpointNotFoundError, ChecksumError, CorruptCheckpointError, StorageError
 from ckptio.format.commit import read_manifest
 from ckptio.format.crosscheck import index_findings, metadata_problems
-from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, record_key, step_dir
-from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum
+from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, step_dir
+from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum, record_key
 from ckptio.format.safe_pickle import load_metadata
 from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
 
