@@ -21,6 +21,7 @@ The rules (issue 07; the layers are drawn in the README's "How a save flows"):
   reverse).
 * No import cycle between modules, except the circles listed in ``KNOWN_CYCLES``.
 * No module under ``src/`` longer than ``MAX_LINES``.
+* No two sibling modules whose names are a couple of letters apart (one gets imported for the other).
 """
 
 from __future__ import annotations
@@ -301,7 +302,43 @@ def test_modules_are_short(graph):
     assert not stale and not missing, f"remove from KNOWN_OVERSIZED: {stale + missing}"
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest letters inserted, deleted or replaced to turn ``a`` into ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, start=1):
+        current = [i]
+        for j, y in enumerate(b, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def names_too_close(a: str, b: str) -> bool:
+    """Two module names a reader may take one for the other: two edits or fewer apart, both five letters or more
+    (short names such as ``s3`` and ``hf`` are naturally close and never confused)."""
+    return min(len(a), len(b)) >= 5 and edit_distance(a, b) <= 2
+
+
+def test_sibling_module_names_are_not_near_misses(graph):
+    # Names two letters apart get imported one for the other: testing.s3server (moto) and testing.s3rver were.
+    modules, _ = graph
+    by_package: dict[str, list[str]] = {}
+    for name in modules:
+        package, _, leaf = name.rpartition(".")
+        by_package.setdefault(package, []).append(leaf)
+    close = [f"{package}.{a} / {package}.{b}" for package, leaves in sorted(by_package.items())
+             for a, b in itertools.combinations(sorted(leaves), 2) if names_too_close(a, b)]
+    assert not close, "sibling modules whose names differ by two letters or fewer: " + ", ".join(close)
+
+
 # --- the checker checks itself: each rule can fail -----------------------------------------------------------
+
+def test_near_miss_names():
+    assert edit_distance("s3server", "s3rver") == 2 and edit_distance("kitten", "sitting") == 3
+    assert names_too_close("s3server", "s3rver") and names_too_close("probe", "probes")
+    assert not names_too_close("moto_s3", "s3rver_s3") and not names_too_close("stager", "staging")
+    assert not names_too_close("s3", "gs")
+
 
 def test_cycle_finder_reports_cycles():
     graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": [], "e": ["e"], "f": ["g"], "g": []}
