@@ -32,7 +32,7 @@ from ckptio.format.keys import (
 )
 from ckptio.format.records import FileRecord, ItemRecord, Manifest, RankIndex, checksum, record_key, versions
 from ckptio.format.retention import apply_retention, delete_step, remove_unlisted_files
-from ckptio.format.verify import VerifyResult, check_file, verify_step
+from ckptio.format.verify import VerifyResult, check_file, verify_levels, verify_local_step, verify_step
 
 __all__ = [
     "LATEST",
@@ -63,6 +63,8 @@ __all__ = [
     "remove_unlisted_files",
     "step_dir",
     "update_latest",
+    "verify_levels",
+    "verify_local_step",
     "verify_step",
     "versions",
     "write_failure",
