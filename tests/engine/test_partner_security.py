@@ -27,6 +27,7 @@ from ckptio.engine.partner import PartnerLimits, fetch_verified, file_digest, se
 from ckptio.engine.partner.auth import MAGIC, Channel, connect, recv_exact, send_all
 from ckptio.errors import ChecksumError, NotFoundError, ReplicationError
 from ckptio.format.local_manifest import partner_copy_key
+from tests.engine.forge import forge_floats
 
 PROC = os.path.join(os.path.dirname(__file__), "partner_server_proc.py")
 NAME = "__1_0-9.distcp"
@@ -169,47 +170,12 @@ def test_a_plain_client_gets_nothing(server, secret, tmp_path, probe):
     server.close(keep_steps=[3])
 
 
-def _forged_same_crc(data: bytes) -> bytes:
-    """``data`` with 16 float32 values set to 1e6 and 4 more bytes chosen so that size and crc32c are unchanged
-    (crc32c is linear over GF(2): solve for the 32 bits that cancel the change)."""
-    import struct
-
-    forged = bytearray(data)
-    forged[0:64] = struct.pack("<16f", *[1e6] * 16)
-    at, target = 64, crc32c.crc32c(data) ^ crc32c.crc32c(bytes(forged))
-    zero = bytes(len(data))
-    base = crc32c.crc32c(zero)
-    columns = []  # effect on the crc of flipping bit i of forged[at:at + 4]
-    for i in range(32):
-        e = bytearray(zero)
-        e[at + i // 8] ^= 1 << (i % 8)
-        columns.append(crc32c.crc32c(bytes(e)) ^ base)
-    pivots: dict[int, tuple[int, int]] = {}  # pivot bit -> (column combination, which bits it flips)
-    for i, column in enumerate(columns):
-        col, combo = column, 1 << i
-        for bit, (pcol, pcombo) in sorted(pivots.items(), reverse=True):
-            if col >> bit & 1:
-                col, combo = col ^ pcol, combo ^ pcombo
-        if col:
-            pivots[col.bit_length() - 1] = (col, combo)
-    solution, rest = 0, target
-    for bit, (pcol, pcombo) in sorted(pivots.items(), reverse=True):
-        if rest >> bit & 1:
-            rest, solution = rest ^ pcol, solution ^ pcombo
-    assert rest == 0
-    for i in range(32):
-        if solution >> i & 1:
-            forged[at + i // 8] ^= 1 << (i % 8)
-    assert crc32c.crc32c(bytes(forged)) == crc32c.crc32c(data) and forged != data
-    return bytes(forged)
-
-
 def test_a_copy_altered_in_transit_with_a_fixed_crc_is_refused(server, secret, tmp_path):
     # What a man in the middle can do without the secret: change the bytes between the MAC'd headers, keeping
     # size and crc32c. The digest in the MAC'd put-end header was computed from the real bytes.
     src, crc = _file(tmp_path)
     data = src.read_bytes()
-    forged = _forged_same_crc(data)
+    forged = forge_floats(data, 0)
     channel = connect("127.0.0.1", server.port, secret, timeout_s=10)
     with channel.sock:
         deadline = time.monotonic() + 10
