@@ -95,6 +95,10 @@ class PartnerServer:
         self._thread = threading.Thread(target=self._accept_loop, name="ckptio-partner", daemon=True)
         self._thread.start()
 
+    def _count(self, what: str) -> None:
+        with self._lock:  # connection threads count at once; a lost increment would make the counters lie
+            self.stats[what] += 1
+
     # ---- accepting -------------------------------------------------------------------------------------------
     def _accept_loop(self) -> None:
         poller = select.poll()  # not select(): the listener's fd may be above FD_SETSIZE
@@ -117,7 +121,7 @@ class PartnerServer:
                 if exc.errno in _RESOURCE_ERRNOS:
                     # Out of descriptors or buffers: connections wait in the backlog until ours end (deadlines).
                     backoff = min(max(2 * backoff, 0.05), _MAX_BACKOFF_S)
-                    self.stats["accept_backoff"] += 1
+                    self._count("accept_backoff")
                     log.warning("ckptio partner server: accept failed (%s); retrying in %.2f s", exc, backoff)
                 continue  # ECONNABORTED, EPROTO, ...: that one connection is gone, the next is fine
             backoff = 0.0 if self._admit(conn) else _MAX_BACKOFF_S
@@ -125,7 +129,7 @@ class PartnerServer:
     def _admit(self, conn: socket.socket) -> bool:
         """Serve ``conn`` on a thread of its own, or close it at once when every slot is taken."""
         if not self._slots.acquire(blocking=False):
-            self.stats["busy"] += 1
+            self._count("busy")
             conn.close()
             return True
         try:
@@ -134,7 +138,7 @@ class PartnerServer:
             self._slots.release()
             conn.close()
             return False
-        self.stats["accepted"] += 1
+        self._count("accepted")
         return True
 
     # ---- one connection --------------------------------------------------------------------------------------
@@ -146,7 +150,7 @@ class PartnerServer:
                 try:
                     channel = server_handshake(conn, self._secret, time.monotonic() + self.limits.handshake_s)
                 except (OSError, ValueError, CkptError) as exc:
-                    self.stats["unauthenticated"] += 1
+                    self._count("unauthenticated")
                     log.debug("ckptio partner server: unauthenticated connection closed: %s", exc)
                     return
                 self._requests(channel)
@@ -199,7 +203,7 @@ class PartnerServer:
         final = self.local.local_path(partner_copy_key(step, name))
         kept = receive_to_file(channel.sock, final, size, deadline=deadline, idle_s=self.limits.idle_s,
                                accept=accept, active=self._temps)
-        self.stats["put" if kept else "put_refused"] += 1
+        self._count("put" if kept else "put_refused")
         if not kept:
             log.warning("ckptio partner server: refused %s of step %s: %s", name, step, why[0] if why else "?")
             return False, why[0] if why else "refused"
@@ -221,7 +225,7 @@ class PartnerServer:
                 send_file(channel.sock, fd, size, deadline=deadline, idle_s=self.limits.idle_s)
             finally:
                 os.close(fd)
-            self.stats["get"] += 1
+            self._count("get")
             return
         channel.send_header({"ok": False, "size": 0, "error": "not held here"}, time.monotonic() + self.limits.idle_s)
 
