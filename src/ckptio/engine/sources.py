@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio import format as fmt
 from ckptio.engine.dcp import CkptioStorageReader
-from ckptio.engine.partner_server import fetch_file
+from ckptio.engine.partner import bytes_digest, check_digest, fetch_verified
 from ckptio.engine.restore import restore_step
 from ckptio.errors import CheckpointNotFoundError, ChecksumError, CkptError, CorruptCheckpointError
 from ckptio.format.local_manifest import (
@@ -42,13 +42,18 @@ log = logging.getLogger("ckptio")
 
 
 class LevelsStorageReader(CkptioStorageReader):
-    """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed)."""
+    """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed).
+
+    A partner copy (this node's ``partners/`` area, or a file fetched from another node) is used only when it
+    hashes to the digest in the durable record (``digests``); records without one (saved before digests existed)
+    use own copies and the durable level only."""
 
     def __init__(self, storage: Storage, local_manifest: LocalManifest, *, local: Storage, node: str,
                  held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
-                 durable_fallback: bool, **options: Any) -> None:
+                 durable_fallback: bool, secret: bytes, **options: Any) -> None:
         super().__init__(storage, local_manifest.step, manifest=local_manifest.manifest, local=local, **options)
         self.node, self.held, self.timeout_s = node, held, timeout_s
+        self.digests, self._secret = local_manifest.digests, secret
         self.peers = peers
         self.durable_fallback = durable_fallback
         self.sources: Counter[str] = Counter()
@@ -63,18 +68,29 @@ class LevelsStorageReader(CkptioStorageReader):
             try:
                 data = self.local.get(key)
                 fmt.check_file(self.local, self.step, name, data, rec)
+                if key != own_copy_key(self.step, name):  # it crossed the network: only the digest vouches for it
+                    check_digest(bytes_digest(data), self.digests.get(name), what=name, step=self.step, path=key)
                 self.sources["local"] += 1
                 return data
-            except CkptError:
+            except CkptError as exc:
+                if key != own_copy_key(self.step, name) and self.local.exists(key):
+                    log.warning("ckptio: this node's partner copy of %s unusable: %s", name, exc)
                 continue
-        for node in self.held.get(name, []):
+        if name not in self.digests and any(n != self.node for n in self.held.get(name, [])):
+            log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies on "
+                        "other nodes cannot be authenticated and are not used", name)
+        for node in self.held.get(name, []) if name in self.digests else []:
             if node == self.node:
                 continue
             for _, peer_node, host, port in self.peers:
                 if peer_node != node:
                     continue
                 try:
-                    data = fetch_file(host, port, self.step, name, timeout_s=self.timeout_s)
+                    key = partner_copy_key(self.step, name)  # a verified copy lands where partner copies live
+                    fetch_verified(host, port, self.step, name, self.local.local_path(key),
+                                   expected_digest=self.digests[name], expected_size=rec.size, secret=self._secret,
+                                   timeout_s=self.timeout_s)
+                    data = self.local.get(key)
                     fmt.check_file(self.storage, self.step, name, data, rec)
                     self.sources["partner"] += 1
                     return data
@@ -146,7 +162,8 @@ def _load_local(ck: TwoLevels, state: dict[str, Any], local: LocalManifest, held
     config = ck.config
     reader = LevelsStorageReader(ck.storage, local, local=ck.local, node=ck._levels.start.node, held=held,
                                  peers=ck._levels.start.peers, timeout_s=config.partner_timeout_s,
-                                 durable_fallback=durable_fallback, concurrency=config.upload_concurrency,
+                                 durable_fallback=durable_fallback, secret=ck._levels.start.secret,
+                                 concurrency=config.upload_concurrency,
                                  trust_pickles=config.trust_pickles, safe_globals=config.safe_globals)
     error: BaseException | None = None
     try:
