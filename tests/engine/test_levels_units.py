@@ -1,20 +1,17 @@
-"""The two levels' pieces without processes: partner placement, options, the local level's records, the partner
-server."""
+"""The two levels' pieces without processes: partner placement, options, the local level's records and their
+digests (the partner server itself: test_partner_security.py)."""
 
 from __future__ import annotations
 
 import json
-import socket
 
-import crc32c
 import pytest
 
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.levels import partner_ranks
-from ckptio.engine.partner_server import PartnerServer, fetch_file, send_files
-from ckptio.errors import CommitError, ConfigError, CorruptCheckpointError, NotFoundError, ReplicationError
-from ckptio.format import FileRecord, Manifest, committed_steps, read_manifest, write_manifest
-from ckptio.format.local_level import level_rows, local_records, partner_copy_key
+from ckptio.errors import CommitError, ConfigError, CorruptCheckpointError
+from ckptio.format import FileRecord, Manifest, RankIndex, committed_steps, read_manifest, write_manifest
+from ckptio.format.local_level import level_rows, local_records
 from ckptio.storage import open_storage
 
 PEERS = [(0, "a", "h", 1), (1, "a", "h", 2), (2, "b", "h", 3), (3, "b", "h", 4), (4, "c", "h", 5), (5, "c", "h", 6)]
@@ -58,25 +55,29 @@ def test_the_local_levels_records_are_a_root_of_their_own(tmp_path):
         records.get("../manifest.json")  # a subtree never reaches above itself
 
 
-def test_partner_server_keeps_only_intact_copies_and_serves_them(tmp_path):
-    local = open_storage(str(tmp_path / "node"), fsync=False)
-    listener = socket.create_server(("127.0.0.1", 0))
-    server = PartnerServer(listener, local, timeout_s=5.0)
-    port = listener.getsockname()[1]
-    src = tmp_path / "f"
-    src.write_bytes(b"x" * 100_000)
-    good = f"{crc32c.crc32c(src.read_bytes()):08x}"
-    try:
-        send_files("127.0.0.1", port, 3, [("__1_0-9.distcp", str(src), 100_000, good)], timeout_s=5.0, who="t")
-        assert local.get(partner_copy_key(3, "__1_0-9.distcp")) == src.read_bytes()
-        assert fetch_file("127.0.0.1", port, 3, "__1_0-9.distcp", timeout_s=5.0) == src.read_bytes()
-        with pytest.raises(ReplicationError, match="checksum"):
-            send_files("127.0.0.1", port, 4, [("__1_0-9.distcp", str(src), 100_000, "deadbeef")], timeout_s=5.0,
-                       who="t")
-        assert not local.exists(partner_copy_key(4, "__1_0-9.distcp"))
-        with pytest.raises(NotFoundError):
-            fetch_file("127.0.0.1", port, 4, "__1_0-9.distcp", timeout_s=5.0)
-        with pytest.raises(NotFoundError):  # a name that leaves the step directory is refused
-            fetch_file("127.0.0.1", port, 3, "../../etc", timeout_s=5.0)
-    finally:
-        server.close()
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_digests_round_trip_and_records_without_them_still_parse(tmp_path):
+    records = local_records(open_storage(str(tmp_path), fsync=False))
+    rec = FileRecord(name="__0_0-1.distcp", size=3, crc32c="00000000", holders=["a"], digest=DIGEST)
+    write_manifest(records, Manifest(step=5, world_size=1, save_id=7, files={rec.name: rec}, total_bytes=3))
+    assert read_manifest(records, 5).files[rec.name].digest == DIGEST
+    index = RankIndex(step=5, rank=0, world_size=1, save_id=7, files=[rec], items=[])
+    assert RankIndex.from_json(index.to_json()).files[0].digest == DIGEST
+
+    # Written before digests existed: parses, with no digest (restore then uses no partner copy of it).
+    body = json.loads(index.to_json())
+    for file in body["files"]:
+        del file["digest"], file["holders"]
+    assert RankIndex.from_json(json.dumps(body).encode()).files[0].digest == ""
+
+
+@pytest.mark.parametrize("digest", ["crc32c:00000000", "sha256:AB", "sha256:" + "ab" * 31, 7])
+def test_malformed_digests_are_corrupt_records(digest):
+    index = RankIndex(step=5, rank=0, world_size=1, save_id=7, items=[],
+                      files=[FileRecord(name="__0_0-1.distcp", size=3, crc32c="00000000", holders=["a"])])
+    body = json.loads(index.to_json())
+    body["files"][0]["digest"] = digest
+    with pytest.raises(CorruptCheckpointError):
+        RankIndex.from_json(json.dumps(body).encode())

@@ -28,6 +28,7 @@ from typing import Any
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
+from ckptio.engine.partner import agree_secret
 from ckptio.engine.preemption import Preemption
 from ckptio.engine.protocol import JobLevels, LevelsStart
 from ckptio.engine.restore import RestoreReport, restore_step
@@ -49,7 +50,8 @@ def node_identity(node_id: str | None) -> str:
 
 
 def advertised_host() -> str:
-    """The address partners reach this rank at: ``CKPTIO_PARTNER_HOST``, else this host's address."""
+    """The address partners reach this rank at, and the only one its partner server binds (never 0.0.0.0):
+    ``CKPTIO_PARTNER_HOST`` (set it to the interface of the job's private network), else this host's address."""
     host = os.environ.get("CKPTIO_PARTNER_HOST")
     if host:
         return host
@@ -155,6 +157,7 @@ class TwoLevels(SingleLevel):
         if local is None or not local.is_posix:
             raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
         self.records = local_records(storage)
+        secret = agree_secret(group)  # every rank together, before any writer exists: it authenticates partners
         host = advertised_host()
         self.listener = socket.create_server((host, 0), backlog=128)
         try:
@@ -162,7 +165,7 @@ class TwoLevels(SingleLevel):
             peers = [tuple(p) for p in group.broadcast_from_rank0(group.gather_to_rank0(me))]
             self.start = LevelsStart(node=me[1], listen_fd=self.listener.fileno(), peers=tuple(peers),
                                      partner_ranks=partner_ranks(peers, group.rank, config.replicas),
-                                     timeout_s=config.partner_timeout_s)
+                                     timeout_s=config.partner_timeout_s, secret=secret)
         except BaseException:
             self.listener.close()
             raise
@@ -190,7 +193,8 @@ class TwoLevels(SingleLevel):
         """The newest restorable step on either level, each file from its fastest intact copy."""
         config = self.config
         restore = TwoLevelRestore(self.storage, self.records, local=self.local, group=self.group,
-                                  node=self.start.node, peers=self.start.peers, timeout_s=config.partner_timeout_s,
+                                  node=self.start.node, peers=self.start.peers, secret=self.start.secret,
+                                  timeout_s=config.partner_timeout_s,
                                   concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
                                   safe_globals=config.safe_globals)
         report = restore.run(state, step)

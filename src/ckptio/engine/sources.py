@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ckptio import format as fmt
 from ckptio.engine.dcp import CkptioStorageReader
 from ckptio.engine.group import SideGroup
-from ckptio.engine.partner_server import fetch_file
+from ckptio.engine.partner import bytes_digest, check_digest, fetch_verified
 from ckptio.engine.restore import RestoreReport, restore_step, unwrap_load_error
 from ckptio.errors import (
     CheckpointNotFoundError,
@@ -43,43 +43,31 @@ log = logging.getLogger("ckptio")
 
 
 class LevelsStorageReader(CkptioStorageReader):
-    """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed)."""
+    """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed).
+
+    A partner copy (this node's ``partners/`` area, or a file fetched from another node) is used only when it
+    hashes to the digest in the level's records on the durable root (``FileRecord.digest``); records without one
+    (saved before digests existed) use own copies and the durable level only."""
 
     def __init__(self, records: Storage, manifest: Manifest, *, durable: Storage, local: Storage, node: str,
                  held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
-                 durable_fallback: bool, **options: Any) -> None:
+                 durable_fallback: bool, secret: bytes, **options: Any) -> None:
         # ``.metadata`` and the manifest are the local level's records; data comes from nodes, else ``durable``.
         super().__init__(records, manifest.step, manifest=manifest, local=local, **options)
         self.durable = durable
         self.node, self.held, self.timeout_s = node, held, timeout_s
+        self._secret = secret
         self.peers = peers
         self.durable_fallback = durable_fallback
         self.sources: Counter[str] = Counter()
 
     def _fetch(self, name: str) -> bytes:
         rec = self.manifest.files[name]
-        assert self.local is not None
-        for key in (own_copy_key(self.step, name), partner_copy_key(self.step, name)):
-            try:
-                data = self.local.get(key)
-                fmt.check_file(self.local, self.step, name, data, rec)
-                self.sources["local"] += 1
-                return data
-            except CkptError:
-                continue
-        for node in self.held.get(name, []):
-            if node == self.node:
-                continue
-            for _, peer_node, host, port in self.peers:
-                if peer_node != node:
-                    continue
-                try:
-                    data = fetch_file(host, port, self.step, name, timeout_s=self.timeout_s)
-                    fmt.check_file(self.local, self.step, name, data, rec)
-                    self.sources["partner"] += 1
-                    return data
-                except (OSError, CkptError) as exc:
-                    log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, host, port, exc)
+        data = self._from_this_node(name, rec)
+        if data is None:
+            data = self._from_partners(name, rec)
+        if data is not None:
+            return data
         if not self.durable_fallback:
             raise ChecksumError(f"{name}: no intact copy on any node of the local level", root=self.storage.url,
                                 step=self.step, path=name)
@@ -87,6 +75,46 @@ class LevelsStorageReader(CkptioStorageReader):
         fmt.check_file(self.durable, self.step, name, data, rec)
         self.sources["durable"] += 1
         return data
+
+    def _from_this_node(self, name: str, rec: fmt.FileRecord) -> bytes | None:
+        assert self.local is not None
+        own = own_copy_key(self.step, name)
+        for key in (own, partner_copy_key(self.step, name)):
+            try:
+                data = self.local.get(key)
+                fmt.check_file(self.local, self.step, name, data, rec)
+                if key != own:  # it crossed the network: only the digest vouches for it
+                    check_digest(bytes_digest(data), rec.digest or None, what=name, step=self.step, path=key)
+                self.sources["local"] += 1
+                return data
+            except CkptError as exc:
+                if key != own and self.local.exists(key):
+                    log.warning("ckptio: this node's partner copy of %s unusable: %s", name, exc)
+        return None
+
+    def _from_partners(self, name: str, rec: fmt.FileRecord) -> bytes | None:
+        assert self.local is not None
+        others = [n for n in self.held.get(name, []) if n != self.node]
+        if others and not rec.digest:
+            log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies on "
+                        "other nodes cannot be authenticated and are not used", name)
+            return None
+        for node in others:
+            for _, peer_node, host, port in self.peers:
+                if peer_node != node:
+                    continue
+                try:
+                    key = partner_copy_key(self.step, name)  # a verified copy lands where partner copies live
+                    fetch_verified(host, port, self.step, name, self.local.local_path(key),
+                                   expected_digest=rec.digest, expected_size=rec.size, secret=self._secret,
+                                   timeout_s=self.timeout_s)
+                    data = self.local.get(key)
+                    fmt.check_file(self.local, self.step, name, data, rec)
+                    self.sources["partner"] += 1
+                    return data
+                except (OSError, CkptError) as exc:
+                    log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, host, port, exc)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +162,11 @@ class TwoLevelRestore:
     """One ``restore`` of a two-level job (every rank together)."""
 
     def __init__(self, durable: Storage, records: Storage, *, local: Storage | None, group: SideGroup, node: str,
-                 peers: tuple[tuple[int, str, str, int], ...], timeout_s: float, concurrency: int,
+                 peers: tuple[tuple[int, str, str, int], ...], secret: bytes, timeout_s: float, concurrency: int,
                  trust_pickles: bool, safe_globals: Sequence[Any]) -> None:
         assert local is not None
         self.durable, self.records, self.local, self.group = durable, records, local, group
-        self.node, self.peers, self.timeout_s = node, peers, timeout_s
+        self.node, self.peers, self.secret, self.timeout_s = node, peers, secret, timeout_s
         self.options: dict[str, Any] = {"concurrency": concurrency, "trust_pickles": trust_pickles,
                                         "safe_globals": safe_globals}
 
@@ -197,7 +225,7 @@ class TwoLevelRestore:
         not match raises on every rank: no other copy would match better."""
         group = self.group
         reader = LevelsStorageReader(self.records, local, durable=self.durable, local=self.local, node=self.node,
-                                     held=held, peers=self.peers, timeout_s=self.timeout_s,
+                                     held=held, peers=self.peers, secret=self.secret, timeout_s=self.timeout_s,
                                      durable_fallback=durable_fallback, **self.options)
         error: CkptError | None = None
         try:

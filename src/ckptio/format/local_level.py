@@ -81,17 +81,22 @@ def _same_save_durable(durable: Storage, manifest: Manifest) -> bool:
 
 
 def merge_level_rows(rows: list[dict[str, Any]], local: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """``ckptio ls``: durable rows get ``levels`` (["durable"], plus "local" when also held on nodes) and
-    ``held_on`` (the root, then nodes); local-only steps get rows of their own."""
+    """``ckptio ls``: each row's ``levels`` are the levels whose manifest exists for its step (``durable``, then
+    ``local``), the levels ``verify`` checks it on; ``committed`` is true when there is one. ``held_on`` says where
+    its data is: the root, then nodes. A local manifest that fails its checks still commits the step on that level
+    (as a durable one does), with ``corrupt`` saying why; local-only steps get rows of their own."""
     by_step = {r["step"]: r for r in rows}
     for row in rows:
         row["levels"] = ["durable"] if row["committed"] else []
         row["held_on"] = ["durable root"] if row["committed"] else []
     for step, info in local.items():
-        if step not in by_step:
-            by_step[step] = {"step": step, "committed": "corrupt" not in info, "latest": False, "levels": [],
-                             "held_on": []}
-            by_step[step].update({k: v for k, v in info.items() if k not in ("nodes", "durable_too")})
-        by_step[step]["levels"].append("local")
-        by_step[step]["held_on"].extend(f"node {n}" for n in info.get("nodes", []))
+        row = by_step.setdefault(step, {"step": step, "latest": False, "levels": [], "held_on": []})
+        row["committed"] = True
+        for key, value in info.items():  # sizes from the durable manifest when there is one, else the local one
+            if key not in ("nodes", "durable_too", "corrupt"):
+                row.setdefault(key, value)
+        row["levels"].append("local")
+        row["held_on"].extend(f"node {n}" for n in info.get("nodes", []))
+        if "corrupt" in info:
+            row.setdefault("corrupt", f"local level: {info['corrupt']}")
     return [by_step[s] for s in sorted(by_step)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -17,8 +18,12 @@ from typing import Any
 import crc32c
 
 from ckptio.errors import CorruptCheckpointError
-from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT, check_data_key, check_file_name
-from ckptio.storage.base import Buffer
+from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT, check_data_key, check_file_name, step_dir
+from ckptio.storage.base import Buffer, join_key
+
+DIGEST_PREFIX = "sha256:"
+"""The algorithm of :attr:`FileRecord.digest`, as its prefix."""
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
 
 
 def checksum(buffers: Iterable[Buffer]) -> str:
@@ -41,20 +46,26 @@ class FileRecord:
     """Local level only: the nodes holding a copy of the file, the writing rank's node first (its data lives on
     node-local disks, not under the root)."""
     digest: str = ""
-    """Local level only: a cryptographic digest of the file (``<algorithm>:<hex>``). A copy that crossed the
-    network is checked against it, because crc32c catches accidents, not forgeries; it is recorded under the
-    durable root, where a network peer cannot write."""
+    """Local level only: the file's SHA-256 (``sha256:<hex>``). A copy that crossed the network is checked against
+    it, because crc32c catches accidents, not forgeries; it is recorded under the durable root, where a network
+    peer cannot write. Empty: none recorded (then no copy from the network is used)."""
 
     def check(self, *, step: int, path: str = "") -> None:
         """Raise CorruptCheckpointError unless this record is well typed and names a key of ``step``'s own."""
         if not (_is_int(self.size) and self.size >= 0 and isinstance(self.crc32c, str) and isinstance(self.key, str)
-                and isinstance(self.digest, str) and isinstance(self.holders, list)
-                and all(isinstance(h, str) for h in self.holders)):
+                and isinstance(self.digest, str) and (not self.digest or _DIGEST_RE.match(self.digest))
+                and isinstance(self.holders, list) and all(isinstance(h, str) for h in self.holders)):
             raise CorruptCheckpointError(f"malformed file record {self.name!r}", step=step, path=path)
         if self.key:
             check_data_key(self.key, self.name, step=step, path=path)
         else:
             check_file_name(self.name, step=step, path=path)
+
+
+def record_key(step: int, rec: FileRecord) -> str:
+    """The key of ``rec``'s bytes under the root: its own key when the manifest records one, else
+    ``step-XXXXXXXX/<name>``. It lives beside FileRecord so that keys.py never needs to name a record."""
+    return rec.key or join_key(step_dir(step), rec.name)
 
 
 def _is_int(value: object) -> bool:
@@ -156,6 +167,6 @@ class Manifest:
 def versions() -> dict[str, str]:
     import torch
 
-    from ckptio import __version__
+    from ckptio._version import __version__
 
     return {"ckptio": __version__, "torch": torch.__version__, "python": platform.python_version()}

@@ -6,6 +6,13 @@ or disagrees with the manifest or with the rank indexes of the committed save. W
 them) are files in the step that no record lists, rank indexes of another attempt or missing, and a manifest
 without a ``.metadata`` checksum.
 
+Each level is verified where its records are. A durable step is verified whole. A local-level step (two levels:
+``levels/local/step-XXXXXXXX/`` on the durable root) is verified by its records only: its manifest, ``.metadata``
+and rank indexes, their cross-checks, and that every file has a node holding it. Its data lives on node-local
+disks that a command run elsewhere cannot read, so the result says so in ``notes`` rather than pretend the bytes
+were checked; a restore checks each copy's checksum before using it. :func:`verify_levels` verifies a step on every
+level it is committed on: what ``ckptio ls`` lists as committed on a level is what ``verify`` checks there.
+
 ``.metadata`` is read only with the restricted unpickler (:func:`~ckptio.format.safe_pickle.load_metadata`: DCP's
 metadata classes and plain builtins); non-tensor values are never unpickled here.
 """
@@ -13,13 +20,14 @@ metadata classes and plain builtins); non-tensor values are never unpickled here
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ckptio.errors import CheckpointNotFoundError, ChecksumError, CorruptCheckpointError, StorageError
-from ckptio.format.commit import read_manifest
+from ckptio.format.commit import committed_steps, read_manifest
 from ckptio.format.crosscheck import index_findings, metadata_problems
-from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, record_key, step_dir
-from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum
+from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, step_dir
+from ckptio.format.local_level import LEVELS_LOCAL, holder_nodes, local_records
+from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum, record_key
 from ckptio.format.safe_pickle import load_metadata
 from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
 
@@ -35,6 +43,10 @@ class VerifyResult:
     problems: list[str]
     warnings: list[str] = field(default_factory=list)
     """Findings that do not make the step unrestorable (orphaned files, stale rank indexes); ``--strict`` fails."""
+    level: Literal["durable", "local"] = "durable"
+    """The level whose records were verified."""
+    notes: list[str] = field(default_factory=list)
+    """What was not checked, and why (a local-level step's data on node-local disks); never a failure."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,10 +61,11 @@ def verify_step(storage: Storage, step: int) -> VerifyResult:
         return VerifyResult(step=step, ok=False, files=0, bytes=0, problems=[str(exc)])
     problems, total = _check_files(storage, manifest)
     warnings: list[str] = []
-    metadata = _check_metadata(storage, manifest, problems, warnings)
-    index_problems, index_warnings = index_findings(metadata, manifest, _read_indexes(storage, step, warnings))
+    metadata = _check_metadata(storage, manifest, join_key(step_dir(step), METADATA), problems, warnings)
+    indexes = _read_indexes(storage, join_key(step_dir(step), RANKS_DIR), warnings)
+    index_problems, index_warnings = index_findings(metadata, manifest, indexes)
     problems += index_problems
-    warnings += index_warnings + _orphans(storage, manifest)
+    warnings += index_warnings + _orphans(storage, manifest, "not in the manifest")
     return VerifyResult(step=step, ok=not problems, files=len(manifest.files), bytes=total, problems=problems,
                         warnings=warnings)
 
@@ -75,10 +88,9 @@ def _check_files(storage: Storage, manifest: Manifest) -> tuple[list[str], int]:
     return problems, total
 
 
-def _check_metadata(storage: Storage, manifest: Manifest, problems: list[str], warnings: list[str]) -> Any:
-    """The step's DCP metadata, read with the restricted unpickler and checked against the manifest; None (and a
-    problem) when it cannot be."""
-    key = join_key(step_dir(manifest.step), METADATA)
+def _check_metadata(storage: Storage, manifest: Manifest, key: str, problems: list[str], warnings: list[str]) -> Any:
+    """The step's DCP metadata (at ``key``), read with the restricted unpickler and checked against the manifest;
+    None (and a problem) when it cannot be."""
     try:
         raw = storage.get(key)
     except StorageError:
@@ -98,9 +110,10 @@ def _check_metadata(storage: Storage, manifest: Manifest, problems: list[str], w
     return metadata
 
 
-def _read_indexes(storage: Storage, step: int, warnings: list[str]) -> dict[int, RankIndex]:
+def _read_indexes(storage: Storage, ranks_dir: str, warnings: list[str]) -> dict[int, RankIndex]:
+    """The readable rank indexes under ``ranks_dir``, by rank; an unreadable or misfiled one is a warning."""
     indexes: dict[int, RankIndex] = {}
-    prefix = join_key(step_dir(step), RANKS_DIR) + "/"
+    prefix = ranks_dir + "/"
     for info in storage.list(prefix):
         name = info.key[len(prefix):]
         try:
@@ -115,7 +128,7 @@ def _read_indexes(storage: Storage, step: int, warnings: list[str]) -> dict[int,
     return indexes
 
 
-def _orphans(storage: Storage, manifest: Manifest) -> list[str]:
+def _orphans(storage: Storage, manifest: Manifest, why: str) -> list[str]:
     """Files of this step that no record accounts for (earlier attempts' data, strays)."""
     base = step_dir(manifest.step)
     listed = {record_key(manifest.step, rec) for rec in manifest.files.values()}
@@ -134,8 +147,80 @@ def _orphans(storage: Storage, manifest: Manifest) -> list[str]:
         rest = key[len(base) + 1:] if key.startswith(base + "/") else ""
         bookkeeping = rest.startswith((RANKS_DIR + "/", FAILED_DIR + "/")) and rest.count("/") == 1
         if key not in listed and key not in known and not bookkeeping:
-            out.append(f"{key}: orphaned (not in the manifest)")
+            out.append(f"{key}: orphaned ({why})")
     return out
+
+
+def verify_local_step(durable: Storage, step: int) -> VerifyResult:
+    """Verify the records of a step committed on the local level: its manifest, ``.metadata`` and rank indexes
+    under ``levels/local/`` of the durable root, their cross-checks, and where each file is held. The data files
+    are not read (they are on node-local disks); ``notes`` says so. Findings name keys from the durable root."""
+    records = local_records(durable)
+    try:
+        manifest = read_manifest(records, step)
+    except CheckpointNotFoundError:
+        return VerifyResult(step=step, level="local", ok=False, files=0, bytes=0,
+                            problems=[f"no committed local-level checkpoint for step {step}"])
+    except (CorruptCheckpointError, StorageError) as exc:
+        return VerifyResult(step=step, level="local", ok=False, files=0, bytes=0, problems=[str(exc)])
+    durable_too = _same_save(durable, manifest)
+    problems = [f"{name}: no node holds it, and the save did not go to the durable level"
+                for name, rec in sorted(manifest.files.items()) if not rec.holders and not durable_too]
+    warnings: list[str] = []
+    metadata = _check_metadata(records, manifest, join_key(step_dir(step), METADATA), problems, warnings)
+    indexes = _read_indexes(records, join_key(step_dir(step), RANKS_DIR), warnings)
+    index_problems, index_warnings = index_findings(metadata, manifest, indexes)
+    problems += index_problems
+    warnings += (index_warnings + _holder_findings(manifest, indexes)
+                 + _orphans(records, manifest, "not a record of the local level"))
+    nodes = holder_nodes(manifest)
+    notes = [f"data not read: its {len(manifest.files)} files ({manifest.total_bytes:,} bytes) live on node-local "
+             f"disks ({', '.join(nodes) or 'no node'}), which this command cannot reach; a restore checks each "
+             "copy's checksum before using it"]
+    if durable_too:
+        notes.append("this save also went to the durable level")
+    return VerifyResult(step=step, level="local", ok=not problems, files=len(manifest.files),
+                        bytes=manifest.total_bytes, problems=_from_root(problems), warnings=_from_root(warnings),
+                        notes=notes)
+
+
+def _same_save(durable: Storage, manifest: Manifest) -> bool:
+    try:
+        return read_manifest(durable, manifest.step).save_id == manifest.save_id
+    except (CheckpointNotFoundError, CorruptCheckpointError, StorageError):
+        return False
+
+
+def _from_root(findings: list[str]) -> list[str]:
+    """Findings about the local level's records, keyed from the durable root (``levels/local/step-…``)."""
+    return [f"{LEVELS_LOCAL}/{f}" if f.startswith("step-") else f for f in findings]
+
+
+def _holder_findings(manifest: Manifest, indexes: dict[int, RankIndex]) -> list[str]:
+    """Warnings where a current rank index and the manifest disagree on which nodes hold its files."""
+    out = []
+    for rank, index in sorted(indexes.items()):
+        if index.save_id != manifest.save_id:
+            continue  # index_findings already warns about another attempt's index
+        for rec in index.files:
+            listed = manifest.files.get(rec.name)
+            if listed is not None and listed.holders != rec.holders:
+                out.append(f"ranks/{rank}.json: holders {rec.holders} of {rec.name} differ from the manifest's "
+                           f"{listed.holders}")
+    return out
+
+
+def verify_levels(storage: Storage, step: int | None = None) -> list[VerifyResult]:
+    """Verify ``step`` (None: every committed step) on each level it is committed on, durable first, in step
+    order. A step committed on no level gets the durable result, which says that it is not committed."""
+    durable, local = set(committed_steps(storage)), set(committed_steps(local_records(storage)))
+    results = []
+    for s in [step] if step is not None else sorted(durable | local):
+        if s in durable or s not in local:
+            results.append(verify_step(storage, s))
+        if s in local:
+            results.append(verify_local_step(storage, s))
+    return results
 
 
 def check_file(storage: Storage, step: int, name: str, data: bytes, rec: FileRecord) -> None:
