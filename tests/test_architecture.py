@@ -37,6 +37,9 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT_PACKAGE = "ckptio"
 MAX_LINES = 450
+MAX_FUNCTION_LINES = 60
+SHORT_FUNCTION_LAYERS = ("ckptio.engine", "ckptio.format", "ckptio.storage")
+"""Where every function stays within ``MAX_FUNCTION_LINES``: the layers a save runs through, read most often."""
 
 # Known exceptions: modules over MAX_LINES when this test was written, each split by part A/B of issue 07.
 # The lead empties this list when merging those splits; the test fails on an entry that no longer applies.
@@ -298,6 +301,31 @@ def test_modules_are_short(graph):
     stale = sorted(name for name in KNOWN_OVERSIZED if name in lengths and lengths[name] <= MAX_LINES)
     missing = sorted(name for name in KNOWN_OVERSIZED if name not in lengths)
     assert not stale and not missing, f"remove from KNOWN_OVERSIZED: {stale + missing}"
+
+
+def long_functions(module: Module, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (lines)`` of every function or method in ``module`` longer than ``limit`` lines (its ``def`` line
+    through its last line, docstring included, decorators not)."""
+    tree = ast.parse(module.path.read_text(), filename=str(module.path))
+    return [f"{node.name} ({node.end_lineno - node.lineno + 1})" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_functions_are_short_where_a_save_runs(graph):
+    modules, _ = graph
+    found = {name: long_functions(module) for name, module in modules.items()
+             if any(in_layer(name, layer) for layer in SHORT_FUNCTION_LAYERS)}
+    offenders = [f"{modules[name].path.relative_to(SRC.parent)}: {', '.join(fns)}"
+                 for name, fns in sorted(found.items()) if fns]
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(offenders)
+
+
+def test_long_function_finder_counts_lines(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def short():\n    return 1\n\n\nclass C:\n    def long(self):\n" + "        x = 1\n" * 4)
+    assert long_functions(Module("m", path, False), limit=4) == ["long (5)"]
+    assert long_functions(Module("m", path, False), limit=5) == []
 
 
 def edit_distance(a: str, b: str) -> int:
