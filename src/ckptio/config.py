@@ -70,6 +70,9 @@ class CheckpointerOptions(TypedDict, total=False):
     node_id: str | None
     preempt_grace_s: float
     partner_timeout_s: float
+    flush_pace: float | Literal["auto"] | None
+    flush_pace_fraction: float
+    flush_pace_local: bool
 
 
 def unknown_option_error(name: str, valid: list[str]) -> ConfigError:
@@ -303,8 +306,23 @@ class CheckpointerConfig:
     ``emergency_save`` waits at most this long too."""
 
     partner_timeout_s: float = 30.0
-    """A partner that does not take a copy within this long is unreachable for that save (its local level is not
-    committed); restores give up on a partner's copy after this long too."""
+    """A partner that does not take a copy within this long is unreachable for that save (the save commits on the
+    local level without it, and it is skipped for this long); restores give up on a partner's copy after this long
+    too."""
+
+    flush_pace: float | Literal["auto"] | None = None
+    """Spread each save's durable write over the time until the next save, so the store and its other users (the
+    data loader, other jobs) never take a whole job's checkpoint at full speed at once. None: as fast as the store
+    takes it. A number: bytes per second for the whole node, shared evenly by its ranks. ``"auto"``: finish each
+    flush within ``flush_pace_fraction`` of the measured time between saves. A flush goes to full speed when the
+    next save arrives, on an emergency save and in ``close()``; pacing never changes what commits (engine.pace)."""
+
+    flush_pace_fraction: float = 0.5
+    """With ``flush_pace="auto"``: the share of the time between saves each flush may take (0 < f <= 1)."""
+
+    flush_pace_local: bool = False
+    """Pace the local tier's write too (off by default: it holds the staging slot, and the durable store is what
+    other tenants share). Partner copies are never paced: a partner refuses a transfer slower than its deadline."""
 
     def writer_config(self) -> WriterConfig:
         """The part of this config the writer process reads (same field names: a projection, never a copy). Its
@@ -344,6 +362,10 @@ class CheckpointerConfig:
             (self.preempt_grace_s < 0, f"preempt_grace_s must be >= 0, got {self.preempt_grace_s}"),
             (self.partner_timeout_s <= 0, f"partner_timeout_s must be > 0, got {self.partner_timeout_s}"),
             (self.node_id is not None and not self.node_id, "node_id must not be empty"),
+            (self.flush_pace is not None and self.flush_pace != "auto" and not float(self.flush_pace) > 0,
+             f'flush_pace must be None, "auto" or bytes per second > 0, got {self.flush_pace!r}'),
+            (not 0 < self.flush_pace_fraction <= 1,
+             f"flush_pace_fraction must be within (0, 1], got {self.flush_pace_fraction}"),
         ]
         for bad, message in problems:
             if bad:
@@ -388,6 +410,9 @@ class WriterConfig:
 
     writer_nice: int
     """CPU niceness the writer adds to itself; its I/O goes to the lowest best-effort class when > 0."""
+
+    flush_pace_local: bool
+    """Whether the local tier's writes and the partner copies are paced like the durable one."""
 
     def __post_init__(self) -> None:
         reject_non_finite(self)  # a projection of a checked config, but it crosses into another process

@@ -28,7 +28,7 @@ from ckptio.engine.ownership import (
 )
 from ckptio.errors import ConfigError, RootInUseError
 from ckptio.storage import Storage, open_storage
-from ckptio.storage.base import Data, ObjectInfo, PutMode
+from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode
 from ckptio.storage.wrappers import StorageWrapper
 
 _LEASE = 0.3
@@ -108,8 +108,8 @@ class _AnswerAfterSuccessor(StorageWrapper):
         self.armed = False
         self.successor: OwnerRecord | None = None
 
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        info = self.inner.put(key, data, mode=mode)
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        info = self.inner.put(key, data, mode=mode, pacer=pacer)
         if self.armed and key == OWNER_KEY:
             self.armed = False
             time.sleep(_LEASE * 1.5)

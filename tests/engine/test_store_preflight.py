@@ -21,7 +21,7 @@ from ckptio.errors import CommitError, ConfigError, ResidencyError, StoreCapabil
 from ckptio.format.keys import manifest_key
 from ckptio.format.records import Manifest
 from ckptio.storage import Storage
-from ckptio.storage.base import Data, ObjectInfo, PutMode
+from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode
 from ckptio.storage.s3 import S3Storage
 from ckptio.storage.wrappers import StorageWrapper
 from tests.engine.engine_workers import model_state
@@ -109,8 +109,8 @@ class _OverwrittenAfterPut(StorageWrapper):
         super().__init__(inner)
         self.key, self.other = key, other
 
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        info = self.inner.put(key, data, mode=mode)
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        info = self.inner.put(key, data, mode=mode, pacer=pacer)
         if key == self.key:
             self.inner.put(key, self.other, mode="create")  # s3rver ignores the condition: it replaces ours
         return info

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -22,10 +21,11 @@ from ckptio.config import CheckpointerConfig, CheckpointerOptions, resolve_confi
 from ckptio.engine import protocol
 from ckptio.engine.dcp import coordinated_plan, resolve_objects, resolve_tensors
 from ckptio.engine.decide import agree_to_plan, prepare_state
-from ckptio.engine.group import SaveIds, SideGroup
+from ckptio.engine.group import SideGroup
 from ckptio.engine.handle import SaveHandle
-from ckptio.engine.levels import SingleLevel, open_levels
-from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
+from ckptio.engine.levels import SingleLevel, node_identity, open_levels
+from ckptio.engine.ownership import OwnerRecord
+from ckptio.engine.pace import PaceRule, ranks_on_node
 from ckptio.engine.pending import SaveTracker
 from ckptio.engine.protocol import JobLevels
 from ckptio.engine.restore import RestoreReport
@@ -104,7 +104,9 @@ class Checkpointer:
                                rank=self.rank, role="trainer")
         resources.callback(self.events.close)
         self.steps = StepTimer(self.events)
-        self._check_policies()
+        from ckptio.engine.preflight import preflight  # the policy modules load only when a Checkpointer does
+
+        self._owner, self._save_ids = preflight(self.storage, config, self.group, resources)
         self._metrics = self._start_metrics()
         slots_dir = staging_dir(config.staging_dir)
         remove_stale_slots(slots_dir)
@@ -116,6 +118,10 @@ class Checkpointer:
         resources.callback(self.levels.close)
         self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank,
                                     markers=self.levels.marker_stores(JobLevels(durable=True, local=True)))
+        node_budget = config.flush_pace not in (None, "auto")  # only a node's budget needs the count: a collective
+        on_node = ranks_on_node(self.group, node_identity(config.node_id)) if node_budget else 1
+        self._pace = PaceRule(config.flush_pace, fraction=config.flush_pace_fraction, ranks_on_node=on_node,
+                              every_seconds=config.every_seconds)
         self._votes = MaybeSaveVotes(self.group, every_seconds=config.every_seconds, timeout_s=config.commit_timeout_s,
                                      watch_preemption=self.levels.watch_preemption)
         resources.callback(self._votes.drain)
@@ -150,26 +156,6 @@ class Checkpointer:
         if self._exporter is not None:
             self._resources.callback(self._exporter.close)
         return metrics
-
-    def _check_policies(self) -> None:
-        """Residency, store capabilities and volume checks on rank 0, before any byte is written; the verdict is
-        shared."""
-        error: CkptError | None = None
-        nonce = secrets.randbits(48)  # rank 0's is the run's: the save ids derive from it (group.SaveIds)
-        if self.rank == 0:
-            try:
-                from ckptio.engine.preflight import check_store
-
-                check_store(self.storage, self.config)  # residency, capabilities, volumes, a test write
-                if self.config.lease_s > 0:
-                    self._owner = claim_root(self.storage, lease_s=self.config.lease_s, job_id=self.config.job_id)
-                    self._resources.callback(release_root, self.storage, self._owner)
-            except CkptError as exc:
-                error = exc
-        error, nonce = self.group.broadcast_from_rank0((error, nonce))
-        self._save_ids = SaveIds(nonce)
-        if error is not None:
-            raise error
 
     # ---- save --------------------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -219,6 +205,7 @@ class Checkpointer:
             self._stager.drop(step, save_id, f"rank {self.rank} refused the save", markers)
             self._raise_local(step, local_error)
         if self._staging.free_slot_id() is None:
+            self._stager.after(self._writer.hurry)  # a paced flush holds the slot: full speed now
             if self.config.overflow == "skip":
                 self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot", markers)
                 return self._skipped(step, "no free staging slot")
@@ -231,6 +218,8 @@ class Checkpointer:
                        levels: JobLevels, local_error: CkptError | None) -> SaveHandle:
         """The first save and a structure change plan collectively, so they are agreed collectively too."""
         t0 = time.monotonic()
+        if self._staging.free_slot_id() is None:
+            self._stager.after(self._writer.hurry)  # a paced flush holds the slot: full speed now
         try:
             agreed = agree_to_plan(self.group, self._staging, step=step, timeout_s=self.config.commit_timeout_s,
                                    overflow=self.config.overflow,
@@ -301,9 +290,11 @@ class Checkpointer:
             raise
         rollback, replaces = self._tracker.job_rules(handle)
         self._tracker.add(handle)
+        self._pace.observe(handle.interval_s)
+        pace = None if self.levels.emergency else self._pace.rate(handle.bytes)  # an emergency save never waits
         job = protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
                                slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
-                               rollback=rollback, replaces=replaces, levels=levels)
+                               rollback=rollback, replaces=replaces, levels=levels, pace_bytes_per_s=pace)
         self._writer.ensure_started()
         self._stager.stage(handle, slot, tensors, job)
         return handle
@@ -416,6 +407,7 @@ class Checkpointer:
         self._closed = True
         limit = self.config.close_timeout_s if timeout is None else float(timeout)
         self._close_deadline = time.monotonic() + limit
+        self._stager.after(self._writer.hurry)  # the saves close() waits for go at full speed, queued ones too
         try:
             if wait:
                 self._tracker.wait_until(self._close_deadline)

@@ -13,11 +13,15 @@ store setting.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 
 from ckptio.config import CheckpointerConfig
-from ckptio.errors import StoreCapabilityError
+from ckptio.engine.group import SaveIds, SideGroup
+from ckptio.engine.ownership import OwnerRecord, claim_root, release_root
+from ckptio.errors import CkptError, StoreCapabilityError
 from ckptio.policy.residency import check_residency, resolve_residency
 from ckptio.policy.volumes import enforce_volume_policy
 from ckptio.storage import PosixRoot, parse_root
@@ -25,6 +29,28 @@ from ckptio.storage.base import Storage
 from ckptio.storage.capabilities import StoreCapabilities, capability_problems, detect_capabilities
 
 log = logging.getLogger("ckptio")
+
+
+def preflight(storage: Storage, config: CheckpointerConfig, group: SideGroup,
+              resources: contextlib.ExitStack) -> tuple[OwnerRecord | None, SaveIds]:
+    """Every rank together: rank 0 checks the store (:func:`check_store`) and claims the root (its release
+    registered on ``resources``); every rank gets the verdict, raised on each, and the run's save ids (rank 0's
+    nonce: ``group.SaveIds``). Returns rank 0's owner record (None elsewhere, or without a lease)."""
+    error: CkptError | None = None
+    owner: OwnerRecord | None = None
+    nonce = secrets.randbits(48)
+    if group.rank == 0:
+        try:
+            check_store(storage, config)
+            if config.lease_s > 0:
+                owner = claim_root(storage, lease_s=config.lease_s, job_id=config.job_id)
+                resources.callback(release_root, storage, owner)
+        except CkptError as exc:
+            error = exc
+    error, nonce = group.broadcast_from_rank0((error, nonce))
+    if error is not None:
+        raise error
+    return owner, SaveIds(nonce)
 
 
 def check_store(storage: Storage, config: CheckpointerConfig) -> StoreCapabilities | None:

@@ -1,7 +1,8 @@
 """Every message between a trainer and its writer process, and the writer's thread-safe sending end.
 
 Trainer → writer, in this order over one pipe: :class:`WriterStart` once, then :class:`WriterPlan` whenever the
-state's structure changes, :class:`SaveJob` per save, and :class:`WriterStop` at close. A save of a step at or below
+state's structure changes, :class:`SaveJob` per save (and :class:`WriterHurry` when a paced flush must finish at
+once), and :class:`WriterStop` at close. A save of a step at or below
 one this trainer already saved or restored is bracketed by :class:`SaveReserve` (answered by :class:`Reserved`)
 and :class:`SaveRelease`, so that no cleanup deletes the step's directory while any rank may be writing it.
 Writer → trainer: :class:`WriterEvent` (an event record for the trainer's log), :class:`SlotFree` (the staging
@@ -112,6 +113,8 @@ class SaveJob:
     """Save ids of this trainer's earlier saves of this step: their manifest is superseded, any other refused."""
     levels: JobLevels = JobLevels()
     """Where this save goes (the ``durable_every`` schedule, or an emergency save's local level)."""
+    pace_bytes_per_s: float | None = None
+    """The rate of this save's durable flush (``engine.pace``); None: full speed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,11 @@ class SaveRelease:
     """Ends the matching :class:`SaveReserve` (the :class:`SaveJob`, if any, holds the step by itself)."""
 
     step: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriterHurry:
+    """The flush in progress goes to full speed: a save waits for its slot, or ``close()`` waits for the saves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +204,7 @@ class WriterStopped:
     """The last message of a writer that stopped when asked (a death sends nothing)."""
 
 
-ToWriter = WriterStart | WriterPlan | SaveJob | SaveReserve | SaveRelease | WriterStop
+ToWriter = WriterStart | WriterPlan | SaveJob | SaveReserve | SaveRelease | WriterHurry | WriterStop
 FromWriter = WriterEvent | Reserved | SlotFree | SaveDone | SaveFailed | SaveDropped | WriterStopped
 
 

@@ -30,6 +30,7 @@ from ckptio.engine.committer import CommitLevel, CommitRequest, StepCommitter, d
 from ckptio.engine.live import LiveSteps
 from ckptio.engine.local_level import LocalLevelWriter
 from ckptio.engine.local_tier import LocalTier
+from ckptio.engine.pace import FlushPacer, PacedFlush
 from ckptio.engine.protocol import JobLevels, Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.format import (
@@ -68,6 +69,7 @@ class Writer:
         self._last_residency_check = 0.0
         self._plans: dict[int, WriterPlan] = {}
         self._framer = TensorFramer()
+        self.pacer = FlushPacer()
         records = local_records(start.durable) if start.levels is not None else None
         self.local_tier = None if start.local is None else LocalTier(
             start.local, durable=start.durable, local_records=records, live=self.live,
@@ -94,6 +96,7 @@ class Writer:
     def run_job(self, job: SaveJob) -> None:
         """Run one save up to its commit requests; ``job.step`` is live (registered by the caller, once) until
         each level's committer, or a failure path here, reports that level's outcome."""
+        self.pacer.job_started()
         levels = self._levels(job)
         if levels.durable and levels.local:
             self.live.add(job.step)  # one registration per level: each level's outcome removes its own
@@ -126,7 +129,9 @@ class Writer:
         try:
             if on_local:
                 assert self.start.local is not None
-                self._upload_from_local(job, files, self.start.local)
+                with self.pacer.begin(job.pace_bytes_per_s) as flush:
+                    self._upload_from_local(job, files, self.start.local, flush)
+                self._report_pace(job, flush, "durable")
             index = RankIndex(step=job.step, rank=rank, world_size=self.start.world_size,
                               save_id=job.save_id, files=files, items=items)
             t0 = time.monotonic()
@@ -195,23 +200,35 @@ class Writer:
     def _write_first_tier(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap, *,
                           fallback: bool) -> tuple[list[FileRecord], list[ItemRecord], bool]:
         """Write the files to the local tier, else (none, or no room even after eviction, and ``fallback``) to the
-        durable one. Returns the files, their items, and whether they are on the local tier."""
+        durable one, paced as configured. Returns the files, their items, and whether they are on the local tier."""
         local = self.start.local
-        if local is None:
-            return *self._write_files(job, plan, buf, None), False
-        assert self.local_tier is not None
-        for attempt in range(2):
-            try:
-                return *self._write_files(job, plan, buf, local), True
-            except StorageFullError as exc:
-                discard_attempt((local,), self.start.rank, job.step, job.save_id, plan.layout.n_files)
-                if attempt == 0 and self.local_tier.free_for(job.step):
-                    continue
-                if not fallback:
-                    raise
-                self.out.event(Event.LOCAL_TIER_FULL, job.step, error=str(exc))
-                break
-        return *self._write_files(job, plan, buf, None), False
+        if local is not None:
+            assert self.local_tier is not None
+            for attempt in range(2):
+                try:
+                    with self.pacer.begin(job.pace_bytes_per_s if self.config.flush_pace_local else None) as flush:
+                        written = self._write_files(job, plan, buf, local, flush)
+                    self._report_pace(job, flush, "local")
+                    return *written, True
+                except StorageFullError as exc:
+                    discard_attempt((local,), self.start.rank, job.step, job.save_id, plan.layout.n_files)
+                    if attempt == 0 and self.local_tier.free_for(job.step):
+                        continue
+                    if not fallback:
+                        raise
+                    self.out.event(Event.LOCAL_TIER_FULL, job.step, error=str(exc))
+                    break
+        with self.pacer.begin(job.pace_bytes_per_s) as flush:
+            written = self._write_files(job, plan, buf, None, flush)
+        self._report_pace(job, flush, "durable")
+        return *written, False
+
+    def _report_pace(self, job: SaveJob, flush: PacedFlush, tier: str) -> None:
+        report = flush.report
+        if report is not None:
+            self.out.event(Event.FLUSH_PACED, job.step, tier=tier, target_bytes_per_s=report.target_bytes_per_s,
+                           achieved_bytes_per_s=report.achieved_bytes_per_s, stretched_s=report.stretched_s,
+                           bytes=report.bytes, seconds=report.seconds, hurried=report.hurried)
 
     def _map(self, path: str, nbytes: int) -> mmap.mmap:
         buf = self._maps.get(path)
@@ -228,10 +245,10 @@ class Writer:
             self._maps[path] = buf
         return buf
 
-    def _write_files(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap,
-                     local: Storage | None) -> tuple[list[FileRecord], list[ItemRecord]]:
+    def _write_files(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap, local: Storage | None,
+                     flush: PacedFlush) -> tuple[list[FileRecord], list[ItemRecord]]:
         """Serialize each file and write it to ``local`` (else durable), concurrently."""
-        futures = [self._pool.submit(self._write_one_file, job, plan, buf, n, local)
+        futures = [self._pool.submit(self._write_one_file, job, plan, buf, n, local=local, flush=flush)
                    for n in range(plan.layout.n_files)]
         concurrent.futures.wait(futures)  # every write ended before a failure is handled (and its files deleted)
         files, items = [], []
@@ -241,8 +258,8 @@ class Writer:
             items.extend(its)
         return files, items
 
-    def _write_one_file(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap, n: int,
-                        local: Storage | None) -> tuple[FileRecord, list[ItemRecord]]:
+    def _write_one_file(self, job: SaveJob, plan: WriterPlan, buf: mmap.mmap, n: int, *, local: Storage | None,
+                        flush: PacedFlush) -> tuple[FileRecord, list[ItemRecord]]:
         target: Storage = local or self.start.durable
         tier = "local" if local is not None else "durable"
         name = data_file_name(self.start.rank, n, job.save_id)
@@ -271,22 +288,22 @@ class Writer:
                        file=name)
         plain = join_key(step_dir(job.step), name)
         durable_key = durable_data_key(self.start.durable, job.step, name)
-        target.put(plain if local is not None else durable_key, blobs)
+        target.put(plain if local is not None else durable_key, blobs, pacer=flush.pacer)
         self.out.event(Event.PHASE, job.step, phase=Phase.LOCAL_WRITE if local is not None else Phase.UPLOAD,
                        seconds=time.monotonic() - t1, bytes=offset, tier=tier, file=name)
         stored_key = durable_key if durable_key != plain else ""
         return FileRecord(name=name, size=offset, crc32c=crc, key=stored_key), items
 
-    def _upload_from_local(self, job: SaveJob, files: list[FileRecord], local: Storage) -> None:
+    def _upload_from_local(self, job: SaveJob, files: list[FileRecord], local: Storage, flush: PacedFlush) -> None:
         durable = self.start.durable
 
         def upload(rec: FileRecord) -> None:
             key = join_key(step_dir(job.step), rec.name)  # the local tier never hashes keys
             t0 = time.monotonic()
             if local.is_posix:
-                durable.put_file(record_key(job.step, rec), local.local_path(key))
+                durable.put_file(record_key(job.step, rec), local.local_path(key), pacer=flush.pacer)
             else:
-                durable.put(record_key(job.step, rec), local.get(key))
+                durable.put(record_key(job.step, rec), local.get(key), pacer=flush.pacer)
             self.out.event(Event.PHASE, job.step, phase=Phase.UPLOAD, seconds=time.monotonic() - t0,
                            bytes=rec.size, tier="durable", file=rec.name)
 
@@ -336,3 +353,4 @@ def _raise(error: BaseException) -> Callable[[], None]:
         raise error
 
     return fail
+

@@ -27,12 +27,14 @@ from multiprocessing.connection import Connection
 from ckptio._proc import lower_priority
 from ckptio.engine.live import LiveSteps
 from ckptio.engine.ownership import OwnerRecord, heartbeat
+from ckptio.engine.pace import FlushPacer
 from ckptio.engine.protocol import (
     Outbox,
     Reserved,
     SaveJob,
     SaveRelease,
     SaveReserve,
+    WriterHurry,
     WriterPlan,
     WriterStart,
     WriterStop,
@@ -53,7 +55,8 @@ def _keep_heartbeat(durable: Storage, owner: OwnerRecord, stop: threading.Event)
             return  # another job took the root: owner.lost is set, and the committer refuses every later commit
 
 
-def _serve(conn: Connection, out: Outbox, live: LiveSteps, work: queue.Queue[WriterPlan | SaveJob | None]) -> None:
+def _serve(conn: Connection, out: Outbox, live: LiveSteps, pacer: FlushPacer,
+           work: queue.Queue[WriterPlan | SaveJob | None]) -> None:
     """Read messages until ``WriterStop`` or the trainer goes away; plans and jobs go to the pipeline in order."""
     while True:
         try:
@@ -62,11 +65,15 @@ def _serve(conn: Connection, out: Outbox, live: LiveSteps, work: queue.Queue[Wri
             return
         match msg:
             case WriterStop():
+                pacer.hurry()  # close(): the saves still queued go at full speed
                 return
+            case WriterHurry():
+                pacer.hurry()
             case WriterPlan():
                 work.put(msg)
             case SaveJob():
                 live.add(msg.step)  # before it is queued: a cleanup running now finishes first
+                pacer.job_arrived()  # a paced flush never makes the next save wait
                 work.put(msg)
             case SaveReserve():
                 live.add(msg.step)
@@ -105,7 +112,7 @@ def writer_main(conn: Connection, start: WriterStart) -> None:
     pipeline = threading.Thread(target=_run_pipeline, args=(writer, work), name="ckptio-pipeline", daemon=True)
     pipeline.start()
     try:
-        _serve(conn, out, live, work)
+        _serve(conn, out, live, writer.pacer, work)
     except BaseException:
         traceback.print_exc()
         raise

@@ -22,6 +22,7 @@ from ckptio.engine.protocol import (
     SaveRelease,
     SaveReserve,
     ToWriter,
+    WriterHurry,
     WriterPlan,
     WriterStart,
     WriterStop,
@@ -106,6 +107,11 @@ class WriterProxy:
 
     def release(self, step: int) -> None:
         self._send(SaveRelease(step))
+
+    def hurry(self) -> None:
+        """The flush in progress (if paced) goes to full speed."""
+        if self._proc is not None:
+            self._send(WriterHurry())
 
     def _send(self, msg: ToWriter) -> None:
         with self._send_lock:

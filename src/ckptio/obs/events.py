@@ -89,7 +89,9 @@ class Event(StrEnum):
     # The local level (node-local + partner copies), restores from it, preemption.
     LEVEL_COMMITTED = "level_committed"
     LEVEL_FAILED = "level_failed"
-    REPLICA_FAILED = "replica_failed"  # a partner took no copy of a local-level save: it commits with fewer holders
+    REPLICA_FAILED = "replica_failed"
+    FLUSH_PACED = "flush_paced"  # how a paced flush went: target and achieved rate, how long the pace stretched it
+  # a partner took no copy of a local-level save: it commits with fewer holders
     RESTORED = "restored"
     PREEMPTED = "preempted"
 

@@ -82,6 +82,15 @@ class _Collectors:
     last_committed: Gauge
     """``ckptio_last_committed_step{rank}``: newest step this rank saw committed."""
 
+    pace_target: Gauge
+    """``ckptio_flush_pace_target_bytes_per_second{rank,tier}``: the rate the latest paced flush aimed at."""
+
+    pace_achieved: Gauge
+    """``ckptio_flush_pace_achieved_bytes_per_second{rank,tier}``: the rate it kept (bytes ÷ its duration)."""
+
+    pace_stretch: Histogram
+    """``ckptio_flush_pace_stretch_seconds{rank,tier}``: how long the pace held each paced flush back."""
+
 
 def _create(registry: CollectorRegistry) -> _Collectors:
     kw: dict[str, Any] = {"registry": registry}
@@ -112,6 +121,12 @@ def _create(registry: CollectorRegistry) -> _Collectors:
             "ckptio_flush_lag_seconds", "Commit time minus save request time, latest commit.", ["rank"], **kw
         ),
         last_committed=Gauge("ckptio_last_committed_step", "Newest step seen committed.", ["rank"], **kw),
+        pace_target=Gauge("ckptio_flush_pace_target_bytes_per_second", "Rate the latest paced flush aimed at.",
+                          ["rank", "tier"], **kw),
+        pace_achieved=Gauge("ckptio_flush_pace_achieved_bytes_per_second",
+                            "Rate the latest paced flush kept (bytes over its duration).", ["rank", "tier"], **kw),
+        pace_stretch=Histogram("ckptio_flush_pace_stretch_seconds", "Time the pace held a paced flush back.",
+                               ["rank", "tier"], buckets=_FLUSH_BUCKETS, **kw),
     )
 
 
@@ -194,6 +209,12 @@ class SaveMetrics:
     def _on_failed(self, record: dict[str, Any], rank: str) -> None:
         self._c.failures.labels(rank=rank).inc()
 
+    def _on_paced(self, record: dict[str, Any], rank: str) -> None:
+        tier = str(record.get("tier") or "durable")
+        self._c.pace_target.labels(rank=rank, tier=tier).set(float(record["target_bytes_per_s"]))
+        self._c.pace_achieved.labels(rank=rank, tier=tier).set(float(record["achieved_bytes_per_s"]))
+        self._c.pace_stretch.labels(rank=rank, tier=tier).observe(float(record["stretched_s"]))
+
 
 _HANDLERS: dict[str, Callable[[SaveMetrics, dict[str, Any], str], None]] = {
     Event.SAVE_RETURNED: SaveMetrics._on_save_returned,
@@ -202,6 +223,7 @@ _HANDLERS: dict[str, Callable[[SaveMetrics, dict[str, Any], str], None]] = {
     Event.QUEUE: SaveMetrics._on_queue,
     Event.SAVE_SKIPPED: SaveMetrics._on_skipped,
     Event.SAVE_FAILED: SaveMetrics._on_failed,
+    Event.FLUSH_PACED: SaveMetrics._on_paced,
 }
 
 

@@ -229,6 +229,7 @@ def _draw_save(ax: Any, save: SaveTrace, lane: tuple[float, float], top: float, 
         facecolors="#dfe6ee",
         edgecolor="#9aa8b8",
         linewidth=0.5,
+        hatch="///" if save.pace_target_Bps else None,  # a paced flush: stretched on purpose
     )
     for name, start, stop in save.phases:
         ax.broken_barh(
@@ -336,6 +337,7 @@ def _legend(fig: Any) -> None:
     handles: list[Any] = [Patch(color=c, label=_STEP_LABELS[k]) for k, c in _STEP_COLOURS.items()]
     handles += [
         Patch(facecolor="#dfe6ee", edgecolor="#9aa8b8", label="background flush (save() return → commit)"),
+        Patch(facecolor="#dfe6ee", edgecolor="#9aa8b8", hatch="///", label="paced flush (flush_pace)"),
         Patch(color=_PHASE_COLOURS[Phase.SERIALIZE], label="serialize"),
         Patch(color=_PHASE_COLOURS[Phase.LOCAL_WRITE], label="local write"),
         Patch(color=_PHASE_COLOURS[Phase.UPLOAD], label="upload"),

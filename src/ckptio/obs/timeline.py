@@ -53,6 +53,10 @@ class SaveTrace:
     """Checkpoint bytes of this rank (committed.bytes, else save_returned.bytes)."""
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     """Writer phases as (name, start, end)."""
+    pace_target_Bps: float | None = None
+    """The durable flush's paced rate (flush_paced.target_bytes_per_s); None: not paced."""
+    pace_stretched_s: float = 0.0
+    """How long the pace held the durable flush back (flush_paced.stretched_s)."""
 
     @property
     def flush_end(self) -> float | None:
@@ -149,6 +153,9 @@ def _pair_rank(
         elif event == Event.PHASE:
             seconds = float(r.get("seconds") or 0.0)
             trace(step).phases.append((str(r.get("phase")), t - seconds, t))
+        elif event == Event.FLUSH_PACED and r.get("tier", "durable") == "durable":
+            s = trace(step)
+            s.pace_target_Bps, s.pace_stretched_s = _num(r.get("target_bytes_per_s")), _num(r.get("stretched_s")) or 0.0
         elif event == Event.COMMITTED and trace(step).committed is None:
             s = trace(step)
             s.committed, s.flush_s, s.lag_s = t, _num(r.get("flush_s")), _num(r.get("lag_s"))

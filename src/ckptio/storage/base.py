@@ -14,6 +14,10 @@ Guarantees every backend must keep (:mod:`ckptio.testing.conformance` checks the
 * ``put`` is durable when it returns (POSIX: file and directory fsynced; S3: the PUT was acknowledged).
 * Missing keys raise :class:`~ckptio.errors.NotFoundError`; ``delete`` of a missing key is not an error.
 
+A write may be *paced*: ``put``/``put_file`` take an optional :class:`Pacer` whose ``take(n)`` the backend calls
+before sending each piece of the object, so that the engine can spread a flush over the time until the next save
+without ever changing what is written.
+
 Besides the primitives a storage declares capabilities, read-only, so callers never look behind the protocol:
 ``url``, ``is_posix``, ``hash_prefix`` (data keys go under a short hash directory: :meth:`Storage.data_key`) and
 its placement: ``region`` and :meth:`Storage.public_exposure`. A wrapper reports its inner storage's capabilities.
@@ -30,7 +34,7 @@ import builtins
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from ckptio.errors import ConfigError, NotFoundError
 
@@ -58,6 +62,14 @@ def check_put_mode(mode: PutMode) -> PutMode:
     if isinstance(mode, IfMatch) or mode in ("overwrite", "create"):
         return mode
     raise ConfigError(f"mode must be 'overwrite', 'create' or IfMatch(etag), got {mode!r}")
+
+
+class Pacer(Protocol):
+    """Paces a write: a backend that sends an object in pieces calls :meth:`take` before each piece (one that
+    cannot, once with the whole size), so that a flush can be spread over the time it really has."""
+
+    def take(self, nbytes: int) -> None:
+        """Return once ``nbytes`` more may be sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +155,11 @@ class Storage(abc.ABC):
 
     # ---- primitives -------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
         """Write ``data`` (one buffer or a sequence of buffers, concatenated) at ``key``, atomically and durably.
 
         ``mode``: ``"overwrite"`` (default), ``"create"`` (create-only) or ``IfMatch(etag)`` (compare-and-swap).
+        ``pacer``: called with the size of each piece before it is sent (together, the object's size).
         """
 
     @abc.abstractmethod
@@ -173,10 +186,12 @@ class Storage(abc.ABC):
             return False
         return True
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
-        """Upload a local file. S3 overrides this with a streaming multipart upload."""
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
+        """Upload a local file (``pacer`` as for :meth:`put`). S3 overrides this with a streaming multipart
+        upload."""
         with open(path, "rb") as f:
-            return self.put(key, f.read(), mode=mode)
+            return self.put(key, f.read(), mode=mode, pacer=pacer)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """Whole objects for several keys. Backends with latency override this with concurrent GETs."""

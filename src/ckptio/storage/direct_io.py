@@ -21,6 +21,8 @@ import os
 import threading
 from collections.abc import Iterable
 
+from ckptio.storage.base import Pacer
+
 # 4 KiB covers every logical block size in use (512 B and 4 KiB sectors); the bounce buffer is page-aligned.
 ALIGN = 4096
 CHUNK = 8 << 20
@@ -51,10 +53,18 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_direct(path: str, parts: Iterable[memoryview], *, fsync: bool = True) -> int:
+def _write_paced(fd: int, view: memoryview, nbytes: int, pacer: Pacer | None) -> None:
+    """Write ``view`` (``nbytes`` of it data, the rest padding) once ``pacer`` lets ``nbytes`` go."""
+    if pacer is not None:
+        pacer.take(nbytes)
+    _write_all(fd, view)
+
+
+def write_direct(path: str, parts: Iterable[memoryview], *, fsync: bool = True, pacer: Pacer | None = None) -> int:
     """Create ``path`` (exclusively) holding the concatenation of ``parts``, written with ``O_DIRECT``; return its
-    size. Raises :class:`DirectIOUnsupported` (the file removed) when the filesystem refuses direct I/O, and
-    ``OSError`` for every other failure (the caller removes the file)."""
+    size. ``pacer`` is told each bounce buffer's size before it is written. Raises :class:`DirectIOUnsupported`
+    (the file removed) when the filesystem refuses direct I/O, and ``OSError`` for every other failure (the caller
+    removes the file)."""
     if not available():
         raise DirectIOUnsupported("no O_DIRECT on this platform")
     try:
@@ -76,11 +86,11 @@ def write_direct(path: str, parts: Iterable[memoryview], *, fsync: bool = True) 
                     view[filled : filled + n] = part[taken : taken + n]
                     taken, filled = taken + n, filled + n
                     if filled == CHUNK:
-                        _write_all(fd, view)
+                        _write_paced(fd, view, CHUNK, pacer)
                         wrote_any, total, filled = True, total + CHUNK, 0
             if filled:
                 padded = -(-filled // ALIGN) * ALIGN  # the tail block padded; truncated below
-                _write_all(fd, view[:padded])
+                _write_paced(fd, view[:padded], filled, pacer)
                 wrote_any, total = True, total + filled
         except OSError as exc:
             if exc.errno == errno.EINVAL and not wrote_any:

@@ -18,7 +18,6 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from ckptio.storage.base import (
     Data,
     IfMatch,
     ObjectInfo,
+    Pacer,
     PutMode,
     Storage,
     WriteMode,
@@ -118,15 +118,20 @@ class PosixStorage(Storage):
         return StorageError(f"{exc.strerror or exc} on {key!r}", root=self.url, path=path)
 
     # ---- primitives -------------------------------------------------------------------------------------------
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        return self._commit(key, lambda tmp: self._write_tmp(tmp, data), check_put_mode(mode))
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        return self._commit(key, lambda tmp: self._write_tmp(tmp, data, pacer), check_put_mode(mode))
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
         def copy(tmp: str) -> None:
-            if self._try_direct(tmp, os.path.getsize(path), file_chunks(path)):  # lazy: opens nothing unless used
+            # Lazy: file_chunks opens nothing unless O_DIRECT is used.
+            if self._try_direct(tmp, os.path.getsize(path), file_chunks(path), pacer):
                 return
             with open(path, "rb") as src, open(tmp, "xb") as dst:
-                shutil.copyfileobj(src, dst, _WRITE_SLICE)
+                while chunk := src.read(_WRITE_SLICE):
+                    if pacer is not None:
+                        pacer.take(len(chunk))
+                    dst.write(chunk)
                 dst.flush()
                 if self.fsync:
                     os.fsync(dst.fileno())
@@ -159,27 +164,29 @@ class PosixStorage(Storage):
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
 
-    def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview]) -> bool:
+    def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview], pacer: Pacer | None) -> bool:
         """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
         wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= MIN_BYTES)
         if not wanted or self._direct_refused:
             return False
         try:
-            write_direct(tmp, parts, fsync=self.fsync)
+            write_direct(tmp, parts, fsync=self.fsync, pacer=pacer)
         except DirectIOUnsupported:
             self._direct_refused = True  # this filesystem never will: stop asking
             return False
         return True
 
-    def _write_tmp(self, tmp: str, data: Data) -> None:
+    def _write_tmp(self, tmp: str, data: Data, pacer: Pacer | None) -> None:
         buffers = as_buffers(data)
-        if self._try_direct(tmp, sum(b.nbytes for b in buffers), buffers):
+        if self._try_direct(tmp, sum(b.nbytes for b in buffers), buffers, pacer):
             return
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             for buf in buffers:
                 for start in range(0, buf.nbytes, _WRITE_SLICE):
                     view = buf[start : start + _WRITE_SLICE]
+                    if pacer is not None:
+                        pacer.take(view.nbytes)
                     while view.nbytes:
                         view = view[os.write(fd, view) :]
             if self.fsync:

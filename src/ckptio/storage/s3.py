@@ -42,6 +42,7 @@ from ckptio.storage.base import (
     Exposure,
     IfMatch,
     ObjectInfo,
+    Pacer,
     PutMode,
     Storage,
     WriteMode,
@@ -180,28 +181,33 @@ class S3Storage(Storage):
         return StorageError(f"S3 request failed on {key!r}: {exc}", root=self.url, path=path)
 
     # ---- primitives ----------------------------------------------------------------------------------------
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        # Paced per request: each part (or the single PUT) waits for its bytes before it starts, never a request
+        # body midway, since botocore reads a body more than once (checksums, retries).
         check_put_mode(mode)
         buffers = as_buffers(data)
         total = sum(b.nbytes for b in buffers)
         if total <= self.options.multipart_threshold:
+            if pacer is not None:
+                pacer.take(total)
             return self._put_single(key, lambda: SegmentReader(buffers), total, mode)
         part = choose_part_size(total, self.options.part_size)
         slices = split_parts(buffers, part)
         bodies = [functools.partial(SegmentReader, s) for s in slices]
-        return self._put_multipart(key, bodies, total, mode)
+        return self._put_multipart(key, bodies, total, mode, pacer)
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
         check_put_mode(mode)
         size = os.path.getsize(path)
         if size <= self.options.multipart_threshold:
             with open(path, "rb") as f:
-                return self.put(key, f.read(), mode=mode)
+                return self.put(key, f.read(), mode=mode, pacer=pacer)
         part = choose_part_size(size, self.options.part_size)
         fd = os.open(path, os.O_RDONLY)
         try:
             bodies = [functools.partial(FileSlice, fd, o, min(part, size - o)) for o in range(0, size, part)]
-            return self._put_multipart(key, bodies, size, mode)
+            return self._put_multipart(key, bodies, size, mode, pacer)
         finally:
             os.close(fd)
 
@@ -247,6 +253,7 @@ class S3Storage(Storage):
         bodies: Sequence[Callable[[], io.RawIOBase]],
         size: int,
         mode: PutMode,
+        pacer: Pacer | None = None,
     ) -> ObjectInfo:
         full, token = self._full(key), secrets.token_hex(8)
         extra = self._conditions(mode)
@@ -257,7 +264,7 @@ class S3Storage(Storage):
             ),
         )["UploadId"]
         try:
-            etags = self._upload_parts(key, full, upload_id, bodies)
+            etags = self._upload_parts(key, full, upload_id, bodies, pacer)
             parts = [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, start=1)]
             attempts: list[int] = []
             try:
@@ -280,10 +287,13 @@ class S3Storage(Storage):
         return ObjectInfo(key=join_key(key), size=size, etag=_etag(resp["ETag"]))
 
     def _upload_parts(
-        self, key: str, full: str, upload_id: str, bodies: Sequence[Callable[[], io.RawIOBase]]
+        self, key: str, full: str, upload_id: str, bodies: Sequence[Callable[[], io.RawIOBase]],
+        pacer: Pacer | None = None,
     ) -> list[str]:
         def upload(number: int) -> str:
             body = bodies[number - 1]
+            if pacer is not None:
+                pacer.take(len(body()))  # type: ignore[arg-type]  # the part readers are sized
             resp = self._call(
                 key,
                 lambda: self.client.upload_part(

@@ -16,7 +16,7 @@ import builtins
 from collections.abc import Iterator, Sequence
 
 from ckptio.errors import ConfigError
-from ckptio.storage.base import Data, ObjectInfo, PutMode, Storage, WriteMode, join_key
+from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode, Storage, WriteMode, join_key
 
 
 class SubtreeStorage(Storage):
@@ -54,11 +54,12 @@ class SubtreeStorage(Storage):
         return self.inner.local_path(self._key(key))
 
     # ---- primitives --------------------------------------------------------------------------------------------
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        return self._info(self.inner.put(self._key(key), data, mode=mode))
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        return self._info(self.inner.put(self._key(key), data, mode=mode, pacer=pacer))
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
-        return self._info(self.inner.put_file(self._key(key), path, mode=mode))
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
+        return self._info(self.inner.put_file(self._key(key), path, mode=mode, pacer=pacer))
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         return self.inner.get(self._key(key), offset=offset, length=length)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator
 
-from ckptio.storage.base import Data, Exposure, ObjectInfo, PutMode, Storage, WriteMode
+from ckptio.storage.base import Data, Exposure, ObjectInfo, Pacer, PutMode, Storage, WriteMode
 
 
 class StorageWrapper(Storage):
@@ -46,8 +46,8 @@ class StorageWrapper(Storage):
         return self.inner.local_path(key)
 
     # ---- primitives and derived operations ----------------------------------------------------------------------
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        return self.inner.put(key, data, mode=mode)
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        return self.inner.put(key, data, mode=mode, pacer=pacer)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         return self.inner.get(key, offset=offset, length=length)
@@ -61,9 +61,10 @@ class StorageWrapper(Storage):
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
         # The inner backend's own put_file streams (S3 multipart) instead of reading the file into memory.
-        return self.inner.put_file(key, path, mode=mode)
+        return self.inner.put_file(key, path, mode=mode, pacer=pacer)
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         return self.inner.list_dirs(prefix)

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionError
-from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, PutMode, Storage, hashed_key
+from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, Pacer, PutMode, Storage, hashed_key
 from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
 from ckptio.storage.posix import PosixStorage
 from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
@@ -42,6 +42,18 @@ __all__ = ["StoreTests", "WrapperTests", "put_through", "pytest_configure", "req
 CONCURRENT_CREATORS = 6
 # Each spawned worker imports torch (through ckptio) once; on a 2-core machine four is what the suite affords.
 CONCURRENT_PROCESSES = 4
+
+class _CountingPacer:
+    """A pacer that lets everything through at once and remembers what it was asked for."""
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> None:
+        with self._lock:  # parts of one object may be sent from several threads
+            self.taken.append(nbytes)
+
 
 class StoreTests(CapabilityTests):
     """Subclass and define a ``storage`` fixture returning an empty storage (function scope)."""
@@ -290,6 +302,20 @@ class StoreTests(CapabilityTests):
             assert info.size == size
             assert storage.get(f"files/{name}") == payload
 
+    def test_a_paced_write_asks_for_every_byte_before_it_is_sent(self, storage: Storage, tmp_path: Any) -> None:
+        """``pacer.take`` sees the whole object, in pieces, before the write returns (and the bytes are intact)."""
+        payload = os.urandom(self.large_size + 3)
+        for how in ("put", "put_file"):
+            pacer = _CountingPacer()
+            if how == "put":
+                storage.put(f"paced/{how}", [payload[:1000], payload[1000:]], pacer=pacer)
+            else:
+                path = tmp_path / "paced"
+                path.write_bytes(payload)
+                storage.put_file(f"paced/{how}", str(path), pacer=pacer)
+            assert sum(pacer.taken) == len(payload), (how, pacer.taken)
+            assert storage.get(f"paced/{how}") == payload
+
     @requires_capability(CONDITIONAL_CREATE)
     def test_put_file_create_only(self, storage: Storage, tmp_path: Any) -> None:
         path = tmp_path / "f"
@@ -375,7 +401,7 @@ class _Placed(Storage):
     def local_path(self, key: str) -> str:
         return f"/placed/{key}"
 
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
         raise NotImplementedError
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:

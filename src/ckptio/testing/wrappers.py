@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ckptio.errors import StorageError, StorageFullError
-from ckptio.storage.base import Data, ObjectInfo, PutMode, Storage, WriteMode, data_size
+from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode, Storage, WriteMode, data_size
 from ckptio.storage.wrappers import StorageWrapper
 
 
@@ -75,15 +75,16 @@ class ThrottledStorage(StorageWrapper):
         if delay > 0:
             time.sleep(delay)
 
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
         end = self.book(data_size(data), self.write_bytes_per_s)
-        info = self.inner.put(key, data, mode=mode)
+        info = self.inner.put(key, data, mode=mode, pacer=pacer)
         self.wait_until(end)
         return info
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
         end = self.book(os.path.getsize(path), self.write_bytes_per_s)
-        info = self.inner.put_file(key, path, mode=mode)
+        info = self.inner.put_file(key, path, mode=mode, pacer=pacer)
         self.wait_until(end)
         return info
 
@@ -101,13 +102,14 @@ class LatencyStorage(StorageWrapper):
         super().__init__(inner)
         self.seconds = seconds
 
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
         time.sleep(self.seconds)
-        return self.inner.put(key, data, mode=mode)
+        return self.inner.put(key, data, mode=mode, pacer=pacer)
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
         time.sleep(self.seconds)
-        return self.inner.put_file(key, path, mode=mode)
+        return self.inner.put_file(key, path, mode=mode, pacer=pacer)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         time.sleep(self.seconds)
@@ -166,10 +168,11 @@ class FaultStorage(StorageWrapper):
             cls = StorageFullError if self.errno_code in (errno.ENOSPC, errno.EDQUOT) else StorageError
             raise cls(message, root=self.url, path=key)
 
-    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
         self._check(key, data_size(data))
-        return self.inner.put(key, data, mode=mode)
+        return self.inner.put(key, data, mode=mode, pacer=pacer)
 
-    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite") -> ObjectInfo:
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
         self._check(key, os.path.getsize(path))
-        return self.inner.put_file(key, path, mode=mode)
+        return self.inner.put_file(key, path, mode=mode, pacer=pacer)
