@@ -3,6 +3,7 @@ Checkpointer lives. Each is its own interpreter, so its exit, its signal handler
 
 Usage:
   python lifecycle_job.py ROOT exit       save(1), then save(2) with its copy still held back, then end the script
+  python lifecycle_job.py ROOT exit_failing  the same on a store that fails step 2's writes
   python lifecycle_job.py ROOT collected  build a Checkpointer with no writer, drop it, end the script
   python lifecycle_job.py ROOT fork       fork pools and children while a Checkpointer lives; print what survived
 """
@@ -24,7 +25,9 @@ import torch
 import ckptio
 from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
 from ckptio.errors import WriterDiedError
+from ckptio.storage import PosixStorage
 from ckptio.testing.staging import hold_staging
+from ckptio.testing.wrappers import FaultStorage
 
 
 def slot_files(pid: int) -> list[str]:
@@ -37,6 +40,14 @@ def end_without_close(root: str) -> None:
     ck.save(1, state).wait()
     state["w"].add_(1.0)
     hold_staging(ck, 0.5)  # step 2's copy has not even started when the script ends
+    ck.save(2, state)
+
+
+def end_without_close_failing(root: str) -> None:
+    """As ``exit``, on a store that fails every write of step 2 (EIO): the exit must say so, not hide it."""
+    ck = ckptio.Checkpointer(FaultStorage(PosixStorage(root), errno_code=5, fail_keys_with="step-00000002"))
+    state = {"w": torch.full((512, 1024), 1.0)}
+    ck.save(1, state).wait()
     ck.save(2, state)
 
 
@@ -97,4 +108,6 @@ def fork_children(root: str) -> None:
 
 
 if __name__ == "__main__":
-    {"exit": end_without_close, "collected": collected, "fork": fork_children}[sys.argv[2]](sys.argv[1])
+    modes = {"exit": end_without_close, "exit_failing": end_without_close_failing, "collected": collected,
+             "fork": fork_children}
+    modes[sys.argv[2]](sys.argv[1])

@@ -83,6 +83,15 @@ def test_a_script_that_ends_right_after_save_commits_that_step_and_says_so(tmp_p
     assert torch.equal(_restored(root, 2, (512, 1024)), torch.full((512, 1024), 2.0))
 
 
+def test_a_save_that_fails_during_the_exit_is_reported_on_stderr(root):
+    result = _run_job(root, "exit_failing")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith(EXIT_LINE)]
+    assert len(lines) == 1, result.stderr
+    assert "(steps: 2)" in lines[0] and "step 2 failed (StorageError" in lines[0], lines[0]
+    assert fmt.committed_steps(PosixStorage(root)) == [1]
+
+
 @pytest.mark.slow
 def test_a_checkpointer_that_was_garbage_collected_is_not_waited_for_at_exit(root):
     result = _run_job(root, "collected")

@@ -1,10 +1,10 @@
 """Saves still in flight when the interpreter exits without ``close()``: finish them within a bound, and say so.
 
-A script that ends right after ``save(N)`` (no ``wait``, no ``close``, no ``with``) used to lose step N silently in
-most runs, and sometimes died of SIGABRT. The staging thread and the writer-reader thread are daemon threads: the
-interpreter went on finalizing while the copy ran, the exit hook unlinked the slot before the writer mapped it, and
-a daemon thread that was freeing tensors when finalization took the GIL was ended by ``pthread_exit`` inside torch's
-``noexcept`` C++ deallocator (``terminate called without an active exception``).
+Why: a script that ends right after ``save(N)`` (no ``wait``, no ``close``, no ``with``) would otherwise lose step
+N silently in most runs, and sometimes die of SIGABRT. The staging thread and the writer-reader thread are daemon
+threads: the interpreter goes on finalizing while the copy runs, the staging module's exit hook unlinks the slot
+before the writer maps it, and a daemon thread that is freeing tensors when finalization takes the GIL is ended by
+``pthread_exit`` inside torch's ``noexcept`` C++ deallocator (``terminate called without an active exception``).
 
 The rule: at exit, every Checkpointer this process built and did not close is closed as ``close()`` closes it, so
 its pending saves get up to ``close_timeout_s`` (the bound ``close()`` documents) to commit, then the staging thread

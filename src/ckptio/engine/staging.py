@@ -16,9 +16,10 @@ Checkpointer on the host removes (``remove_stale_slots``).
 
 Slot files belong to the process that created them, never to its forked children. A child forked while a
 Checkpointer lives (a ``multiprocessing`` pool, a data loader's workers) inherits the slots' objects, this module's
-SIGTERM handler and its exit hook; terminating the pool's workers used to unlink the parent's slots, and the next
-writer the parent started then failed every save on the missing file. So each slot unlinks only in the process that
-created it, and a forked child forgets every staging area and gets SIGTERM's default action back.
+SIGTERM handler and its exit hook; were they to act there, terminating the pool's workers would unlink the parent's
+slots, and the next writer the parent started would fail every save on the missing file. So each slot unlinks only
+in the process that created it, and a forked child forgets every staging area and gets SIGTERM's default action
+back.
 
 This module never serializes, hashes or writes to storage: the training process only copies.
 """
