@@ -115,3 +115,20 @@ def test_close_takes_the_checkpointer_off_the_exit_guard(root):
     gc.collect()
     assert ref() is None
     assert all(obj is not None for obj in guarded())
+
+
+def test_a_forked_child_closing_its_copy_leaves_the_parents_writer_alone(tmp_path):
+    """A child forked while a Checkpointer lives that unwinds through ``with Checkpointer(...)`` (or calls close())
+    must not stop the parent's writer (they share its pipe) nor release the parent's staging or root claim."""
+    with ckptio.Checkpointer(str(tmp_path / "root"), lease_s=0, volume_check="off", fsync=False) as ck:
+        ck.save(1, {"w": torch.ones(8)}).wait(timeout=120)
+        pid = os.fork()
+        if pid == 0:  # the child: close its copy and leave without running anything else of the parent's
+            try:
+                ck.close()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        ck.save(2, {"w": torch.full((8,), 2.0)}).wait(timeout=120)  # the writer still serves the parent
+    assert fmt.committed_steps(PosixStorage(str(tmp_path / "root"))) == [1, 2]

@@ -92,6 +92,7 @@ class Checkpointer:
         self._last_save_mono: float | None = None
         self._created_mono = time.monotonic()
         self._closed = False
+        self._pid = os.getpid()
         self.last_restore: RestoreReport | None = None
         """What the last ``restore`` read: the step, the level, the files per source, and why (``note``)."""
 
@@ -406,6 +407,8 @@ class Checkpointer:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked child's copy: the writer, the slots and the root claim are its parent's to release
         limit = self.config.close_timeout_s if timeout is None else float(timeout)
         self._close_deadline = time.monotonic() + limit
         self._stager.after(self._writer.hurry)  # the saves close() waits for go at full speed, queued ones too
