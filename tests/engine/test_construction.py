@@ -18,7 +18,7 @@ import torch
 
 import ckptio
 from ckptio.config import CheckpointerConfig, CheckpointerOptions
-from ckptio.engine import checkpointer as checkpointer_module
+from ckptio.engine import preflight as preflight_module
 from ckptio.engine.ownership import OWNER_KEY
 from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
 from ckptio.errors import CheckpointerClosedError, ConfigError
@@ -101,13 +101,13 @@ def test_a_closed_checkpointer_raises_its_own_error_not_a_usage_error(root):
 def claims(monkeypatch):
     """Records each root claim the Checkpointer makes, to prove a failure came after it."""
     made = []
-    real = checkpointer_module.claim_root
+    real = preflight_module.claim_root
 
     def spy(*args, **kwargs):
         made.append(real(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(checkpointer_module, "claim_root", spy)
+    monkeypatch.setattr(preflight_module, "claim_root", spy)
     return made
 
 
