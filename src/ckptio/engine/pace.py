@@ -25,9 +25,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ckptio.engine.group import SideGroup
+if TYPE_CHECKING:  # the writer imports this module and must stay torch-free; SideGroup's module imports torch
+    from ckptio.engine.group import SideGroup
 
 
 def ranks_on_node(group: SideGroup, node: str) -> int:
