@@ -19,11 +19,12 @@ import fcntl
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
 from ckptio.storage.base import (
+    Buffer,
     Data,
     IfMatch,
     ObjectInfo,
@@ -34,11 +35,27 @@ from ckptio.storage.base import (
     check_put_mode,
     join_key,
 )
-from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks, write_direct
+from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks, read_direct, write_direct
 
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
+# Reads below this go through the page cache: O_DIRECT's synchronous device round trip would only add latency.
+READ_MIN_BYTES = 1 << 20
+# preadv takes at most IOV_MAX (1024 on Linux) buffers per call.
+_IOV_MAX = 1024
+
+
+def _remaining(views: list[memoryview], done: int) -> list[memoryview]:
+    """The parts of ``views`` after their first ``done`` bytes (preadv's iovecs after a short read)."""
+    out = []
+    for view in views:
+        if done >= view.nbytes:
+            done -= view.nbytes
+            continue
+        out.append(view[done:])
+        done = 0
+    return out[:_IOV_MAX]
 
 
 def _etag(st: os.stat_result) -> str:
@@ -159,10 +176,13 @@ class PosixStorage(Storage):
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
 
+    def _want_direct(self, size: int, threshold: int) -> bool:
+        wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= threshold)
+        return bool(wanted) and not self._direct_refused
+
     def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview]) -> bool:
         """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
-        wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= MIN_BYTES)
-        if not wanted or self._direct_refused:
+        if not self._want_direct(size, MIN_BYTES):
             return False
         try:
             write_direct(tmp, parts, fsync=self.fsync)
@@ -238,6 +258,31 @@ class PosixStorage(Storage):
                         break
                     got += n
                 return bytes(out[:got]) if got < len(out) else bytes(out)
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        """``preadv`` straight into ``buffers``; large reads with ``O_DIRECT`` when writes would use it (restore
+        reads a checkpoint once: caching it only evicts the job's pages), through a page-aligned bounce buffer."""
+        path = self.local_path(key)
+        views = as_buffers(buffers)
+        total = sum(v.nbytes for v in views)
+        if offset < 0:
+            raise StorageError(f"invalid range offset={offset} on {key!r}", root=self.url)
+        try:
+            if self._want_direct(total, READ_MIN_BYTES):
+                try:
+                    return read_direct(path, offset, views)
+                except DirectIOUnsupported:
+                    self._direct_refused = True
+            with open(path, "rb", buffering=0) as f:
+                done = 0
+                while done < total:
+                    n = os.preadv(f.fileno(), _remaining(views, done), offset + done)
+                    if n == 0:
+                        break
+                    done += n
+                return done
         except OSError as exc:
             raise self._error(exc, key) from exc
 
