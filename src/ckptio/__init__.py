@@ -20,8 +20,8 @@ from ckptio import errors
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
     from ckptio.engine.checkpointer import Checkpointer
-    from ckptio.engine.dcp import CkptioStorageReader
     from ckptio.engine.handle import SaveHandle
+    from ckptio.engine.reader import CkptioStorageReader
     from ckptio.policy.residency import Residency
     from ckptio.storage import open_storage
 
@@ -31,7 +31,7 @@ _LAZY = {
     "Checkpointer": "ckptio.engine.checkpointer",
     "SaveHandle": "ckptio.engine.handle",
     "CheckpointerConfig": "ckptio.config",
-    "CkptioStorageReader": "ckptio.engine.dcp",
+    "CkptioStorageReader": "ckptio.engine.reader",
     "Residency": "ckptio.policy.residency",
     "open_storage": "ckptio.storage",
 }

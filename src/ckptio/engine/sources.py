@@ -11,6 +11,7 @@ the ``restored`` event and the log say why. All collectives run on the side grou
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections import Counter
@@ -20,20 +21,26 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio import format as fmt
-from ckptio.engine.dcp import CkptioStorageReader
 from ckptio.engine.partner_server import fetch_file
+from ckptio.engine.reader import CkptioStorageReader
+from ckptio.engine.readplan import Task
 from ckptio.engine.restore import restore_step
+from ckptio.engine.transfer import Source
 from ckptio.errors import CheckpointNotFoundError, ChecksumError, CkptError, CorruptCheckpointError
+from ckptio.format.blocks import crc32c
 from ckptio.format.local_manifest import (
     LocalManifest,
+    LocalRankIndex,
     local_committed_steps,
+    local_index_key,
     local_metadata_key,
     own_copy_key,
     partner_copy_key,
     read_local_manifest,
 )
+from ckptio.format.records import RankIndex
 from ckptio.obs.events import Event
-from ckptio.storage.base import Storage
+from ckptio.storage.base import Storage, scatter
 
 if TYPE_CHECKING:
     from ckptio.engine.levels import TwoLevels
@@ -42,7 +49,14 @@ log = logging.getLogger("ckptio")
 
 
 class LevelsStorageReader(CkptioStorageReader):
-    """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed)."""
+    """A local-level step for DCP: per range, own node's copy → a holder node's copy → durable (when allowed).
+
+    Ranges are read as by :class:`CkptioStorageReader` (ranged, block-checked, each read by one rank and sent to
+    the others that need it); a file is read only by ranks on nodes that hold a copy when there are any. Per task,
+    the sources are tried in order and the first whose bytes pass every block check wins. Partner copies (the ones
+    this node keeps for others, and those fetched from another node's partner server) are verified whole against
+    the manifest before any range of them is used.
+    """
 
     def __init__(self, storage: Storage, local_manifest: LocalManifest, *, local: Storage, node: str,
                  held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
@@ -52,21 +66,82 @@ class LevelsStorageReader(CkptioStorageReader):
         self.peers = peers
         self.durable_fallback = durable_fallback
         self.sources: Counter[str] = Counter()
+        """Files this rank used, per source: "local" (its node's disk, or a rank of its node), "partner" (another
+        node: its partner server, or a rank there), "durable"."""
+        self._files_by_source: dict[str, set[str]] = {}
+        self._nodes = {rank: peer_node for rank, peer_node, _, _ in peers}
+        self._lock = threading.Lock()
+        self._file_locks: dict[str, threading.Lock] = {}
+        self._partner_checked: dict[str, bool] = {}
+        self._remote: dict[str, bytes] = {}
 
     def metadata_key(self) -> str:
         return local_metadata_key(self.step)
 
-    def _fetch(self, name: str) -> bytes:
-        rec = self.manifest.files[name]
+    def _index_key(self, rank: int) -> str:
+        return local_index_key(self.step, rank)
+
+    def _parse_index(self, raw: bytes, key: str) -> RankIndex:
+        return LocalRankIndex.from_json(raw, key=key).index
+
+    def _readers_of(self, name: str) -> list[int] | None:
+        holders = self.held.get(name, [])
+        return [rank for rank, peer_node, _, _ in self.peers if peer_node in holders] or None
+
+    def _sources(self, name: str) -> list[Source]:
         assert self.local is not None
-        for key in (own_copy_key(self.step, name), partner_copy_key(self.step, name)):
-            try:
-                data = self.local.get(key)
-                fmt.check_file(self.local, self.step, name, data, rec)
-                self.sources["local"] += 1
-                return data
-            except CkptError:
-                continue
+        local, rec = self.local, self.manifest.files[name]
+        own = own_copy_key(self.step, name)
+        out = [Source("local", lambda offset, bufs: local.readinto(own, bufs, offset=offset)),
+               Source("local", lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
+               Source("partner", lambda offset, bufs: self._read_remote(name, offset, bufs))]
+        if self.durable_fallback:
+            durable, key = self.storage, rec.key or own
+            out.append(Source("durable", lambda offset, bufs: durable.readinto(key, bufs, offset=offset)))
+        return out
+
+    def _file_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._file_locks.setdefault(name, threading.Lock())
+
+    def _read_partner_copy(self, name: str, offset: int, bufs: list[memoryview]) -> int:
+        """A range of the copy this node keeps for another node, once the whole copy matched the manifest."""
+        assert self.local is not None
+        key = partner_copy_key(self.step, name)
+        with self._file_lock(name):
+            if name not in self._partner_checked:
+                self._partner_checked[name] = self._partner_copy_intact(key, name)
+        if not self._partner_checked[name]:
+            raise ChecksumError(f"{name}: this node's partner copy does not match the manifest",
+                                root=self.local.url, step=self.step, path=key)
+        return self.local.readinto(key, bufs, offset=offset)
+
+    def _partner_copy_intact(self, key: str, name: str) -> bool:
+        """Whether the partner copy at ``key`` has the manifest's size and crc32c (read in bounded pieces)."""
+        assert self.local is not None
+        rec, running, done = self.manifest.files[name], 0, 0
+        piece = memoryview(bytearray(min(self.chunk_bytes, max(rec.size, 1))))
+        try:
+            while done < rec.size:
+                got = self.local.readinto(key, piece, offset=done)
+                if got == 0:
+                    break
+                running, done = crc32c(piece[:got], running), done + got
+            extra = self.local.readinto(key, piece[:1], offset=done)
+        except CkptError:
+            return False
+        return done == rec.size and extra == 0 and f"{running:08x}" == rec.crc32c
+
+    def _read_remote(self, name: str, offset: int, bufs: list[memoryview]) -> int:
+        """A range of a copy fetched whole from a holder node's partner server and checked against the manifest."""
+        with self._file_lock(name):
+            data = self._remote.get(name)
+            if data is None:
+                data = self._remote[name] = self._fetch_remote(name)
+        return scatter(memoryview(data)[offset:], bufs)
+
+    def _fetch_remote(self, name: str) -> bytes:
+        rec = self.manifest.files[name]
         for node in self.held.get(name, []):
             if node == self.node:
                 continue
@@ -76,17 +151,25 @@ class LevelsStorageReader(CkptioStorageReader):
                 try:
                     data = fetch_file(host, port, self.step, name, timeout_s=self.timeout_s)
                     fmt.check_file(self.storage, self.step, name, data, rec)
-                    self.sources["partner"] += 1
                     return data
                 except (OSError, CkptError) as exc:
                     log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, host, port, exc)
-        if not self.durable_fallback:
-            raise ChecksumError(f"{name}: no intact copy on any node of the local level", root=self.storage.url,
-                                step=self.step, path=name)
-        data = self.storage.get(rec.key or own_copy_key(self.step, name))
-        fmt.check_file(self.storage, self.step, name, data, rec)
-        self.sources["durable"] += 1
-        return data
+        raise ChecksumError(f"{name}: no intact copy on any other node of the local level", root=self.storage.url,
+                            step=self.step, path=name)
+
+    def _count(self, source: str, name: str) -> None:
+        files = self._files_by_source.setdefault(source, set())
+        if name not in files:
+            files.add(name)
+            self.sources[source] += 1
+
+    def _on_read(self, task: Task, label: str) -> None:
+        super()._on_read(task, label)
+        self._count(label, task.file)
+
+    def _on_receive(self, task: Task) -> None:
+        super()._on_receive(task)
+        self._count("local" if self._nodes.get(task.reader) == self.node else "partner", task.file)
 
 
 def _decide(storage: Storage, step: int | None, world_size: int) -> dict[str, Any] | CkptError:
