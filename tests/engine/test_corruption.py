@@ -13,7 +13,6 @@ import ckptio
 from ckptio._cli.main import main as cli
 from ckptio.errors import ChecksumError
 
-
 # Inside the tensor's bytes (torch.save's framing ends at 704): restore checks the bytes it uses, block by block;
 # ``ckptio verify`` checks every byte of the file.
 IN_TENSOR = 1000
