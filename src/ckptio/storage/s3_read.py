@@ -84,21 +84,24 @@ def _fill(body: Any, views: Sequence[memoryview]) -> int:
 
 
 def _get_part(storage: S3Reads, key: str, start: int, views: Sequence[memoryview]) -> int:
+    from botocore.exceptions import IncompleteReadError
+
     length = sum(v.nbytes for v in views)
     full = storage._full(key)
 
     def fetch() -> int:
         resp = storage.client.get_object(Bucket=storage.bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
         body = resp["Body"]
+        expected = int(resp.get("ContentLength", length))
         try:
             got = _fill(body, views)
-        except BaseException:
+        except Exception as exc:
             body.close()  # a half-read response must not go back to the connection pool
-            raise
-        expected = int(resp.get("ContentLength", got))
+            # A body cut off mid-way (reset, timeout, short read) is a transfer failure: retried like botocore's.
+            raise IncompleteReadError(actual_bytes=0, expected_bytes=expected) from exc
         if got != expected:
             body.close()
-            raise ConnectionError(f"ranged GET of {key!r} ended after {got} of {expected} bytes")
+            raise IncompleteReadError(actual_bytes=got, expected_bytes=expected)
         release = getattr(getattr(body, "_raw_stream", None), "release_conn", None)
         if release is not None:
             release()
