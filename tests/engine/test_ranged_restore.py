@@ -15,9 +15,12 @@ import torch
 
 import ckptio
 from ckptio.engine import targets
+from ckptio.engine.restore import restore_step
 from ckptio.errors import ChecksumError
 from ckptio.format import torchsave
 from ckptio.format.blocks import BLOCK_SIZE
+from ckptio.storage import PosixStorage
+from ckptio.storage.wrappers import StorageWrapper
 from tests.engine.engine_workers import assert_same
 
 
@@ -186,3 +189,38 @@ def test_peak_memory_is_bounded_by_concurrency_times_chunk_not_the_file(root):
     assert report["ok"]
     # Reads land in the target; bounce buffers (2 x 4 MiB) and O_DIRECT's (8 MiB per reading thread) come on top.
     assert report["extra"] < 48 << 20, report
+
+
+class _Batching(StorageWrapper):
+    """A POSIX store that asks for batched reads, as S3 does; counts its readinto calls."""
+
+    calls = 0
+
+    @property
+    def read_batch_bytes(self) -> int:
+        return 64 << 20
+
+    def readinto(self, key, buffers, *, offset=0):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        return self.inner.readinto(key, buffers, offset=offset)
+
+
+def test_batched_reads_fetch_adjacent_tensors_together_and_reread_a_bad_one_alone(tmp_path):
+    root, local = str(tmp_path / "durable"), str(tmp_path / "local")
+    state = {f"t{i}": _raw("float32", (3 << 20,), i) for i in range(4)}  # 12 MiB each: one task per tensor
+    with ckptio.Checkpointer(root, local_dir=local) as ck:
+        ck.save(1, state).wait(timeout=120)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    assert restore_step(_Batching(PosixStorage(root)), target) == 1
+    assert _Batching.calls == 1  # four tensors, one request
+    assert all(torch.equal(_bits(target[k]), _bits(v)) for k, v in state.items())
+    # The local copy is the first source: a flipped byte in t2 there fails t2's blocks in the batch; t2 alone is
+    # then read from every source in turn, and the durable copy is intact.
+    name, items = _items(root, 1)  # the local tier keeps the data files only; the durable index says where
+    t2 = items["t2"]
+    _flip(os.path.join(local, "step-00000001", name), t2["file_offset"] + t2["data_offset"] + 5)
+    _Batching.calls = 0
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    assert restore_step(_Batching(PosixStorage(root)), target, local=PosixStorage(local)) == 1
+    assert all(torch.equal(_bits(target[k]), _bits(v)) for k, v in state.items())
+    assert _Batching.calls == 1  # the durable read of t2 alone

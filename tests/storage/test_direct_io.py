@@ -121,7 +121,7 @@ def test_read_direct_fills_unaligned_buffers_across_bounce_chunks(tmp_path: Path
         assert all(b[-1] == 0 for b in bufs)
 
 
-def test_large_ranged_reads_use_o_direct_where_writes_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranged_reads_use_o_direct_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = direct_io.read_direct
 
@@ -131,8 +131,8 @@ def test_large_ranged_reads_use_o_direct_where_writes_would(tmp_path: Path, monk
 
     monkeypatch.setattr("ckptio.storage.posix.read_direct", counting)
     data = random.Random(3).randbytes(3 << 20)
-    durable, ram = PosixStorage(tmp_path / "durable"), PosixStorage(tmp_path / "ram", fsync=False)
-    for storage in (durable, ram):
+    for storage in (PosixStorage(tmp_path / "direct", direct_io=True), PosixStorage(tmp_path / "durable"),
+                    PosixStorage(tmp_path / "ram", fsync=False)):
         storage.put("k", data)
         out = bytearray(2 << 20)
         assert storage.readinto("k", out, offset=12345) == len(out)

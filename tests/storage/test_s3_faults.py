@@ -34,6 +34,7 @@ def store(proxy: FaultProxy, s3_bucket: str) -> S3Storage:
         endpoint_url=proxy.url,
         part_size=5 * MiB,
         multipart_threshold=5 * MiB,
+        read_part_size=8 * MiB,
         max_concurrency=3,
         max_attempts=6,
         retry_base_s=0.001,

@@ -292,7 +292,8 @@ class CkptioStorageReader(StorageReader):
         transfer = Transfer(rank=self._rank, group=group, step=self.step, root=self.storage.url,
                             sources=self._sources, concurrency=self.concurrency, chunk=self.chunk_bytes,
                             pinned=any(isinstance(d, StreamDest) and d.stream is not None for d in dests),
-                            on_read=self._on_read, on_receive=self._on_receive)
+                            on_read=self._on_read, on_receive=self._on_receive,
+                            batch_bytes=self.storage.read_batch_bytes)
         try:
             transfer.run(reads.tasks, dests, done)
         finally:

@@ -2,8 +2,10 @@
 them to the ranks that need them too, receive the tasks others read for it, and deliver every range to its
 destinations (:mod:`ckptio.engine.targets`).
 
-Pipelined and bounded: up to ``concurrency`` tasks are in flight at once (reads on a thread pool, receives posted
-on the side group) while the oldest one is verified, sent and delivered. A task that lands in a target's own
+Pipelined and bounded: up to ``concurrency`` requests are in flight at once (reads on a thread pool, receives
+posted on the side group) while the oldest one is verified, sent and delivered. A request is one task, or — on a
+store that charges per request (``Storage.read_batch_bytes``) — adjacent tasks this rank reads into their targets'
+own memory, fetched together. A task that lands in a target's own
 memory needs no buffer; every other task takes one of ``concurrency`` reusable bounce buffers of ``chunk`` bytes
 (pinned when a target is on a GPU), returned once its sends and copies are done. A restore therefore holds at
 most ``concurrency × chunk`` bytes beyond its targets, whatever the file sizes (gathered items — objects, strided
@@ -22,12 +24,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
-from ckptio.engine.readplan import Task
+from ckptio.engine.readplan import MAX_GAP, Task
 from ckptio.engine.targets import Dest, tensor_bytes
 from ckptio.errors import ChecksumError, CkptError, StorageError
 from ckptio.format.blocks import crc32c
@@ -60,7 +62,9 @@ class _Flight:
     buffer: torch.Tensor | None
     direct: Dest | None = None
     """The destination whose own memory ``view`` is (nothing to copy), or None for a bounce buffer."""
-    read: Future[str] | None = None
+    read: Future[list[str | BaseException]] | None = None
+    """The read of this task, alone or with adjacent ones; ``slot`` is its place in the outcome."""
+    slot: int = 0
     recv: Any = None
     waits: list[Any] = field(default_factory=list)
     """Sends (gloo works) and side-stream copies (CUDA events) that still use ``view``."""
@@ -71,8 +75,11 @@ class Transfer:
 
     def __init__(self, *, rank: int, group: Any, step: int, root: str, sources: Callable[[str], Sequence[Source]],
                  concurrency: int, chunk: int, pinned: bool, on_read: Callable[[Task, str], None],
-                 on_receive: Callable[[Task], None]) -> None:
+                 on_receive: Callable[[Task], None], batch_bytes: int = 0) -> None:
         self.rank, self.group, self.step, self.root = rank, group, step, root
+        self.batch_bytes = batch_bytes
+        """Adjacent tasks this rank reads into their targets' memory are read in one request up to this many
+        bytes (``Storage.read_batch_bytes``: stores that charge per request)."""
         self.sources, self.concurrency, self.chunk, self.pinned = sources, max(1, concurrency), chunk, pinned
         self.on_read, self.on_receive = on_read, on_receive
         self.errors: list[BaseException] = []
@@ -139,29 +146,69 @@ class Transfer:
     def _path(self, task: Task) -> str:
         return join_key(step_dir(self.step), task.file)
 
-    def _start(self, task: Task, dests: list[Dest], pool: ThreadPoolExecutor) -> _Flight:
+    def _read_batch(self, items: list[tuple[Task, memoryview]]) -> list[str | BaseException]:
+        """Adjacent tasks in one request (the gaps between them, torch.save's framing, read into scratch); a task
+        whose blocks fail, or a request that fails, is read again alone from every source."""
+        outcome: list[str | BaseException | None] = [None] * len(items)
+        if len(items) > 1:
+            views, pos = [], items[0][0].offset
+            for task, view in items:
+                if task.offset > pos:
+                    views.append(memoryview(bytearray(task.offset - pos)))
+                views.append(view)
+                pos = task.end
+            source = self.sources(items[0][0].file)[0]
+            try:
+                if source.read(items[0][0].offset, views) == pos - items[0][0].offset:
+                    outcome = [source.label if bad_block(v, t) is None else None for t, v in items]
+            except (CkptError, OSError):
+                pass
+        for i, (task, view) in enumerate(items):
+            if outcome[i] is None:
+                try:
+                    outcome[i] = self._read(task, view)
+                except BaseException as exc:  # handed to the walk, which records it and goes on
+                    outcome[i] = exc
+        return cast(list[str | BaseException], outcome)
+
+    def _flight(self, task: Task, dests: list[Dest]) -> _Flight:
         view = dests[0].view(task.offset, task.length) if len(dests) == 1 and task.gapless else None
-        buffer = None
-        if view is None:
-            buffer = self._acquire(task.length)
-            view = tensor_bytes(buffer, task.length)
-        flight = _Flight(task, view, buffer, direct=dests[0] if buffer is None else None)
-        if task.reader == self.rank:
-            flight.read = pool.submit(self._read, task, view)
-        else:
-            flight.recv = dist.irecv(torch.frombuffer(view, dtype=torch.uint8), group=self.group,
-                                     group_src=task.reader, tag=task.id)
-        return flight
+        if view is not None:
+            return _Flight(task, view, None, direct=dests[0])
+        buffer = self._acquire(task.length)
+        return _Flight(task, tensor_bytes(buffer, task.length), buffer)
+
+    def _start(self, queue: deque[Task], of_task: dict[int, list[Dest]], pool: ThreadPoolExecutor) -> list[_Flight]:
+        """Start the next task, with the adjacent direct reads that follow it when the store wants batches."""
+        task = queue.popleft()
+        flights = [self._flight(task, of_task[task.id])]
+        if task.reader != self.rank:
+            flights[0].recv = dist.irecv(torch.frombuffer(flights[0].view, dtype=torch.uint8), group=self.group,
+                                         group_src=task.reader, tag=task.id)
+            return flights
+        while flights[0].direct is not None and queue:  # direct: a batch holds no bounce buffer
+            last, nxt = flights[-1].task, queue[0]
+            dests = of_task[nxt.id]
+            if not (nxt.reader == self.rank and nxt.file == task.file and 0 <= nxt.offset - last.end <= MAX_GAP
+                    and nxt.end - task.offset <= self.batch_bytes and len(dests) == 1
+                    and dests[0].view(nxt.offset, nxt.length) is not None and nxt.gapless):
+                break
+            flights.append(self._flight(queue.popleft(), dests))
+        future = pool.submit(self._read_batch, [(f.task, f.view) for f in flights])
+        for slot, flight in enumerate(flights):
+            flight.read, flight.slot = future, slot
+        return flights
 
     def _finish(self, flight: _Flight, dests: list[Dest], done: Callable[[Dest], None]) -> None:
         task, view = flight.task, flight.view
         ok = True
         if flight.read is not None:
-            try:
-                self.on_read(task, flight.read.result())
-            except BaseException as exc:  # recorded; the schedule goes on so no peer waits forever
-                self.errors.append(exc)
+            outcome = flight.read.result()[flight.slot]
+            if isinstance(outcome, BaseException):  # recorded; the schedule goes on so no peer waits forever
+                self.errors.append(outcome)
                 ok = False
+            else:
+                self.on_read(task, outcome)
             for peer in task.receivers:  # even after a failure: the peer's own check rejects the bytes
                 flight.waits.append(dist.isend(torch.frombuffer(view, dtype=torch.uint8), group=self.group,
                                                group_dst=peer, tag=task.id))
@@ -191,14 +238,13 @@ class Transfer:
         Raises the first error once the whole schedule ran."""
         of_task = _dests_by_task(tasks, dests)
         queue = deque(tasks)
-        flying: deque[_Flight] = deque()
+        flying: deque[list[_Flight]] = deque()  # requests in flight: one task, or adjacent direct reads batched
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="ckptio-read") as pool:
             while queue or flying:
                 while queue and len(flying) < self.concurrency:
-                    task = queue.popleft()
-                    flying.append(self._start(task, of_task[task.id], pool))
-                flight = flying.popleft()
-                self._finish(flight, of_task[flight.task.id], done)
+                    flying.append(self._start(queue, of_task, pool))
+                for flight in flying.popleft():
+                    self._finish(flight, of_task[flight.task.id], done)
                 self._sweep()
         while self._held:
             self._release(self._held.popleft())

@@ -149,6 +149,13 @@ class Storage(abc.ABC):
         """Whether anyone beyond the owner can read this storage. Raises StorageError when it cannot tell."""
         return Exposure(public=False, detail=f"{self.url} has no public endpoint")
 
+    @property
+    def read_batch_bytes(self) -> int:
+        """Up to how many bytes of adjacent ranges a restore should read in one :meth:`readinto` (0: read each range
+        on its own). Stores that charge per request (S3) want few large requests; a POSIX file is read fastest by
+        several concurrent ``preadv`` calls."""
+        return 0
+
     def data_key(self, key: str) -> str:
         """Where per-rank data named ``key`` goes: :func:`hashed_key` when ``hash_prefix`` is on, else ``key``."""
         return hashed_key(key) if self.hash_prefix else key

@@ -13,9 +13,9 @@ last block is padded and the file truncated back to its true size. A filesystem 
 some FUSE and NFS mounts) fails the open or the first write with ``EINVAL``: :class:`DirectIOUnsupported` tells the
 caller to write buffered instead.
 
-Reads (restore) go the same way for the same reason: a checkpoint is read once, and caching it only evicts the
-job's own pages. The device fills the page-aligned bounce buffer; the bytes the caller asked for are copied into
-its buffers (tensor memory is seldom page-aligned, so the device cannot fill it directly).
+Reads can go the same way (``PosixStorage(direct_io=True)``): the device fills the page-aligned bounce buffer and
+the bytes the caller asked for are copied into its buffers (tensor memory is not block-aligned, so the device
+cannot fill it directly). Restore reads buffered by default: see ``PosixStorage.readinto``.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
-# Reads below this go through the page cache: O_DIRECT's synchronous device round trip would only add latency.
+# With direct_io=True, reads below this still go through the page cache: O_DIRECT's synchronous device round trip
+# would only add latency.
 READ_MIN_BYTES = 1 << 20
 # preadv takes at most IOV_MAX (1024 on Linux) buffers per call.
 _IOV_MAX = 1024
@@ -176,13 +177,10 @@ class PosixStorage(Storage):
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
 
-    def _want_direct(self, size: int, threshold: int) -> bool:
-        wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= threshold)
-        return bool(wanted) and not self._direct_refused
-
     def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview]) -> bool:
         """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
-        if not self._want_direct(size, MIN_BYTES):
+        wanted = self.direct_io if self.direct_io is not None else (self.fsync and size >= MIN_BYTES)
+        if not wanted or self._direct_refused:
             return False
         try:
             write_direct(tmp, parts, fsync=self.fsync)
@@ -262,15 +260,21 @@ class PosixStorage(Storage):
             raise self._error(exc, key) from exc
 
     def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
-        """``preadv`` straight into ``buffers``; large reads with ``O_DIRECT`` when writes would use it (restore
-        reads a checkpoint once: caching it only evicts the job's pages), through a page-aligned bounce buffer."""
+        """``preadv`` straight into ``buffers`` (the kernel copies from its page cache into them: no copy of ours).
+
+        With ``direct_io=True``, reads of 1 MiB or more bypass the page cache (``O_DIRECT``) through a page-aligned
+        bounce buffer, then a copy into ``buffers``: tensor memory is not block-aligned, so the device cannot fill
+        it. The default reads buffered: restore runs before training does, so the page cache it fills costs no
+        step, and the kernel's readahead overlaps the device with the copy, which a bounce buffer per reading
+        thread does not.
+        """
         path = self.local_path(key)
         views = as_buffers(buffers)
         total = sum(v.nbytes for v in views)
         if offset < 0:
             raise StorageError(f"invalid range offset={offset} on {key!r}", root=self.url)
         try:
-            if self._want_direct(total, READ_MIN_BYTES):
+            if self.direct_io is True and total >= READ_MIN_BYTES and not self._direct_refused:
                 try:
                     return read_direct(path, offset, views)
                 except DirectIOUnsupported:

@@ -101,6 +101,10 @@ class S3Storage(Storage):
         return self.options.hash_prefix
 
     @property
+    def read_batch_bytes(self) -> int:
+        return self.options.read_part_size
+
+    @property
     def region(self) -> str | None:
         """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""
         if self._bucket_region is None:

@@ -3,8 +3,8 @@
 A restore asks for a byte range and already has where the bytes go (a tensor's memory, a bounce buffer).
 ``get_object(...)["Body"].read()`` would build a ``bytes`` of the whole range and the caller would copy it again;
 here each part's response is read from the socket into its own slice of the buffers (``readinto`` on the HTTP
-response), so a byte is copied once, by the kernel. A range larger than :data:`READ_PART` is split into parts
-fetched concurrently (``S3Options.max_concurrency``), as boto3's ``download_fileobj`` and s5cmd do.
+response), so a byte is copied once, by the kernel. A range larger than ``S3Options.read_part_size`` is split
+into parts fetched concurrently (``S3Options.max_concurrency``), as boto3's ``download_fileobj`` and s5cmd do.
 
 Retries are the storage's own (``S3Storage._call``): a part whose transfer fails is fetched again from its start,
 overwriting what the failed attempt left in its slice. Nothing here decides whether bytes are right: the caller
@@ -22,10 +22,6 @@ from ckptio.storage.base import ObjectInfo
 from ckptio.storage.s3_options import S3Options, status_code
 
 _T = TypeVar("_T")
-
-READ_PART = 8 << 20
-"""Bytes per ranged GET: boto3's download_fileobj default chunk, enough to amortize a request's latency."""
-
 
 class S3Reads(Protocol):
     """What these reads use of :class:`~ckptio.storage.s3.S3Storage` (named structurally: s3.py imports this
@@ -116,15 +112,16 @@ def _get_part(storage: S3Reads, key: str, start: int, views: Sequence[memoryview
 
 
 def readinto(storage: S3Reads, key: str, views: Sequence[memoryview], offset: int) -> int:
-    """:meth:`ckptio.storage.base.Storage.readinto` for S3: ``READ_PART`` ranges fetched concurrently."""
+    """:meth:`ckptio.storage.base.Storage.readinto` for S3: ``read_part_size`` ranges fetched concurrently."""
     if offset < 0:
         raise StorageError(f"invalid range offset={offset} on {key!r}", root=storage.url)
     total = sum(v.nbytes for v in views)
     if total == 0:
         storage.head(key)  # a missing key still raises NotFoundError
         return 0
-    starts = list(range(0, total, READ_PART))
-    parts = [slice_views(views, s, min(READ_PART, total - s)) for s in starts]
+    part = storage.options.read_part_size
+    starts = list(range(0, total, part))
+    parts = [slice_views(views, s, min(part, total - s)) for s in starts]
     if len(parts) == 1:
         return _get_part(storage, key, offset, parts[0])
     workers = min(storage.options.max_concurrency, len(parts))

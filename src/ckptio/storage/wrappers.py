@@ -39,6 +39,10 @@ class StorageWrapper(Storage):
     def public_exposure(self) -> Exposure:
         return self.inner.public_exposure()
 
+    @property
+    def read_batch_bytes(self) -> int:
+        return self.inner.read_batch_bytes
+
     def data_key(self, key: str) -> str:
         return self.inner.data_key(key)
 
