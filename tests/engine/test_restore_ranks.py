@@ -105,3 +105,38 @@ def test_restore_at_other_world_sizes_reads_each_byte_once_and_dcp_reads_it_too(
     for r in range(2):
         with open(os.path.join(out, f"plain2-r{r}.json")) as f:
             assert json.load(f) == {"dcp_ok": True}
+
+
+def _save_replicated(rank: int, world: int, root: str) -> None:
+    with ckptio.Checkpointer(root) as ck:
+        ck.save(3, {"shared": torch.arange(1 << 21, dtype=torch.float32)}).wait(timeout=300)  # 8 MiB: two tasks
+
+
+def _restore_expecting_error(rank: int, world: int, root: str, out: str) -> None:
+    from ckptio.errors import ChecksumError
+
+    try:
+        restore_step(open_storage(root), {"shared": torch.zeros(1 << 21)}, group=SideGroup())
+        outcome = {"raised": None}
+    except ChecksumError as exc:
+        outcome = {"raised": "ChecksumError", "message": str(exc)}
+    with open(os.path.join(out, f"err-r{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+
+
+def test_a_corrupt_range_fails_the_restore_on_every_rank_without_a_hang(root, tmp_path):
+    run_ranks(1, _save_replicated, root)
+    step = os.path.join(root, "step-00000003")
+    with open(os.path.join(step, "ranks", "0.json")) as f:
+        (item,) = json.load(f)["items"]
+    with open(os.path.join(step, item["file"]), "r+b") as f:  # a byte in the second half: the other task reads fine
+        f.seek(item["file_offset"] + item["data_offset"] + (6 << 20))
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 1]))
+    run_ranks(2, _restore_expecting_error, root, str(tmp_path))
+    for r in range(2):
+        with open(os.path.join(tmp_path, f"err-r{r}.json")) as f:
+            outcome = json.load(f)
+        # The rank that read the range names the item and the store; the other names the item and the sender.
+        assert outcome["raised"] == "ChecksumError" and "'shared'" in outcome["message"], outcome
