@@ -9,17 +9,22 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan
 
 import ckptio
 from ckptio.engine import targets
+from ckptio.engine.reader import CkptioStorageReader
 from ckptio.engine.restore import restore_step
 from ckptio.errors import ChecksumError
 from ckptio.format import torchsave
 from ckptio.format.blocks import BLOCK_SIZE
-from ckptio.storage import PosixStorage
+from ckptio.storage import PosixStorage, open_storage
 from ckptio.storage.wrappers import StorageWrapper
 from tests.engine.engine_workers import assert_same
 
@@ -224,3 +229,22 @@ def test_batched_reads_fetch_adjacent_tensors_together_and_reread_a_bad_one_alon
     assert restore_step(_Batching(PosixStorage(root)), target, local=PosixStorage(local)) == 1
     assert all(torch.equal(_bits(target[k]), _bits(v)) for k, v in state.items())
     assert _Batching.calls == 1  # the durable read of t2 alone
+
+
+class _RebuildingPlanner(DefaultLoadPlanner):
+    """A custom planner that rebuilds its final plan, dropping what the storage reader attached to it."""
+
+    def finish_plan(self, central_plan: LoadPlan) -> LoadPlan:
+        return LoadPlan(list(central_plan.items))
+
+
+def test_a_planner_that_drops_the_readers_share_still_restores(root):
+    state = {"w": _raw("float32", (BLOCK_SIZE // 4 + 7,), 5), "o": {"k": 1}}
+    with ckptio.Checkpointer(root) as ck:
+        ck.save(1, state).wait(timeout=120)
+    target = {"w": torch.zeros_like(state["w"]), "o": {"k": 0}}
+    reader = CkptioStorageReader(open_storage(root), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP warns that one process runs without a process group
+        dcp.load(target, storage_reader=reader, planner=_RebuildingPlanner())
+    assert torch.equal(_bits(target["w"]), _bits(state["w"])) and target["o"] == {"k": 1}

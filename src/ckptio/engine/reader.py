@@ -253,11 +253,14 @@ class CkptioStorageReader(StorageReader):
         self.bytes_by_source["peers"] = self.bytes_by_source.get("peers", 0) + task.length
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        reads = plan.storage_data
-        if not isinstance(reads, RankReads):
-            raise CorruptCheckpointError("this load plan was not prepared by CkptioStorageReader",
-                                         root=self.storage.url, step=self.step)
+        reads, rank = plan.storage_data, self._rank
         shapes = self._shapes()
+        if not isinstance(reads, RankReads):
+            # A custom planner rebuilt the plan without our share (on every rank alike): read alone, no exchange.
+            layout = self._layout()
+            needs = [(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes))
+                     for req in plan.items]
+            reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.chunk_bytes)[0], 0
         streams: dict[torch.device, Any] = {}
         dests: list[Dest] = []
         error: CkptError | None = None
@@ -276,11 +279,11 @@ class CkptioStorageReader(StorageReader):
             return _done()  # another rank could not start: it raises; nobody exchanges anything
         if error is not None:
             raise error
-        self._transfer(reads, dests, planner, streams, group)
+        self._transfer(reads, dests, planner, streams=streams, group=group, rank=rank)
         return _done()
 
-    def _transfer(self, reads: RankReads, dests: list[Dest], planner: LoadPlanner, streams: dict[Any, Any],
-                  group: Any) -> None:
+    def _transfer(self, reads: RankReads, dests: list[Dest], planner: LoadPlanner, *, streams: dict[Any, Any],
+                  group: Any, rank: int) -> None:
         deferred: list[Dest] = []
 
         def done(dest: Dest) -> None:
@@ -289,7 +292,7 @@ class CkptioStorageReader(StorageReader):
         for dest in dests:
             if dest.remaining == 0:
                 done(dest)
-        transfer = Transfer(rank=self._rank, group=group, step=self.step, root=self.storage.url,
+        transfer = Transfer(rank=rank, group=group, step=self.step, root=self.storage.url,
                             sources=self._sources, concurrency=self.concurrency, chunk=self.chunk_bytes,
                             pinned=any(isinstance(d, StreamDest) and d.stream is not None for d in dests),
                             on_read=self._on_read, on_receive=self._on_receive,
