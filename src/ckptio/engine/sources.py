@@ -55,7 +55,8 @@ class LevelsStorageReader(CkptioStorageReader):
     the others that need it); a file is read only by ranks on nodes that hold a copy when there are any. Per task,
     the sources are tried in order and the first whose bytes pass every block check wins. Partner copies (the ones
     this node keeps for others, and those fetched from another node's partner server) are verified whole against
-    the manifest before any range of them is used.
+    the manifest before any range of them is used; a copy fetched from another node stays in memory until the
+    reader is dropped (the last resort before durable: a node whose own copies all failed).
     """
 
     def __init__(self, storage: Storage, local_manifest: LocalManifest, *, local: Storage, node: str,
@@ -112,7 +113,7 @@ class LevelsStorageReader(CkptioStorageReader):
             if name not in self._partner_checked:
                 self._partner_checked[name] = self._partner_copy_intact(key, name)
         if not self._partner_checked[name]:
-            raise ChecksumError(f"{name}: this node's partner copy does not match the manifest",
+            raise ChecksumError(f"{name}: this node holds no partner copy that matches the manifest",
                                 root=self.local.url, step=self.step, path=key)
         return self.local.readinto(key, bufs, offset=offset)
 
