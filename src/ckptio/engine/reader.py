@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from ckptio.engine.group import any_true_in, moves_cpu_tensors
 from ckptio.engine.readplan import (
     CHUNK_BYTES,
     ChunkShape,
@@ -229,8 +230,7 @@ class CkptioStorageReader(StorageReader):
         return dist.get_rank(group) if group is not None else 0
 
     def _group_moves_cpu(self, world: int) -> bool:
-        group = self._group()
-        return group is not None and dist.get_world_size(group) == world and "gloo" in str(dist.get_backend(group))
+        return moves_cpu_tensors(self._group(), world)
 
     # ---- reading (every rank) -----------------------------------------------------------------------------
     def _sources(self, name: str) -> list[Source]:
@@ -273,7 +273,7 @@ class CkptioStorageReader(StorageReader):
         except CkptError as exc:
             error = exc
         group = self._group()
-        if reads.exchange and group is not None and _any_true(error is not None, group):
+        if reads.exchange and group is not None and any_true_in(group, error is not None):
             if error is not None:
                 raise error
             return _done()  # another rank could not start: it raises; nobody exchanges anything
@@ -339,12 +339,6 @@ def _side_stream(streams: dict[Any, Any], target: torch.Tensor) -> Any:
     if target.device not in streams:
         streams[target.device] = torch.cuda.Stream(device=target.device)
     return streams[target.device]
-
-
-def _any_true(flag: bool, group: Any) -> bool:
-    t = torch.tensor([int(flag)], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-    return int(t.item()) > 0
 
 
 def _done() -> Future[None]:

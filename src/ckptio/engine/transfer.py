@@ -29,6 +29,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from ckptio.engine.group import recv_async, send_async
 from ckptio.engine.readplan import MAX_GAP, Task
 from ckptio.engine.targets import Dest, tensor_bytes
 from ckptio.errors import ChecksumError, CkptError, StorageError
@@ -183,8 +184,8 @@ class Transfer:
         task = queue.popleft()
         flights = [self._flight(task, of_task[task.id])]
         if task.reader != self.rank:
-            flights[0].recv = dist.irecv(torch.frombuffer(flights[0].view, dtype=torch.uint8), group=self.group,
-                                         group_src=task.reader, tag=task.id)
+            flights[0].recv = recv_async(torch.frombuffer(flights[0].view, dtype=torch.uint8), self.group,
+                                         task.reader, task.id)
             return flights
         while flights[0].direct is not None and queue:  # direct: a batch holds no bounce buffer
             last, nxt = flights[-1].task, queue[0]
@@ -210,8 +211,7 @@ class Transfer:
             else:
                 self.on_read(task, outcome)
             for peer in task.receivers:  # even after a failure: the peer's own check rejects the bytes
-                flight.waits.append(dist.isend(torch.frombuffer(view, dtype=torch.uint8), group=self.group,
-                                               group_dst=peer, tag=task.id))
+                flight.waits.append(send_async(torch.frombuffer(view, dtype=torch.uint8), self.group, peer, task.id))
         else:
             flight.recv.wait()
             bad = bad_block(view, task)
