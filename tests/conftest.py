@@ -39,7 +39,7 @@ def s3_endpoint() -> Iterator[str]:
     """
     pytest.importorskip("boto3")
     pytest.importorskip("moto.server")
-    from ckptio.testing.s3server import embedded_s3
+    from ckptio.testing.moto_s3 import embedded_s3
 
     with embedded_s3() as url:
         yield url
@@ -119,7 +119,7 @@ def s3rver_endpoint(s3_endpoint: str) -> Iterator[str]:
     Depends on ``s3_endpoint`` for the fake credentials in the environment (s3rver accepts any); clients of
     s3rver name its endpoint explicitly, since AWS_ENDPOINT_URL points at moto.
     """
-    from ckptio.testing.s3rver import node_missing_reason, run_s3rver
+    from ckptio.testing.s3rver_s3 import node_missing_reason, run_s3rver
 
     reason = node_missing_reason()
     if reason:

@@ -5,14 +5,11 @@ that contains it to the ckptio module it names (relative imports resolved; ``fro
 ``pkg.name`` when that is a module, else at ``pkg``). Imports of parent packages that Python performs implicitly
 are not edges: they run package ``__init__`` files, which the cycle rule would otherwise flag for every module.
 
-Which imports count where:
-
-* The layering rules see every import: module level, inside functions, and under ``if TYPE_CHECKING:``.
-  A layer that may not depend on another may not even name its types; ``format/`` must stay readable without
-  ``engine/``, whatever the import's position.
-* The cycle rule sees only imports that run when the module is first imported: module level, outside
-  ``if TYPE_CHECKING:``. An import inside a function runs on first call, after both modules finished loading,
-  and a TYPE_CHECKING import never runs, so neither can produce a half-initialised module.
+Every import counts, for every rule: module level, inside functions, and under ``if TYPE_CHECKING:``.
+A layer that may not depend on another may not even name its types; ``format/`` must stay readable without
+``engine/``, whatever the import's position. And a function-level or TYPE_CHECKING import closes a circle just the
+same for a reader: the two modules can no longer be understood, tested or moved one without the other, even though
+Python would load them without a half-initialised module. ``Import.at_load`` only labels the edges in a report.
 
 The rules (issue 07; the layers are drawn in the README's "How a save flows"):
 
@@ -22,13 +19,15 @@ The rules (issue 07; the layers are drawn in the README's "How a save flows"):
 * ``ckptio.engine``, ``ckptio.format`` and ``ckptio.storage`` never import ``ckptio.testing`` (test tooling is
   not part of a save), and ``ckptio.testing`` never imports ``ckptio.demo`` (the demo uses the kit, never the
   reverse).
-* No import cycle between modules.
+* No import cycle between modules, except the circles listed in ``KNOWN_CYCLES``.
 * No module under ``src/`` longer than ``MAX_LINES``.
+* No two sibling modules whose names are a couple of letters apart (one gets imported for the other).
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,16 @@ MAX_LINES = 450
 # Known exceptions: modules over MAX_LINES when this test was written, each split by part A/B of issue 07.
 # The lead empties this list when merging those splits; the test fails on an entry that no longer applies.
 KNOWN_OVERSIZED: frozenset[str] = frozenset()
+
+# Known import circles: (the modules of one circle, why it is tolerated for now). An entry must equal a strongly
+# connected component of the import graph exactly, so a module that joins a known circle fails the test too; the
+# test fails on an entry that no longer applies. The lead empties this list when the restructure lands.
+KNOWN_CYCLES: tuple[tuple[frozenset[str], str], ...] = (
+    (frozenset({"ckptio.engine.levels", "ckptio.engine.sources"}),
+     "being removed by the plan/ and levels restructure"),
+    (frozenset({"ckptio.plan.probe", "ckptio.plan.probe_targets"}),
+     "being removed by the plan/ and levels restructure"),
+)
 
 # (importer layer, imported layer, why): a module in the first may never import a module in the second.
 FORBIDDEN_LAYERS: tuple[tuple[str, str, str], ...] = (
@@ -63,7 +72,8 @@ class Import:
     target: str
     line: int
     at_load: bool
-    """True when the import runs as the module loads: module level and not under ``if TYPE_CHECKING:``."""
+    """True when the import runs as the module loads: module level and not under ``if TYPE_CHECKING:``. Every rule
+    counts both kinds; this only labels an edge in a report."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +158,9 @@ def in_layer(module: str, layer: str) -> bool:
     return module == layer or module.startswith(layer + ".")
 
 
-def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
-    """One cycle (``[a, b, ..., a]``) per strongly connected component that has one; Tarjan's algorithm."""
+def cyclic_components(graph: Mapping[str, Iterable[str]]) -> list[frozenset[str]]:
+    """Every strongly connected component with a cycle in it (two or more modules, or one that imports itself),
+    sorted by its smallest member; Tarjan's algorithm."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -190,12 +201,13 @@ def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     for node in sorted(graph):
         if node not in index:
             strongconnect(node)
-    cycles = []
-    for component in components:
-        members = set(component)
-        if len(component) > 1 or component[0] in set(graph.get(component[0], ())):
-            cycles.append(_cycle_through(min(members), members, graph))
-    return sorted(cycles)
+    cyclic = [frozenset(c) for c in components if len(c) > 1 or c[0] in set(graph.get(c[0], ()))]
+    return sorted(cyclic, key=min)
+
+
+def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected component that has one."""
+    return sorted(_cycle_through(min(members), set(members), graph) for members in cyclic_components(graph))
 
 
 def _cycle_through(start: str, members: set[str], graph: Mapping[str, Iterable[str]]) -> list[str]:
@@ -247,12 +259,35 @@ def test_layering(graph, importer, imported, why):
     assert not offenders, f"{importer} must not import {imported} ({why}):\n  " + "\n  ".join(offenders)
 
 
+def cycle_problems(imports: Mapping[str, list[Import]],
+                   known: Iterable[tuple[frozenset[str], str]] = KNOWN_CYCLES) -> list[str]:
+    """A line per import circle that ``known`` does not list (with each edge's line, deferred imports marked), and
+    one per entry of ``known`` that is no longer exactly a circle of the graph."""
+    edges = {name: [imp for imp in found if imp.target != name] for name, found in imports.items()}
+    graph = {name: [imp.target for imp in found] for name, found in edges.items()}
+    known_sets = {members for members, _ in known}
+    problems = []
+    for members in cyclic_components(graph):
+        if members in known_sets:
+            continue
+        cycle = _cycle_through(min(members), set(members), graph)
+        steps = []
+        for a, b in itertools.pairwise(cycle):
+            imp = next(i for i in edges[a] if i.target == b)
+            steps.append(f"{a} (line {imp.line}{'' if imp.at_load else ', deferred or TYPE_CHECKING'})")
+        extra = f" [the circle holds {len(members)} modules: {', '.join(sorted(members))}]" \
+            if len(members) > len(cycle) - 1 else ""
+        problems.append("import cycle: " + " -> ".join([*steps, cycle[-1]]) + extra)
+    current = set(cyclic_components(graph))
+    problems += [f"stale KNOWN_CYCLES entry (not a circle of the graph): {sorted(m)}"
+                 for m in sorted(known_sets - current, key=min)]
+    return problems
+
+
 def test_no_import_cycles(graph):
     _, imports = graph
-    at_load = {name: [imp.target for imp in found if imp.at_load and imp.target != name]
-               for name, found in imports.items()}
-    cycles = find_cycles(at_load)
-    assert not cycles, "import cycles (module-level imports):\n  " + "\n  ".join(" -> ".join(c) for c in cycles)
+    problems = cycle_problems(imports)
+    assert not problems, "\n  ".join(["import circles (every import counts, deferred ones too):", *problems])
 
 
 def test_modules_are_short(graph):
@@ -267,37 +302,84 @@ def test_modules_are_short(graph):
     assert not stale and not missing, f"remove from KNOWN_OVERSIZED: {stale + missing}"
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest letters inserted, deleted or replaced to turn ``a`` into ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, start=1):
+        current = [i]
+        for j, y in enumerate(b, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def names_too_close(a: str, b: str) -> bool:
+    """Two module names a reader may take one for the other: two edits or fewer apart, both five letters or more
+    (short names such as ``s3`` and ``hf`` are naturally close and never confused)."""
+    return min(len(a), len(b)) >= 5 and edit_distance(a, b) <= 2
+
+
+def test_sibling_module_names_are_not_near_misses(graph):
+    # Names two letters apart get imported one for the other: testing.s3server (moto) and testing.s3rver were.
+    modules, _ = graph
+    by_package: dict[str, list[str]] = {}
+    for name in modules:
+        package, _, leaf = name.rpartition(".")
+        by_package.setdefault(package, []).append(leaf)
+    close = [f"{package}.{a} / {package}.{b}" for package, leaves in sorted(by_package.items())
+             for a, b in itertools.combinations(sorted(leaves), 2) if names_too_close(a, b)]
+    assert not close, "sibling modules whose names differ by two letters or fewer: " + ", ".join(close)
+
+
 # --- the checker checks itself: each rule can fail -----------------------------------------------------------
+
+def test_near_miss_names():
+    assert edit_distance("s3server", "s3rver") == 2 and edit_distance("kitten", "sitting") == 3
+    assert names_too_close("s3server", "s3rver") and names_too_close("probe", "probes")
+    assert not names_too_close("moto_s3", "s3rver_s3") and not names_too_close("stager", "staging")
+    assert not names_too_close("s3", "gs")
+
 
 def test_cycle_finder_reports_cycles():
     graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": [], "e": ["e"], "f": ["g"], "g": []}
     assert find_cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+    assert cyclic_components(graph) == [frozenset("abc"), frozenset("e")]
     assert find_cycles({"a": ["b"], "b": ["c"], "c": []}) == []
 
 
+def _write_tree(tmp_path: Path, files: Mapping[str, str]) -> tuple[dict[str, Module], dict[str, list[Import]]]:
+    """A small ``ckptio`` package under ``tmp_path`` (every package gets an empty ``__init__``), and its graph."""
+    for rel, text in files.items():
+        path = tmp_path / ROOT_PACKAGE / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in [path.parent, *path.parent.parents]:
+            if parent == tmp_path:
+                break
+            (parent / "__init__.py").touch()
+        path.write_text(text)
+    return import_graph(tmp_path)
+
+
 def test_checker_sees_every_import_form(tmp_path):
-    pkg = tmp_path / ROOT_PACKAGE
-    (pkg / "format").mkdir(parents=True)
-    (pkg / "engine").mkdir()
-    for init in (pkg, pkg / "format", pkg / "engine"):
-        (init / "__init__.py").write_text("")
-    (pkg / "engine" / "writer.py").write_text("from ckptio.format import keys\n")
-    (pkg / "format" / "keys.py").write_text(
-        "from __future__ import annotations\n"
-        "from typing import TYPE_CHECKING\n"
-        "from . import layout\n"
-        "if TYPE_CHECKING:\n"
-        "    from ..engine.writer import Writer\n"
-        "def late():\n"
-        "    import ckptio.engine\n")
-    (pkg / "format" / "layout.py").write_text("from .keys import thing\n")
-    modules, imports = import_graph(tmp_path)
+    modules, imports = _write_tree(tmp_path, {
+        "engine/writer.py": "from ckptio.format import keys\n",
+        "format/keys.py": (
+            "from __future__ import annotations\n"
+            "from typing import TYPE_CHECKING\n"
+            "from . import layout\n"
+            "if TYPE_CHECKING:\n"
+            "    from ..engine.writer import Writer\n"
+            "def late():\n"
+            "    import ckptio.engine\n"),
+        "format/layout.py": "from .keys import thing\n",
+    })
 
     by_target = {(imp.target, imp.at_load) for imp in imports["ckptio.format.keys"]}
     assert by_target == {("ckptio.format.layout", True), ("ckptio.engine.writer", False), ("ckptio.engine", False)}
-    at_load = {name: [imp.target for imp in found if imp.at_load] for name, found in imports.items()}
-    assert find_cycles(at_load) == [["ckptio.format.keys", "ckptio.format.layout", "ckptio.format.keys"]]
-    # The layering rule sees the TYPE_CHECKING and the function-level imports the cycle rule ignores.
+    # The TYPE_CHECKING import of the writer joins it to the keys/layout circle.
+    graph = {name: [imp.target for imp in found] for name, found in imports.items()}
+    assert cyclic_components(graph) == [
+        frozenset({"ckptio.engine.writer", "ckptio.format.keys", "ckptio.format.layout"})]
     assert layer_offenders(modules, imports, "ckptio.format", "ckptio.engine", root=tmp_path) == [
         "ckptio.format.keys (ckptio/format/keys.py:5) imports ckptio.engine.writer",
         "ckptio.format.keys (ckptio/format/keys.py:7) imports ckptio.engine",
@@ -305,3 +387,45 @@ def test_checker_sees_every_import_form(tmp_path):
     assert layer_offenders(modules, imports, "ckptio.engine", "ckptio.format", root=tmp_path) == [
         "ckptio.engine.writer (ckptio/engine/writer.py:1) imports ckptio.format.keys",
     ]
+
+
+def test_cycle_rule_counts_deferred_and_type_checking_imports(tmp_path):
+    _, imports = _write_tree(tmp_path, {
+        # Each circle is closed by an import Python never runs at load: the old rule let both pass.
+        "format/keys.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .records import R\n",
+        "format/records.py": "from .keys import step_dir\n",
+        "plan/probe.py": "from .targets import T\n",
+        "plan/targets.py": "def clock():\n    from ckptio.plan.probe import Clock\n",
+        "plan/alone.py": "import ckptio.plan.targets\n",
+    })
+    assert cycle_problems(imports, known=()) == [
+        "import cycle: ckptio.format.keys (line 3, deferred or TYPE_CHECKING) -> ckptio.format.records (line 1)"
+        " -> ckptio.format.keys",
+        "import cycle: ckptio.plan.probe (line 1) -> ckptio.plan.targets (line 2, deferred or TYPE_CHECKING)"
+        " -> ckptio.plan.probe",
+    ]
+    probe = frozenset({"ckptio.plan.probe", "ckptio.plan.targets"})
+    assert cycle_problems(imports, known=[(probe, "tolerated")]) == [cycle_problems(imports, known=())[0]]
+
+
+def test_known_cycles_must_stay_exact(tmp_path):
+    _, imports = _write_tree(tmp_path, {
+        "a.py": "import ckptio.b\n",
+        "b.py": "def f():\n    import ckptio.c\n",
+        "c.py": "import ckptio.a\n",
+        "d.py": "import ckptio.a\n",
+    })
+    whole = frozenset({"ckptio.a", "ckptio.b", "ckptio.c"})
+    assert cycle_problems(imports, known=[(whole, "tolerated")]) == []
+    # A listed circle that a third module has joined no longer matches: the new circle is reported, and the
+    # entry that no longer describes the graph is stale.
+    part = frozenset({"ckptio.a", "ckptio.b"})
+    problems = cycle_problems(imports, known=[(part, "tolerated")])
+    assert problems == [
+        "import cycle: ckptio.a (line 1) -> ckptio.b (line 2, deferred or TYPE_CHECKING) -> ckptio.c (line 1)"
+        " -> ckptio.a",
+        "stale KNOWN_CYCLES entry (not a circle of the graph): ['ckptio.a', 'ckptio.b']",
+    ]
+    gone = frozenset({"ckptio.d", "ckptio.e"})
+    assert cycle_problems(imports, known=[(whole, "x"), (gone, "x")]) == [
+        "stale KNOWN_CYCLES entry (not a circle of the graph): ['ckptio.d', 'ckptio.e']"]

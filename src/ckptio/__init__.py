@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ckptio import errors
+from ckptio._version import __version__
 
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from ckptio.engine.reader import CkptioStorageReader
     from ckptio.policy.residency import Residency
     from ckptio.storage import open_storage
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "Checkpointer": "ckptio.engine.checkpointer",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
+from ckptio._finite import reject_non_finite
 from ckptio.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -283,7 +284,7 @@ class CheckpointerConfig:
     a tuple."""
 
     durable_every: int = 1
-    """Issue 10, two levels: with k > 1 every ``save`` is a local-level save (this node's ``local_dir`` plus copies
+    """Two levels: with k > 1 every ``save`` is a local-level save (this node's ``local_dir`` plus copies
     on ``replicas`` partner nodes, committed with its own manifest) and every k-th one (counted per Checkpointer,
     the first at the k-th) also goes to the durable root. Needs ``local_dir``. 1: every save is durable, as
     without levels (``replicas`` is then unused)."""
@@ -317,6 +318,7 @@ class CheckpointerConfig:
 
     def __post_init__(self) -> None:
         check_option_types(self)  # first: the range checks below compare numbers
+        reject_non_finite(self)  # then: NaN passes every comparison below
         problems = [
             (self.max_pending < 1, f"max_pending must be >= 1, got {self.max_pending}"),
             (self.keep_last < 0, f"keep_last must be >= 0, got {self.keep_last}"),
@@ -386,6 +388,9 @@ class WriterConfig:
 
     writer_nice: int
     """CPU niceness the writer adds to itself; its I/O goes to the lowest best-effort class when > 0."""
+
+    def __post_init__(self) -> None:
+        reject_non_finite(self)  # a projection of a checked config, but it crosses into another process
 
 
 def resolve_config(root: Any, config: CheckpointerConfig | None, options: Mapping[str, Any]) -> CheckpointerConfig:

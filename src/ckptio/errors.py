@@ -16,9 +16,9 @@
     │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
     │   ├── PreconditionError                  If-Match compare-and-swap lost
     │   ├── StorageFullError                   ENOSPC, or the local tier's byte budget is spent
-    │   └── StoreCapabilityError               the store lacks a guarantee or API ckptio relies on (conditional
-    │                                          writes, public-access/region APIs); says what it means and the options
-    │   └── ReplicationError                   a partner node did not take a copy of a local-level save (issue 10)
+    │   ├── StoreCapabilityError               the store lacks a guarantee or API ckptio relies on (conditional
+    │   │                                      writes, public-access/region APIs); says what it means and the options
+    │   └── ReplicationError                   a partner node did not take a copy of a local-level save
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
     ├── RootInUseError                         another live job owns this checkpoint root

@@ -194,7 +194,7 @@ def test_cli_parses_bandwidth_and_quick() -> None:
 def test_embedded_s3_store_takes_a_throttled_write(tmp_path: Path) -> None:
     pytest.importorskip("moto.server")
     from ckptio.demo.savers import committed_steps, open_demo_storage
-    from ckptio.testing.s3server import BUCKET, embedded_s3
+    from ckptio.testing.moto_s3 import BUCKET, embedded_s3
 
     before = os.environ.get("AWS_ENDPOINT_URL")
     with embedded_s3() as endpoint:

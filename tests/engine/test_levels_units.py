@@ -1,22 +1,21 @@
-"""Issue 10's pieces without processes: partner placement, options, the local manifest, the partner server."""
+"""Issue 10's pieces without processes: partner placement, options, the local manifest and its digests (the
+partner server itself: test_partner_security.py)."""
 
 from __future__ import annotations
 
-import socket
+import json
 
-import crc32c
 import pytest
 
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.levels import partner_ranks
-from ckptio.engine.partner_server import PartnerServer, fetch_file, send_files
-from ckptio.errors import ConfigError, CorruptCheckpointError, NotFoundError, ReplicationError
-from ckptio.format import FileRecord, Manifest
+from ckptio.errors import ConfigError, CorruptCheckpointError
+from ckptio.format import FileRecord, Manifest, RankIndex
 from ckptio.format.local_manifest import (
     LocalManifest,
+    LocalRankIndex,
     level_rows,
     local_committed_steps,
-    partner_copy_key,
     read_local_manifest,
     write_local_manifest,
 )
@@ -64,25 +63,36 @@ def test_local_manifest_commits_once_and_round_trips(tmp_path):
         read_local_manifest(root, 6)
 
 
-def test_partner_server_keeps_only_intact_copies_and_serves_them(tmp_path):
-    local = open_storage(str(tmp_path / "node"), fsync=False)
-    listener = socket.create_server(("127.0.0.1", 0))
-    server = PartnerServer(listener, local, timeout_s=5.0)
-    port = listener.getsockname()[1]
-    src = tmp_path / "f"
-    src.write_bytes(b"x" * 100_000)
-    good = f"{crc32c.crc32c(src.read_bytes()):08x}"
-    try:
-        send_files("127.0.0.1", port, 3, [("__1_0-9.distcp", str(src), 100_000, good)], timeout_s=5.0, who="t")
-        assert local.get(partner_copy_key(3, "__1_0-9.distcp")) == src.read_bytes()
-        assert fetch_file("127.0.0.1", port, 3, "__1_0-9.distcp", timeout_s=5.0) == src.read_bytes()
-        with pytest.raises(ReplicationError, match="checksum"):
-            send_files("127.0.0.1", port, 4, [("__1_0-9.distcp", str(src), 100_000, "deadbeef")], timeout_s=5.0,
-                       who="t")
-        assert not local.exists(partner_copy_key(4, "__1_0-9.distcp"))
-        with pytest.raises(NotFoundError):
-            fetch_file("127.0.0.1", port, 4, "__1_0-9.distcp", timeout_s=5.0)
-        with pytest.raises(NotFoundError):  # a name that leaves the step directory is refused
-            fetch_file("127.0.0.1", port, 3, "../../etc", timeout_s=5.0)
-    finally:
-        server.close()
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_digests_round_trip_and_records_without_them_still_parse(tmp_path):
+    root = open_storage(str(tmp_path), fsync=False)
+    manifest = _manifest(5)
+    manifest.digests = {"__0_0-1.distcp": DIGEST}
+    write_local_manifest(root, manifest)
+    got = read_local_manifest(root, 5)
+    assert got is not None and got.digests == {"__0_0-1.distcp": DIGEST}
+    index = LocalRankIndex(index=RankIndex(step=5, rank=0, world_size=1, save_id=7, files=list(
+        manifest.manifest.files.values()), items=[]), node="a", holders=["a", "b"], digests=dict(manifest.digests))
+    assert LocalRankIndex.from_json(index.to_json()).digests == manifest.digests
+
+    # Written before digests existed: parses, with no digests (restore then uses no partner copy of it).
+    old_manifest = json.loads(manifest.to_json())
+    del old_manifest["digests"]
+    root.put("levels/local/step-00000006/manifest.json",
+             json.dumps({**old_manifest, "manifest": {**old_manifest["manifest"], "step": 6}}).encode())
+    old = read_local_manifest(root, 6)
+    assert old is not None and old.digests == {}
+    old_index = json.loads(index.to_json())
+    del old_index["digests"]
+    assert LocalRankIndex.from_json(json.dumps(old_index).encode()).digests == {}
+
+
+@pytest.mark.parametrize("digests", [{"__0_0-1.distcp": "crc32c:00000000"}, {"__0_0-1.distcp": "sha256:AB"},
+                                     {"__9_9-9.distcp": DIGEST}, ["x"]])
+def test_malformed_digests_are_corrupt_records(digests):
+    body = json.loads(_manifest(5).to_json())
+    body["digests"] = digests
+    with pytest.raises(CorruptCheckpointError):
+        LocalManifest.from_json(json.dumps(body).encode())

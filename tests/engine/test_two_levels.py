@@ -7,21 +7,34 @@ one partner node). Scenarios then damage copies of that job's directories and re
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckptio.format.local_manifest import local_committed_steps, partner_copy_key, read_local_manifest
+from ckptio.format.local_manifest import (
+    LocalRankIndex,
+    local_committed_steps,
+    local_index_key,
+    local_manifest_key,
+    partner_copy_key,
+    read_local_manifest,
+)
 from ckptio.storage import open_storage
 from ckptio.testing.ranks import free_port
+from tests.engine.forge import forge_floats
 
 JOB = os.path.join(os.path.dirname(__file__), "two_level_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
@@ -162,6 +175,9 @@ def test_unreachable_partner_fails_that_local_level_only(tmp_path):
     assert job.line(0, "done")["done"] == 3 and job.line(1, "done")["done"] == 3  # training went on
     assert job.wait() == [0, 0]
     assert local_committed_steps(open_storage(str(tmp_path / "root"))) == [3]  # 2 never committed; 1 evicted
+    for node in NODES2:  # nothing of the failed step and no half-received copy is left on either node
+        assert sorted(p.name for p in (tmp_path / f"local-{node}" / "partners").iterdir()) == ["step-00000003"]
+        assert not list((tmp_path / f"local-{node}").rglob(".tmp-*"))
     records = [json.loads(x) for x in Path(events.format(rank=0)).read_text().splitlines()]
     why = [r for r in records if r["event"] == "level_failed" and r["step"] == 2]
     assert why and "unreachable" in why[0]["error"]
@@ -180,3 +196,92 @@ def test_sigterm_saves_to_the_local_level_and_resumes_from_that_step(tmp_path):
     lines = _relaunch(tmp_path, NODES2)
     for line in lines:
         assert line["restored"] == saved and line["ok"] and line["last_restore"]["level"] == "local", line
+
+
+# ---- issue 16: the partner channel against a hostile network ---------------------------------------------------
+
+
+def _drain(sock: socket.socket) -> bytes:
+    received = b""
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        while chunk := sock.recv(1 << 16):
+            received += chunk
+    return received
+
+
+def test_a_plain_client_gets_nothing_from_a_real_writer(tmp_path):
+    job = Job(tmp_path, NODES2, "hang", steps=2)
+    try:
+        ports = [job.line(r, "done")["partner_port"] for r in range(2)]
+        manifest = read_local_manifest(open_storage(str(tmp_path / "root")), 2)
+        assert manifest is not None
+        name = next(n for n in manifest.manifest.files if n.startswith("__0_"))
+        data = (tmp_path / "local-n0" / "step-00000002" / name).read_bytes()
+        get = json.dumps({"op": "get", "step": 2, "name": name}).encode()
+        put = json.dumps({"op": "put", "step": 2, "name": "__9_0-1.distcp", "size": len(data),
+                          "crc32c": manifest.manifest.files[name].crc32c}).encode()
+        for request in (len(get).to_bytes(4, "big") + get, len(put).to_bytes(4, "big") + put + data):
+            with socket.create_connection(("127.0.0.1", ports[0]), timeout=30) as sock:
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                    sock.sendall(request)
+                assert _drain(sock) == b""  # the writer hangs up: no header, no byte of the shard
+        assert not list(tmp_path.rglob("__9_0-1.distcp"))
+    finally:
+        job.kill([0, 1])
+
+
+def _forge_rank1_file(base: Path, where: Path) -> str:
+    """Forge rank 1's data file of step 5 at ``where``/partners: 16 of its weights set to 1e6, size and crc32c
+    kept. Returns the file name."""
+    root = open_storage(str(base / "root"))
+    index = LocalRankIndex.from_json(root.get(local_index_key(5, 1)))
+    item = next(i for i in index.index.items if i.fqn == "w1")
+    name = item.file
+    intact = base / "local-n0" / partner_copy_key(5, name)  # n0 holds rank 1's partner copy
+    data = intact.read_bytes()
+    blob = data[item.file_offset:item.file_offset + item.length]  # the tensor as torch.save frames it (a zip)
+    record = next(r for r in zipfile.ZipFile(io.BytesIO(blob)).infolist() if r.filename.endswith("/data/0"))
+    name_len, extra_len = struct.unpack_from("<HH", blob, record.header_offset + 26)
+    raw_at = item.file_offset + record.header_offset + 30 + name_len + extra_len  # the float32 values themselves
+    forged = forge_floats(data, raw_at)
+    target = where / partner_copy_key(5, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(forged)
+    return name
+
+
+def test_a_forged_copy_with_a_fixed_crc_is_refused_at_restore(two_rank_base, tmp_path):
+    # n1 came back empty: rank 1's only copy is n0's partner copy, and someone rewrote it keeping its crc32c.
+    base = tmp_path / "f"
+    shutil.copytree(two_rank_base, base)
+    _forge_rank1_file(base, base / "local-n0")
+    for line in _relaunch(base, NODES2):
+        assert line["ok"], line  # never the forged weights
+        assert line["restored"] == 4 and line["last_restore"]["level"] == "durable", line
+        assert "failed its checks" in line["last_restore"]["note"], line
+
+
+def test_a_forged_copy_in_this_nodes_partner_area_is_passed_over(two_rank_base, tmp_path):
+    # n1's partner area holds a forged copy of rank 1's own file: restore passes over it, fetches n0's intact one.
+    base = tmp_path / "g"
+    shutil.copytree(two_rank_base, base)
+    name = _forge_rank1_file(base, base / "local-n1")
+    lines = _relaunch(base, NODES2)
+    for line in lines:
+        assert line["restored"] == 5 and line["ok"] and line["last_restore"]["level"] == "local", line
+    assert lines[1]["last_restore"]["sources"] == {"partner": 1}, lines[1]
+    assert (base / "local-n1" / partner_copy_key(5, name)).read_bytes() == \
+        (base / "local-n0" / partner_copy_key(5, name)).read_bytes()  # replaced by the verified copy
+
+
+def test_records_without_digests_use_no_partner_copy(two_rank_base, tmp_path):
+    # A step committed before digests were recorded: its partner copies cannot be authenticated, so a node that
+    # lost its own copies restores from the durable level instead.
+    base = tmp_path / "h"
+    shutil.copytree(two_rank_base, base)
+    path = base / "root" / local_manifest_key(5)
+    body = json.loads(path.read_text())
+    del body["digests"]
+    path.write_text(json.dumps(body))
+    for line in _relaunch(base, NODES2):
+        assert line["restored"] == 4 and line["ok"] and line["last_restore"]["level"] == "durable", line

@@ -62,7 +62,8 @@ def main() -> None:
     else:
         for step in range(start, start + spec["steps"]):
             ck.save(step, state_for(step, rank)).wait()
-        say(rank=rank, done=start + spec["steps"] - 1, writer_pid=ck._writer.pid)
+        port = next(p[3] for p in ck._levels.start.peers if p[0] == rank) if ck._levels is not None else None
+        say(rank=rank, done=start + spec["steps"] - 1, writer_pid=ck._writer.pid, partner_port=port)
     if spec["mode"] == "hang":
         dist.barrier()
         while True:

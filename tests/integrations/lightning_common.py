@@ -25,11 +25,13 @@ class TinyModule(pl.LightningModule):
         self.world_size = world_size
         self.loader = loader
         self.losses: dict[int, float] = {}
+        self.epochs: dict[int, int] = {}  # the epoch each step trained in: a resume must not skip or repeat one
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = (self.net(x) - y).pow(2).mean()
         self.losses[self.global_step + 1] = loss.item()
+        self.epochs[self.global_step + 1] = self.current_epoch
         return loss
 
     def configure_optimizers(self) -> Any:
@@ -108,10 +110,15 @@ CASES = {
     "mid_epoch": ("stateful", None, MID_EPOCH, {"every_n_train_steps": MID_EPOCH}, {"every_n_train_steps": MID_EPOCH}),
     "epoch_end": ("epoch_seeded", None, EPOCH_END, {"every_n_epochs": 1}, {"every_n_epochs": 1000}),
     "epoch_based": ("epoch_seeded", 3, 2 * EPOCH_END, {"every_n_epochs": 2}, {"every_n_epochs": 1000}),
+    # every_n_train_steps landing on an epoch's last batch, with a resumable loader (a root of its own: the
+    # epoch_end case saves the same step)
+    "last_batch": ("stateful", None, EPOCH_END, {"every_n_train_steps": EPOCH_END},
+                   {"every_n_train_steps": EPOCH_END}),
 }
+DEFAULT_CASES = ("mid_epoch", "epoch_end", "epoch_based")
 
 
-def resume_runs(ck: Any, out_dir: str, world_size: int = 1, cases: tuple[str, ...] = tuple(CASES)) -> dict[str, Any]:
+def resume_runs(ck: Any, out_dir: str, world_size: int = 1, cases: tuple[str, ...] = DEFAULT_CASES) -> dict[str, Any]:
     """Each case: uninterrupted, stopped one step after a checkpoint, resumed from it. A mid-epoch checkpoint needs a
     resumable loader (StatefulDataLoader); an epoch-end one, an epoch-seeded sampler (as Lightning's under DDP)."""
     out: dict[str, Any] = {}
@@ -124,7 +131,7 @@ def resume_runs(ck: Any, out_dir: str, world_size: int = 1, cases: tuple[str, ..
         stopped = fit(world_size, out_dir, [hold, CkptioCheckpoint(ck, **saving), _Stop(stop + 1)], **kw)
         resumed = fit(world_size, out_dir, [CkptioCheckpoint(ck, **resuming)], ckpt_path=f"ckptio:{stop}", **kw)
         out[case] = {"ref": ref.losses, "stopped": stopped.losses, "resumed": resumed.losses,
-                     "same_params": _same(ref, resumed)}
+                     "ref_epochs": ref.epochs, "resumed_epochs": resumed.epochs, "same_params": _same(ref, resumed)}
         if case == "epoch_end":
             out["stopped_params"] = hold.params
     out["newest"] = CkptioCheckpoint(ck).resume_path()

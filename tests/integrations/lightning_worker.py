@@ -25,6 +25,9 @@ if __name__ == "__main__":
     with ckptio.Checkpointer(root, keep_last=0) as ck:
         # The epoch-based case runs on one process only (test_fit_resume_is_bit_exact_on_one_process): time.
         result = resume_runs(ck, out, world_size=dist.get_world_size(), cases=("mid_epoch", "epoch_end"))
+    with ckptio.Checkpointer(root + "-last-batch", keep_last=0) as ck:  # it saves step 6 too: a root of its own
+        result["last_batch"] = resume_runs(ck, out, world_size=dist.get_world_size(), cases=("last_batch",))[
+            "last_batch"]
     if rank == 0:
         torch.save(result["stopped_params"], os.path.join(out, "stopped_params.pt"))
     del result["stopped_params"]

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from transformers import TrainerCallback
 
 import ckptio
 from ckptio.errors import ConfigError
@@ -74,3 +76,37 @@ def test_trainer_resume_is_bit_exact_on_two_processes_and_loads_on_one(tmp_path)
     assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
     assert json.loads(state[TRAINER_STATE_KEY])["global_step"] == STOP_AT
     assert int(optimizer.state[model.lm_head.weight]["step"]) == STOP_AT
+
+    # The same checkpoint resumed by the Trainer in one process: the RNG states saved for rank 0 come back (rank 1's
+    # stay unused; in this job both ranks drew alike, so this shows they were restored, not whose they were).
+    saved_rng = state["app"].restored_rng  # what dcp.load just read for rank 0
+    at_start = _StateAtTrainBegin()
+    resumed = trainer(root, str(tmp_path / "out1"), save=False)
+    resumed.add_callback(at_start)
+    resumed.train(resume_from_checkpoint=STOP_AT)
+    assert resumed.state.global_step == MAX_STEPS
+    assert all(torch.equal(v, expected[k]) for k, v in at_start.params.items())
+    assert torch.equal(at_start.rng, saved_rng["torch"])
+
+
+class _StateAtTrainBegin(TrainerCallback):
+    """The parameters and torch's RNG state once the resume loaded them, before the first step."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.params = {k: v.detach().clone() for k, v in kwargs["model"].state_dict().items()}
+        self.rng = torch.get_rng_state()
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_a_resume_at_a_larger_world_size_is_refused_on_every_rank(tmp_path):
+    """Each rank's RNG states are saved under its rank (see docs/integrations.md): a rank the checkpoint never had
+    has none, and the resume stops with StructureMismatchError on every rank before training."""
+    root = str(tmp_path / "ck")
+    trainer(root, str(tmp_path / "out"), save=True, stop=True).train()  # one process, checkpoint of step STOP_AT
+    torchrun(2, "hf_resize_worker.py", root, str(tmp_path / "out2"))
+    for rank in range(2):
+        with open(tmp_path / "out2" / f"rank{rank}.json") as f:
+            outcome = json.load(f)
+        assert outcome["error"] == "StructureMismatchError", outcome
+        assert "app.ranks.1.rng" in outcome["message"]

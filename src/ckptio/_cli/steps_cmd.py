@@ -1,5 +1,10 @@
 """``ckptio ls ROOT`` and ``ckptio verify ROOT [--step N] [--strict]``: what is on a checkpoint root, and is it intact.
 
+Both agree on what is committed: a step is committed on a level iff that level's manifest exists (the durable
+``step-XXXXXXXX/manifest.json``, the local level's ``levels/local/step-XXXXXXXX/manifest.json``). ``ls`` names the
+levels of each step; ``verify`` checks each step on each of them (a local-level step by its records only: its data
+is on node-local disks, and the output says so).
+
 Neither command executes anything from the store: ``ls`` reads only JSON (manifests, ``latest``), and ``verify``
 reads ``.metadata`` with the restricted unpickler only (DCP's metadata classes; see docs/security.md) and never
 unpickles values. Exit codes: ``verify`` 0 intact, 1 a problem (or, with ``--strict``, a warning), 2 usage.
@@ -49,7 +54,7 @@ def _step_rows(root: str) -> list[dict[str, Any]]:
         row.update(committed=True, bytes=manifest.total_bytes, files=len(manifest.files),
                    world_size=manifest.world_size, created=manifest.created)
         rows.append(row)
-    return merge_level_rows(rows, level_rows(storage))  # issue 10: levels, and where each step is held
+    return merge_level_rows(rows, level_rows(storage))  # the levels each step is committed on, and where it is held
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -61,22 +66,27 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"ckptio checkpoints under {args.root}")
-    for col in ("step", "state", "bytes", "files", "ranks", "levels", "held on"):
-        table.add_column(col, justify="right" if col != "state" else "left")
+    for col in ("step", "committed on", "bytes", "files", "ranks", "held on"):
+        table.add_column(col, justify="right" if col != "committed on" else "left")
     for r in rows:
-        state = ("committed" + (" (latest)" if r["latest"] else "")) if r["committed"] else "uncommitted"
-        state = "corrupt manifest (run verify)" if "corrupt" in r else state
-        table.add_row(str(r["step"]), state, f"{r['bytes']:,}" if "bytes" in r else "-",
-                      str(r.get("files", "-")), str(r.get("world_size", "-")), "+".join(r["levels"]) or "-",
-                      ", ".join(r.get("held_on", [])) or "-")
+        table.add_row(str(r["step"]), _state(r), f"{r['bytes']:,}" if "bytes" in r else "-",
+                      str(r.get("files", "-")), str(r.get("world_size", "-")), ", ".join(r.get("held_on", [])) or "-")
     Console().print(table)
     return 0
 
 
+def _state(row: dict[str, Any]) -> str:
+    """The levels a step is committed on (the levels ``verify`` checks it on), or why it is not usable."""
+    if "corrupt" in row:
+        return "corrupt manifest (run verify)"
+    if not row["levels"]:
+        return "uncommitted"
+    return ", ".join(row["levels"]) + (" (latest)" if row["latest"] else "")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     storage = open_storage(args.root)
-    steps = [args.step] if args.step is not None else fmt.committed_steps(storage)
-    results = [fmt.verify_step(storage, s) for s in steps]
+    results = fmt.verify_levels(storage, args.step)
     ok = bool(results) and all(r.ok and not (args.strict and r.warnings) for r in results)
     if args.json:
         print(json.dumps({"root": args.root, "ok": ok, "strict": args.strict,
@@ -87,9 +97,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for r in results:
             status = "ok" if r.ok else "FAILED"
             status += f", {len(r.warnings)} warning(s)" if r.warnings else ""
-            print(f"step {r.step}: {status} ({r.files} files, {r.bytes:,} bytes)")
+            if r.level == "local":
+                print(f"step {r.step} (local level): {status}, records only ({r.files} files, {r.bytes:,} bytes "
+                      "on node-local disks)")
+            else:
+                print(f"step {r.step}: {status} ({r.files} files, {r.bytes:,} bytes)")
             for p in r.problems:
                 print(f"  {p}")
             for w in r.warnings:
                 print(f"  warning: {w}")
+            for n in r.notes:
+                print(f"  note: {n}")
     return 0 if ok else 1

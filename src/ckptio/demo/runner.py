@@ -48,7 +48,7 @@ from ckptio.plan.background import WriterCosts
 from ckptio.plan.disk import measure_disk
 from ckptio.plan.host import measure_copy_bandwidth, measure_writer_costs
 from ckptio.plan.units import format_bytes
-from ckptio.testing.s3server import BUCKET, embedded_s3
+from ckptio.testing.moto_s3 import BUCKET, embedded_s3
 
 RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 _CKPTIO_FIRST: tuple[Mode, ...] = ("ckptio", *(m for m in RUN_MODES if m != "ckptio"))

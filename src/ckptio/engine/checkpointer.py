@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptio import format as fmt
 from ckptio.config import CheckpointerConfig, CheckpointerOptions, resolve_config
-from ckptio.engine import protocol
+from ckptio.engine import atexit_guard, protocol
 from ckptio.engine.dcp import coordinated_plan, resolve_objects, resolve_tensors
 from ckptio.engine.decide import agree_to_plan, prepare_state
 from ckptio.engine.group import SaveIds, SideGroup
@@ -121,6 +121,7 @@ class Checkpointer(TwoLevels):  # issue 10: emergency_save and the level hooks l
         self._stager = Stager(config.staging, self.events, self._tracker, writer=self._writer, storage=self.storage,
                               rank=self.rank)
         resources.callback(self._stager.close)  # before the writer stops: queued copies still reach it
+        resources.callback(atexit_guard.register(self))  # exit without close(): finish in-flight saves, say so
         self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
                                 pending_wait_s=config.close_timeout_s, ack_wait_s=config.commit_timeout_s)
         if config.start_writer == "on_init" or self._levels is not None:  # partner servers serve restores

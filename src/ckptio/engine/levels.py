@@ -46,7 +46,8 @@ def node_identity(node_id: str | None) -> str:
 
 
 def _advertised_host() -> str:
-    """The address partners reach this rank at: ``CKPTIO_PARTNER_HOST``, else this host's address."""
+    """The address partners reach this rank at, and the only one its partner server binds (never 0.0.0.0):
+    ``CKPTIO_PARTNER_HOST`` (set it to the interface of the job's private network), else this host's address."""
     host = os.environ.get("CKPTIO_PARTNER_HOST")
     if host:
         return host
@@ -114,6 +115,9 @@ class TwoLevels:
             return
         if self.local is None or not self.local.is_posix:
             raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
+        from ckptio.engine.partner import agree_secret
+
+        secret = agree_secret(self.group)  # every rank together, before any writer exists
         host = _advertised_host()
         listener = socket.create_server((host, 0), backlog=128)
         self._resources.callback(listener.close)
@@ -122,7 +126,7 @@ class TwoLevels:
         peers = [tuple(p) for p in self.group.broadcast_from_rank0(gathered)]
         partners = partner_ranks(peers, self.rank, config.replicas)
         start = LevelsStart(node=me[1], listen_fd=listener.fileno(), peers=tuple(peers),
-                            partner_ranks=partners, timeout_s=config.partner_timeout_s)
+                            partner_ranks=partners, timeout_s=config.partner_timeout_s, secret=secret)
         self._levels = LevelsRuntime(start=start, listener=listener)
         self._install_sigterm()
 

@@ -15,7 +15,7 @@ classes. This module owns the message shapes only; it must never decide anything
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -55,6 +55,9 @@ class LevelsStart:
     """The ranks (on other nodes) that receive a copy of this rank's files."""
     timeout_s: float
     """A partner that does not take a file within this many seconds is unreachable for that save."""
+    secret: bytes = field(repr=False)
+    """The job's partner secret (agreed over the side group at construction; only ever in memory and on this
+    pipe): every partner connection proves it (engine.partner.auth). Kept out of repr so no log shows it."""
 
 
 @dataclass(frozen=True, slots=True)

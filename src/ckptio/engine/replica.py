@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from ckptio.engine.committer import report_failure
 from ckptio.engine.ownership import ensure_lease
-from ckptio.engine.partner_server import PartnerServer, send_files
+from ckptio.engine.partner import PartnerLimits, PartnerServer, file_digest, send_files
 from ckptio.engine.protocol import CommitInfo, LevelsStart, Outbox, SaveDone, SaveJob, WriterStart
 from ckptio.errors import CommitError, CorruptCheckpointError, StorageError
 from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, checksum, read_failures, step_dir, versions
@@ -69,7 +69,7 @@ class LocalLevel:
         self.local, self.durable = start.local, start.durable
         self.peers = {r: (node, host, port) for r, node, host, port in self.levels.peers}
         self.server = PartnerServer(socket.socket(fileno=self.levels.listen_fd), self.local,
-                                    timeout_s=self.levels.timeout_s)
+                                    secret=self.levels.secret, limits=PartnerLimits.for_timeout(self.levels.timeout_s))
         self._requests: queue.Queue[tuple[SaveJob, bytes | None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="ckptio-local-commit", daemon=True)
         self._thread.start()
@@ -79,10 +79,10 @@ class LocalLevel:
             items: list[ItemRecord]) -> None:
         """Replicate, write the local rank index, queue the commit. Never raises: a failure is this level's."""
         try:
-            holders = self._replicate(job, files)
+            holders, digests = self._replicate(job, files)
             index = RankIndex(step=job.step, rank=self.start.rank, world_size=self.start.world_size,
                               save_id=job.save_id, files=files, items=items)
-            entry = LocalRankIndex(index=index, node=self.levels.node, holders=holders)
+            entry = LocalRankIndex(index=index, node=self.levels.node, holders=holders, digests=digests)
             self.durable.put(local_index_key(job.step, self.start.rank), entry.to_json())
         except BaseException as exc:
             self._mark_failed(job, f"rank{self.start.rank}", exc)
@@ -90,20 +90,25 @@ class LocalLevel:
             return
         self._requests.put((job, metadata_skeleton))
 
-    def _replicate(self, job: SaveJob, files: list[FileRecord]) -> list[str]:
+    def _replicate(self, job: SaveJob, files: list[FileRecord]) -> tuple[list[str], dict[str, str]]:
+        """Copy to each partner; returns the holders and each file's digest (hashed while sent to the first
+        partner; without partners, from disk: a restore on another node may still fetch these files)."""
         holders = [self.levels.node]
         sendable = [(rec.name, self.local.local_path(own_copy_key(job.step, rec.name)), rec.size, rec.crc32c)
                     for rec in files]
         t0 = time.monotonic()
+        digests: dict[str, str] | None = None
         for partner in self.levels.partner_ranks:
             node, host, port = self.peers[partner]
-            send_files(host, port, job.step, sendable, timeout_s=self.levels.timeout_s,
-                       who=f"rank {partner} on node {node!r}")
+            digests = send_files(host, port, job.step, sendable, secret=self.levels.secret, digests=digests,
+                                 timeout_s=self.levels.timeout_s, who=f"rank {partner} on node {node!r}")
             holders.append(node)
+        if digests is None:
+            digests = {name: file_digest(path) for name, path, _, _ in sendable}
         self.out.event(Event.PHASE, job.step, phase=Phase.REPLICATE, seconds=time.monotonic() - t0,
                        bytes=sum(f.size for f in files) * len(self.levels.partner_ranks), tier="partner",
                        partners=list(self.levels.partner_ranks))
-        return holders
+        return holders, digests
 
     def _mark_failed(self, job: SaveJob, who: str, exc: BaseException) -> None:
         body = {"save_id": job.save_id, "error": f"{type(exc).__name__}: {exc}", "time": time.time()}
@@ -187,7 +192,8 @@ class LocalLevel:
                             metadata_crc32c=checksum([raw]))
         local_manifest = LocalManifest(manifest=manifest, holders={f.name: e.holders for e in entries
                                                                    for f in e.index.files},
-                                       nodes={e.index.rank: e.node for e in entries}, durable=job.durable)
+                                       nodes={e.index.rank: e.node for e in entries}, durable=job.durable,
+                                       digests={n: d for e in entries for n, d in e.digests.items()})
         write_local_manifest(self.durable, local_manifest)
         return local_manifest
 
@@ -232,7 +238,10 @@ class LocalLevel:
     def close(self) -> None:
         self._requests.put(None)
         self._thread.join()
-        self.server.close()
+        committed: list[int] | None = None
+        with contextlib.suppress(StorageError):  # unknown: keep every received copy (eviction removes it later)
+            committed = local_committed_steps(self.durable)
+        self.server.close(keep_steps=committed)
 
 
 __all__ = ["LevelsStart", "LocalLevel"]

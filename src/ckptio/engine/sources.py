@@ -21,7 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio import format as fmt
-from ckptio.engine.partner_server import fetch_file
+from ckptio.engine.partner import check_digest, fetch_verified
+from ckptio.engine.partner.digest import finish, new_hasher
 from ckptio.engine.reader import CkptioStorageReader
 from ckptio.engine.readplan import Task
 from ckptio.engine.restore import restore_step
@@ -40,7 +41,7 @@ from ckptio.format.local_manifest import (
 )
 from ckptio.format.records import RankIndex
 from ckptio.obs.events import Event
-from ckptio.storage.base import Storage, scatter
+from ckptio.storage.base import Storage
 
 if TYPE_CHECKING:
     from ckptio.engine.levels import TwoLevels
@@ -49,21 +50,23 @@ log = logging.getLogger("ckptio")
 
 
 class LevelsStorageReader(CkptioStorageReader):
-    """A local-level step for DCP: per range, own node's copy → a holder node's copy → durable (when allowed).
+    """A local-level step for DCP: per range, this node's own copy → its partner copy → a holder node's copy →
+    durable (when allowed).
 
     Ranges are read as by :class:`CkptioStorageReader` (ranged, block-checked, each read by one rank and sent to
     the others that need it); a file is read only by ranks on nodes that hold a copy when there are any. Per task,
-    the sources are tried in order and the first whose bytes pass every block check wins. Partner copies (the ones
-    this node keeps for others, and those fetched from another node's partner server) are verified whole against
-    the manifest before any range of them is used; a copy fetched from another node stays in memory until the
-    reader is dropped (the last resort before durable: a node whose own copies all failed).
+    the sources are tried in order and the first whose bytes pass every block check wins. A partner copy (this
+    node's ``partners/`` area, or a file fetched from another node's partner server into it) is used only when it
+    hashes to the digest in the durable record (``digests``), checked over the whole file before any range of it is
+    used; records without one (saved before digests existed) use own copies and the durable level only.
     """
 
     def __init__(self, storage: Storage, local_manifest: LocalManifest, *, local: Storage, node: str,
                  held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
-                 durable_fallback: bool, **options: Any) -> None:
+                 durable_fallback: bool, secret: bytes, **options: Any) -> None:
         super().__init__(storage, local_manifest.step, manifest=local_manifest.manifest, local=local, **options)
         self.node, self.held, self.timeout_s = node, held, timeout_s
+        self.digests, self._secret = local_manifest.digests, secret
         self.peers = peers
         self.durable_fallback = durable_fallback
         self.sources: Counter[str] = Counter()
@@ -73,8 +76,8 @@ class LevelsStorageReader(CkptioStorageReader):
         self._nodes = {rank: peer_node for rank, peer_node, _, _ in peers}
         self._lock = threading.Lock()
         self._file_locks: dict[str, threading.Lock] = {}
-        self._partner_checked: dict[str, bool] = {}
-        self._remote: dict[str, bytes] = {}
+        self._partner_ok: dict[str, bool] = {}
+        self._fetched: set[str] = set()
 
     def metadata_key(self) -> str:
         return local_metadata_key(self.step)
@@ -95,7 +98,7 @@ class LevelsStorageReader(CkptioStorageReader):
         own = own_copy_key(self.step, name)
         out = [Source("local", lambda offset, bufs: local.readinto(own, bufs, offset=offset)),
                Source("local", lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
-               Source("partner", lambda offset, bufs: self._read_remote(name, offset, bufs))]
+               Source("partner", lambda offset, bufs: self._read_fetched(name, offset, bufs))]
         if self.durable_fallback:
             durable, key = self.storage, rec.key or own
             out.append(Source("durable", lambda offset, bufs: durable.readinto(key, bufs, offset=offset)))
@@ -106,53 +109,67 @@ class LevelsStorageReader(CkptioStorageReader):
             return self._file_locks.setdefault(name, threading.Lock())
 
     def _read_partner_copy(self, name: str, offset: int, bufs: list[memoryview]) -> int:
-        """A range of the copy this node keeps for another node, once the whole copy matched the manifest."""
+        """A range of the copy this node keeps for another node, once the whole copy matched the records."""
         assert self.local is not None
         key = partner_copy_key(self.step, name)
         with self._file_lock(name):
-            if name not in self._partner_checked:
-                self._partner_checked[name] = self._partner_copy_intact(key, name)
-        if not self._partner_checked[name]:
-            raise ChecksumError(f"{name}: this node holds no partner copy that matches the manifest",
+            if name not in self._partner_ok:
+                self._partner_ok[name] = self._partner_copy_intact(key, name)
+        if not self._partner_ok[name]:
+            raise ChecksumError(f"{name}: this node holds no partner copy that matches its records",
                                 root=self.local.url, step=self.step, path=key)
         return self.local.readinto(key, bufs, offset=offset)
 
     def _partner_copy_intact(self, key: str, name: str) -> bool:
-        """Whether the partner copy at ``key`` has the manifest's size and crc32c (read in bounded pieces)."""
+        """Whether the partner copy at ``key`` has the manifest's size and crc32c and the recorded digest (one pass
+        in bounded pieces: it crossed the network, so only the digest vouches for it)."""
         assert self.local is not None
-        rec, running, done = self.manifest.files[name], 0, 0
+        rec, running, done, hasher = self.manifest.files[name], 0, 0, new_hasher()
         piece = memoryview(bytearray(min(self.chunk_bytes, max(rec.size, 1))))
         try:
-            while done < rec.size:
-                got = self.local.readinto(key, piece, offset=done)
-                if got == 0:
-                    break
+            while done < rec.size and (got := self.local.readinto(key, piece, offset=done)):
                 running, done = crc32c(piece[:got], running), done + got
-            extra = self.local.readinto(key, piece[:1], offset=done)
-        except CkptError:
+                hasher.update(piece[:got])
+            whole = done == rec.size and self.local.readinto(key, piece[:1], offset=done) == 0
+            if not (whole and f"{running:08x}" == rec.crc32c):
+                raise ChecksumError(f"{name}: size or crc32c differs from the manifest", step=self.step, path=key)
+            check_digest(finish(hasher), self.digests.get(name), what=name, step=self.step, path=key)
+        except CkptError as exc:
+            if self.local.exists(key):
+                log.warning("ckptio: this node's partner copy of %s unusable: %s", name, exc)
             return False
-        return done == rec.size and extra == 0 and f"{running:08x}" == rec.crc32c
+        return True
 
-    def _read_remote(self, name: str, offset: int, bufs: list[memoryview]) -> int:
-        """A range of a copy fetched whole from a holder node's partner server and checked against the manifest."""
+    def _read_fetched(self, name: str, offset: int, bufs: list[memoryview]) -> int:
+        """A range of the file fetched from a holder node into this node's partner area (verified as it came)."""
+        assert self.local is not None
+        key = partner_copy_key(self.step, name)
         with self._file_lock(name):
-            data = self._remote.get(name)
-            if data is None:
-                data = self._remote[name] = self._fetch_remote(name)
-        return scatter(memoryview(data)[offset:], bufs)
+            if name not in self._fetched:
+                self._fetch_from_nodes(name, key)
+                self._fetched.add(name)
+        return self.local.readinto(key, bufs, offset=offset)
 
-    def _fetch_remote(self, name: str) -> bytes:
+    def _fetch_from_nodes(self, name: str, key: str) -> None:
+        assert self.local is not None
         rec = self.manifest.files[name]
+        if name not in self.digests:
+            if any(n != self.node for n in self.held.get(name, [])):
+                log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies "
+                            "on other nodes cannot be authenticated and are not used", name)
+            raise ChecksumError(f"{name}: no partner digest recorded: copies on other nodes are not used",
+                                root=self.storage.url, step=self.step, path=name)
         for node in self.held.get(name, []):
             if node == self.node:
                 continue
             for _, peer_node, host, port in self.peers:
                 if peer_node != node:
                     continue
-                try:
-                    data = fetch_file(host, port, self.step, name, timeout_s=self.timeout_s)
-                    fmt.check_file(self.storage, self.step, name, data, rec)
-                    return data
+                try:  # streamed into place only when its size and digest match the record
+                    fetch_verified(host, port, self.step, name, self.local.local_path(key),
+                                   expected_digest=self.digests[name], expected_size=rec.size, secret=self._secret,
+                                   timeout_s=self.timeout_s)
+                    return
                 except (OSError, CkptError) as exc:
                     log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, host, port, exc)
         raise ChecksumError(f"{name}: no intact copy on any other node of the local level", root=self.storage.url,
@@ -230,7 +247,8 @@ def _load_local(ck: TwoLevels, state: dict[str, Any], local: LocalManifest, held
     config = ck.config
     reader = LevelsStorageReader(ck.storage, local, local=ck.local, node=ck._levels.start.node, held=held,
                                  peers=ck._levels.start.peers, timeout_s=config.partner_timeout_s,
-                                 durable_fallback=durable_fallback, concurrency=config.upload_concurrency,
+                                 durable_fallback=durable_fallback, secret=ck._levels.start.secret,
+                                 concurrency=config.upload_concurrency,
                                  trust_pickles=config.trust_pickles, safe_globals=config.safe_globals)
     error: BaseException | None = None
     try:

@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -267,22 +268,40 @@ def _as_list(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def _first_step_pre_hook(optimizer: Any, hook: Callable[..., None]) -> Any:
+    """Register ``hook`` to run before ``optimizer``'s step pre-hooks registered earlier. torch has no ``prepend=``
+    for them; they live in an ordered dict keyed by the handle's id, so the new entry moves to its front."""
+    handle = optimizer.register_step_pre_hook(hook)
+    hooks = getattr(optimizer, "_optimizer_step_pre_hooks", None)
+    if isinstance(hooks, OrderedDict) and handle.id in hooks:
+        hooks.move_to_end(handle.id, last=False)
+    return handle
+
+
 class StagingGuard:
     """Hooks that make the first mutation after a save wait until the save is staged; ``remove()`` (or leaving
-    the ``with`` block) takes them off. Returned by ``Checkpointer.guard``."""
+    the ``with`` block) takes them off. Returned by ``Checkpointer.guard``.
+
+    Its hooks run before every other forward pre-hook of a module and every other step pre-hook of an optimizer,
+    whenever those were registered: another pre-hook may itself mutate the saved state (the old
+    ``torch.nn.utils.spectral_norm`` runs its power iteration in place on ``weight_u``/``weight_v`` in a forward
+    pre-hook), and run first it would put the next step's values in the save. torch's global hooks
+    (``register_module_forward_pre_hook``, ``register_optimizer_step_pre_hook``) still run before any module's or
+    optimizer's own."""
 
     def __init__(self, stager: Stager, optimizer: Any = None, model: Any = None) -> None:
         self._stager = stager
         self._hooks: list[Any] = []
         for opt in _as_list(optimizer):
-            self._hooks.append(opt.register_step_pre_hook(lambda *_: stager.wait_mutable()))
+            self._hooks.append(_first_step_pre_hook(opt, lambda *_: stager.wait_mutable()))
 
         def before_forward(module: torch.nn.Module, _args: Any) -> None:
             if module.training:
                 stager.wait_mutable()
 
         for part in _as_list(model):  # a model, or its parts (pipeline stages, torchtitan's model_parts)
-            self._hooks.extend(m.register_forward_pre_hook(before_forward) for m in mutated_in_forward(part))
+            self._hooks.extend(m.register_forward_pre_hook(before_forward, prepend=True)
+                               for m in mutated_in_forward(part))
 
     def wait(self) -> None:
         """Return once the state saved so far may be mutated: for a framework's own hook before its update (one

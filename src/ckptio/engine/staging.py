@@ -14,6 +14,13 @@ SIGTERM, a handler is installed while staging areas exist; it frees every slot, 
 never disturbs a save in flight: the writer keeps its mapping. Only kill -9 leaves files behind, which the next
 Checkpointer on the host removes (``remove_stale_slots``).
 
+Slot files belong to the process that created them, never to its forked children. A child forked while a
+Checkpointer lives (a ``multiprocessing`` pool, a data loader's workers) inherits the slots' objects, this module's
+SIGTERM handler and its exit hook; were they to act there, terminating the pool's workers would unlink the parent's
+slots, and the next writer the parent started would fail every save on the missing file. So each slot unlinks only
+in the process that created it, and a forked child forgets every staging area and gets SIGTERM's default action
+back.
+
 This module never serializes, hashes or writes to storage: the training process only copies.
 """
 
@@ -75,6 +82,16 @@ _areas: weakref.WeakSet[StagingArea] = weakref.WeakSet()
 _areas_lock = threading.Lock()
 
 
+def _forget_parent_areas() -> None:
+    """In a freshly forked child: the parent's staging areas are not this process's to free. The handler goes too:
+    the child's SIGTERM must end the child as if ckptio were not there."""
+    _areas.clear()
+    _areas_lock.release()  # held across the fork (see below), so the child's copy is in a known state
+    with contextlib.suppress(ValueError):  # the forking thread is the child's main thread; if not, leave it
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _unlink_all_slots() -> None:
     """Remove the files of every live staging area of this process (their mappings stay valid)."""
     for area in list(_areas):
@@ -105,6 +122,9 @@ def _unregister(area: StagingArea) -> None:
 
 
 atexit.register(_unlink_all_slots)
+# The registry's lock is taken around every fork, so a child never inherits it held by a thread that is gone.
+os.register_at_fork(before=_areas_lock.acquire, after_in_parent=_areas_lock.release,
+                    after_in_child=_forget_parent_areas)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -120,6 +140,7 @@ class StagingSlot:
     def __init__(self, slot_id: int, nbytes: int, directory: str = SHM_DIR) -> None:
         self.slot_id = slot_id
         self.nbytes = max(nbytes, 1)
+        self.owner_pid = os.getpid()
         self.path = os.path.join(directory, f"{SLOT_PREFIX}{os.getpid()}-{slot_id}-{secrets.token_hex(3)}")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -168,8 +189,14 @@ class StagingSlot:
         # The mmap stays open until no tensor views it; the file goes now so nothing leaks in /dev/shm.
         with contextlib.suppress(BufferError):
             self._mmap.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the slot's file, in the process that created it only: a forked child that closes or dies holding
+        a copy of this object must not take the parent's staging memory (and its writer's next mapping) with it."""
+        if os.getpid() == self.owner_pid:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
 
 def copy_into_slot(slot: StagingSlot, tensors: list[torch.Tensor]) -> int:
@@ -212,8 +239,7 @@ class StagingArea:
         lock: a signal handler may run while this thread holds one."""
         for slot in list(self.slots):
             if slot is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(slot.path)
+                slot.unlink()
 
     def bytes_to_allocate(self, layout: RankLayout) -> int:
         """Bytes the staging directory must still provide for all ``max_pending`` slots of ``layout``: a slot that

@@ -28,12 +28,11 @@ from ckptio.format.keys import (
     index_key,
     manifest_key,
     parse_step_dir,
-    record_key,
     step_dir,
 )
-from ckptio.format.records import FileRecord, ItemRecord, Manifest, RankIndex, checksum, versions
+from ckptio.format.records import FileRecord, ItemRecord, Manifest, RankIndex, checksum, record_key, versions
 from ckptio.format.retention import apply_retention, delete_step, remove_unlisted_files
-from ckptio.format.verify import VerifyResult, check_file, verify_step
+from ckptio.format.verify import VerifyResult, check_file, verify_levels, verify_local_step, verify_step
 
 __all__ = [
     "LATEST",
@@ -64,6 +63,8 @@ __all__ = [
     "remove_unlisted_files",
     "step_dir",
     "update_latest",
+    "verify_levels",
+    "verify_local_step",
     "verify_step",
     "versions",
     "write_failure",

@@ -11,13 +11,9 @@ computes and checks names; it never reads or writes storage.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from ckptio.errors import CorruptCheckpointError
 from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
-
-if TYPE_CHECKING:
-    from ckptio.format.records import FileRecord
 
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
@@ -73,10 +69,6 @@ def durable_data_key(storage: Storage, step: int, name: str) -> str:
     """Where a data file goes on the durable tier: under a short hash directory when the storage asks for it
     (spreads S3 partitions), else in the step directory. The manifest records the real key."""
     return storage.data_key(join_key(step_dir(step), name))
-
-
-def record_key(step: int, rec: FileRecord) -> str:
-    return rec.key or join_key(step_dir(step), rec.name)
 
 
 def index_key(step: int, rank: int) -> str:

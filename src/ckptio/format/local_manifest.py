@@ -14,11 +14,17 @@ directory, so durable retention, ``ls`` and ``verify`` of the durable level neve
 
 On a node, partner copies land in ``<local_dir>/partners/step-XXXXXXXX/<name>`` (own files stay in
 ``<local_dir>/step-XXXXXXXX/``). No processes and no collectives here; never imports the engine.
+
+``digests`` (file name → ``sha256:<hex>``, in the rank index and the manifest) authenticate copies that crossed
+the network: the sender hashes each file while it streams it to a partner, and restore uses a partner copy only
+when it hashes to this record (docs/security.md). Records written before digests existed parse with none; their
+partner copies are then not used (a node's own copies and the durable level still are).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +37,21 @@ LEVELS_LOCAL = "levels/local"
 PARTNERS_DIR = "partners"
 LOCAL_INDEX_FORMAT = "ckptio-local-index/1"
 LOCAL_MANIFEST_FORMAT = "ckptio-local-manifest/1"
+DIGEST_PREFIX = "sha256:"
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
+
+
+def parse_digests(value: Any, files: Any, *, step: int, path: str) -> dict[str, str]:
+    """The ``digests`` field of a record (absent: ``{}``); CorruptCheckpointError unless every entry is a digest
+    of a file the record lists."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) and _DIGEST_RE.match(v) for v in value.values()):
+        raise CorruptCheckpointError("malformed partner digests", step=step, path=path)
+    unknown = set(value) - set(files)
+    if unknown:
+        raise CorruptCheckpointError(f"digest of an unlisted file {sorted(unknown)[0]!r}", step=step, path=path)
+    return {str(k): v for k, v in value.items()}
 
 
 def local_step_key(step: int, *parts: str) -> str:
@@ -71,10 +92,12 @@ class LocalRankIndex:
     node: str
     holders: list[str]
     """Nodes holding every file of this rank, its own node first, then the partners that acknowledged a copy."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """File name → digest of the bytes sent to partners (empty in records written before digests existed)."""
 
     def to_json(self) -> bytes:
         body = {"format": LOCAL_INDEX_FORMAT, "node": self.node, "holders": self.holders,
-                "index": json.loads(self.index.to_json())}
+                "index": json.loads(self.index.to_json()), "digests": self.digests}
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -89,7 +112,8 @@ class LocalRankIndex:
             index = RankIndex.from_json(json.dumps(d["index"]).encode(), key=key)
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptCheckpointError(f"unreadable local rank index: {exc}", path=key) from exc
-        return cls(index=index, node=node, holders=list(holders))
+        digests = parse_digests(d.get("digests"), {f.name for f in index.files}, step=index.step, path=key)
+        return cls(index=index, node=node, holders=list(holders), digests=digests)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,6 +127,8 @@ class LocalManifest:
     """Rank → node at save time."""
     durable: bool = False
     """This save also goes to the durable level (its files can be read from there when every node copy is lost)."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """File name → digest a partner copy must hash to (from the rank indexes; empty in older records)."""
 
     @property
     def step(self) -> int:
@@ -111,7 +137,7 @@ class LocalManifest:
     def to_json(self) -> bytes:
         body = {"format": LOCAL_MANIFEST_FORMAT, "manifest": json.loads(self.manifest.to_json()),
                 "holders": self.holders, "nodes": {str(r): n for r, n in self.nodes.items()},
-                "durable": self.durable}
+                "durable": self.durable, "digests": self.digests}
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -126,11 +152,12 @@ class LocalManifest:
             durable = bool(d.get("durable", False))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CorruptCheckpointError(f"unreadable local manifest: {exc}", path=key) from exc
+        digests = parse_digests(d.get("digests"), manifest.files, step=manifest.step, path=key)
         for name in holders:
             check_file_name(name, step=manifest.step, path=key)
         if set(holders) != set(manifest.files):
             raise CorruptCheckpointError("local manifest: holders and files disagree", step=manifest.step, path=key)
-        return cls(manifest=manifest, holders=holders, nodes=nodes, durable=durable)
+        return cls(manifest=manifest, holders=holders, nodes=nodes, durable=durable, digests=digests)
 
 
 def write_local_manifest(storage: Storage, manifest: LocalManifest) -> None:
@@ -193,17 +220,22 @@ def level_rows(storage: Storage) -> dict[int, dict[str, Any]]:
 
 
 def merge_level_rows(rows: list[dict[str, Any]], local: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """``ckptio ls``: durable rows get ``levels`` (["durable"], plus "local" when also held on nodes) and
-    ``held_on`` (the root, then nodes); local-only steps get rows of their own."""
+    """``ckptio ls``: each row's ``levels`` are the levels whose manifest exists for its step (``durable``, then
+    ``local``), the levels ``verify`` checks it on; ``committed`` is true when there is one. ``held_on`` says where
+    its data is: the root, then nodes. A local manifest that fails its checks still commits the step on that level
+    (as a durable one does), with ``corrupt`` saying why; local-only steps get rows of their own."""
     by_step = {r["step"]: r for r in rows}
     for row in rows:
         row["levels"] = ["durable"] if row["committed"] else []
         row["held_on"] = ["durable root"] if row["committed"] else []
     for step, info in local.items():
-        if step not in by_step:
-            by_step[step] = {"step": step, "committed": "corrupt" not in info, "latest": False, "levels": [],
-                                   "held_on": []}
-            by_step[step].update({k: v for k, v in info.items() if k not in ("nodes", "durable_too")})
-        by_step[step]["levels"].append("local")
-        by_step[step]["held_on"].extend(f"node {n}" for n in info.get("nodes", []))
+        row = by_step.setdefault(step, {"step": step, "latest": False, "levels": [], "held_on": []})
+        row["committed"] = True
+        for key, value in info.items():  # sizes from the durable manifest when there is one, else the local one
+            if key not in ("nodes", "durable_too", "corrupt"):
+                row.setdefault(key, value)
+        row["levels"].append("local")
+        row["held_on"].extend(f"node {n}" for n in info.get("nodes", []))
+        if "corrupt" in info:
+            row.setdefault("corrupt", f"local level: {info['corrupt']}")
     return [by_step[s] for s in sorted(by_step)]

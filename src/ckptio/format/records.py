@@ -18,8 +18,8 @@ import crc32c
 
 from ckptio.errors import CorruptCheckpointError
 from ckptio.format.blocks import HEX, block_count
-from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT, check_data_key, check_file_name
-from ckptio.storage.base import Buffer
+from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT, check_data_key, check_file_name, step_dir
+from ckptio.storage.base import Buffer, join_key
 
 
 def checksum(buffers: Iterable[Buffer]) -> str:
@@ -47,6 +47,12 @@ class FileRecord:
             check_data_key(self.key, self.name, step=step, path=path)
         else:
             check_file_name(self.name, step=step, path=path)
+
+
+def record_key(step: int, rec: FileRecord) -> str:
+    """The key of ``rec``'s bytes under the root: its own key when the manifest records one, else
+    ``step-XXXXXXXX/<name>``. It lives beside FileRecord so that keys.py never needs to name a record."""
+    return rec.key or join_key(step_dir(step), rec.name)
 
 
 def _is_int(value: object) -> bool:
@@ -189,6 +195,6 @@ class Manifest:
 def versions() -> dict[str, str]:
     import torch
 
-    from ckptio import __version__
+    from ckptio._version import __version__
 
     return {"ckptio": __version__, "torch": torch.__version__, "python": platform.python_version()}

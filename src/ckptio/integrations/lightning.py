@@ -194,6 +194,8 @@ class CkptioCheckpoint(pl.Callback):
             raise CheckpointNotFoundError("no committed checkpoint to resume from (ckpt_path=ckptio:latest); "
                                           "pass ckpt_path=ckpt.resume_path() to start fresh when there is none")
         checkpoint: dict[str, Any] = _decode(box[LIGHTNING_KEY])
+        if _finish_epoch_on_resume(checkpoint):
+            checkpoint[_MID_EPOCH] = True
         checkpoint["state_dict"] = module.state_dict()  # Lightning loads it again, and hooks see the real weights
         checkpoint["optimizer_states"] = []  # filled in on_fit_start, before Lightning restores the optimizers
         self._loaded, self._loaded_step = checkpoint, chosen
@@ -215,8 +217,8 @@ class CkptioCheckpoint(pl.Callback):
         checkpoint["optimizer_states"] = [trainer.strategy.optimizer_state(opt) for opt in trainer.optimizers]
         self._last_saved_step = step
         # The RNGs are set now. Resuming at an epoch boundary, the next random draws are the new epoch's iterator,
-        # as in the uninterrupted run. Mid-epoch, the resumed loader's iterator draws first: set them again before
-        # the first batch.
+        # as in the uninterrupted run. Mid-epoch, building the resumed loader and its iterator draws first: set them
+        # again in on_train_start, the first hook after both (before the first batch, or the end of the epoch).
         self._reapply_rng = app if checkpoint.get(_MID_EPOCH) else None
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
@@ -228,8 +230,7 @@ class CkptioCheckpoint(pl.Callback):
             self._guard.remove()
             self._guard = None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._reapply_rng is not None:
             self._reapply_rng.reapply_rng()
             self._reapply_rng = None
@@ -259,6 +260,28 @@ class _CkptioIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def _finish_epoch_on_resume(checkpoint: dict[str, Any]) -> bool:
+    """Make a checkpoint taken after an epoch's last batch, with the loader's position in it, resume as the
+    uninterrupted run went on: end that epoch, then start the next. True when it changed the loops' state.
+
+    Lightning 2.6 restores such a checkpoint (``every_n_train_steps`` landing on the last batch) by counting the
+    epoch as finished and then running the rest of it from the restored loader, which is exhausted: an empty epoch
+    whose end counts again, so ``current_epoch`` is one ahead, ``on_train_epoch_start`` of the next epoch is
+    skipped and its iterator is created later than in the run that saved (its own ``ModelCheckpoint`` files
+    resume the same way). Resumed as "the last batch is done, the epoch is not over", the empty rest of the epoch
+    ends it once, with its hooks, and the next epoch starts as in that run. A loader without saved state starts a
+    fresh iterator either way; Lightning's own path is right for it and is left alone."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    progress = fit_loop.get("epoch_loop.batch_progress")
+    if not progress or not progress.get("is_last_batch") or not fit_loop.get("state_dict", {}).get("combined_loader"):
+        return False
+    total = progress["total"]
+    if total["completed"] != total["processed"] - 1:  # not taken in on_train_batch_end
+        return False
+    progress["is_last_batch"] = False
+    return True
 
 
 def _newest_committed(root: Any) -> int | None:

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ckptio._finite import reject_non_finite
 from ckptio.errors import ConfigError
 from ckptio.storage.s3_parts import MAX_PART, MIN_PART, MiB
 
@@ -83,6 +84,7 @@ class S3Options:
     the burst over S3 partitions."""
 
     def __post_init__(self) -> None:
+        reject_non_finite(self)  # first: NaN passes every comparison below
         if self.part_size is not None and not MIN_PART <= self.part_size <= MAX_PART:
             raise ConfigError(f"part_size must be within 5 MiB..5 GiB, got {self.part_size}")
         if not MiB <= self.read_part_size <= MAX_PART:

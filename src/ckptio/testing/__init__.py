@@ -2,7 +2,8 @@
 
 - :mod:`ckptio.testing.conformance`: the storage conformance suite (``StoreTests``), a pytest plugin;
 - :mod:`ckptio.testing.wrappers`: throttle, latency and fault-injection storages;
-- :mod:`ckptio.testing.s3server`: an embedded S3-protocol server (moto) on 127.0.0.1;
+- :mod:`ckptio.testing.moto_s3`: an embedded S3-protocol server (moto) on 127.0.0.1 that honours conditional writes;
+- :mod:`ckptio.testing.s3rver_s3`: s3rver (npm) on 127.0.0.1, a store that ignores conditional writes;
 - :mod:`ckptio.testing.ranks`: one launcher for real ``torch.distributed`` gloo ranks;
 - :mod:`ckptio.testing.staging`: hold a Checkpointer's staging copy back (mutation-safety tests).
 

@@ -2,7 +2,8 @@
 
 s3rver ignores ``If-None-Match`` and ``If-Match`` (a second create-only PUT replaces the object), and has no
 public-access, policy-status, ACL or region API: it is the store the capability probe and the
-``StoreCapabilityError`` refusals are tested against. moto (:mod:`ckptio.testing.s3server`) is the first.
+``StoreCapabilityError`` refusals are tested against. moto (:mod:`ckptio.testing.moto_s3`, which honours them) is
+the first. Each module is named after the server it runs (``<server>_s3``).
 
 It is installed by the project's setup (``make s3rver``: ``npm ci`` of the pinned ``package.json`` at the repo
 root into ``node_modules/``), never by this module. The server runs with ``--silent`` semantics and accepts any

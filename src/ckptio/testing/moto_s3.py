@@ -1,8 +1,14 @@
-"""The demo's embedded S3 server: moto on 127.0.0.1, a free port, fake credentials, one private bucket.
+"""The embedded moto S3 server: moto on 127.0.0.1, a free port, fake credentials, one private bucket.
 
-Only ``ckptio demo --store s3`` uses it. The credentials are placed in this process's environment for the
-duration, so the rank processes (and their writers) inherit them; the previous values come back afterwards.
-This module must never talk to a real AWS endpoint: everything it sets points at the local server.
+moto honours what ckptio relies on (``If-None-Match``/``If-Match`` conditional writes, bucket region, the
+public-access block, policy status and ACLs): it is the store everything is expected to work on. Its sibling
+:mod:`ckptio.testing.s3rver_s3` runs s3rver, which ignores conditional writes. Each module is named after the server
+it runs (``<server>_s3``), so the two cannot be mistaken for one another the way ``s3server``/``s3rver`` were.
+
+``ckptio demo --store s3`` uses it, and so does the test session's ``s3_endpoint`` fixture. The credentials are
+placed in this process's environment for the duration, so the rank processes (and their writers) inherit them; the
+previous values come back afterwards. This module must never talk to a real AWS endpoint: everything it sets points
+at the local server.
 """
 
 from __future__ import annotations

@@ -1,0 +1,117 @@
+"""A Checkpointer's process lifecycle: children forked while it lives, and an interpreter that exits without
+``close()``. Real scripts in their own session (``lifecycle_job.py``), real fork, real SIGTERM/SIGKILL, real
+/dev/shm; whatever a failed check leaves running is killed with its process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import weakref
+
+import pytest
+import torch
+
+import ckptio
+from ckptio import format as fmt
+from ckptio.engine import atexit_guard
+from ckptio.storage import PosixStorage
+
+JOB = os.path.join(os.path.dirname(__file__), "lifecycle_job.py")
+EXIT_LINE = "ckptio: exiting without close()"
+
+
+def _run_job(root: str, mode: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen([sys.executable, JOB, root, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:  # a hung job must not outlive the test, nor its forked children or writer
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _restored(root: str, step: int, shape: tuple[int, ...]) -> torch.Tensor:
+    target = {"w": torch.zeros(shape)}
+    with ckptio.Checkpointer(root, start_writer="on_first_save") as ck:
+        assert ck.restore(target, step=step) == step
+    return target["w"]
+
+
+@pytest.mark.slow
+def test_forked_children_leave_the_parents_staging_slots_and_a_restarted_writer_still_commits(root):
+    result = _run_job(root, "fork")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["slots_before"], "the save did not stage through a slot file"
+    # A fork pool's workers, terminated with SIGTERM, inherited ckptio's handler: it must not free the parent's slots.
+    assert report["slots_after_pool"] == report["slots_before"]
+    # A forked child that ends as a script does runs the exit hooks it inherited: they are not its to run.
+    assert report["child_status"] == 0
+    assert report["slots_after_child"] == report["slots_before"]
+    # The writer was killed: the saves it had are reported as its death, then a fresh writer maps the slot again.
+    outcomes = report["outcomes"]
+    assert [o for _, o in outcomes[:-1]] == ["WriterDiedError"] * (len(outcomes) - 1)
+    last_step, last = outcomes[-1]
+    assert last == "committed", outcomes
+    assert fmt.committed_steps(PosixStorage(root))[-1] == last_step
+    assert torch.equal(_restored(root, last_step, (256, 256)), torch.full((256, 256), float(last_step)))
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_right_after_save_commits_that_step_and_says_so(tmp_path):
+    """Five runs, each ending with step 2's copy still held back: a silent loss or a SIGABRT in any one fails."""
+    for run in range(5):
+        root = str(tmp_path / f"run{run}")
+        os.mkdir(root)
+        result = _run_job(root, "exit")
+        assert result.returncode == 0, f"run {run}: exit status {result.returncode}: {result.stderr}"
+        assert "terminate called" not in result.stderr
+        assert fmt.committed_steps(PosixStorage(root)) == [1, 2], f"run {run}: {result.stderr}"
+        lines = [line for line in result.stderr.splitlines() if line.startswith(EXIT_LINE)]
+        assert len(lines) == 1, result.stderr
+        assert "(steps: 2)" in lines[0] and lines[0].endswith("step 2 committed"), lines[0]
+        assert "close_timeout_s=1800 s" in lines[0]
+    # The state at save(2), not before it.
+    assert torch.equal(_restored(root, 2, (512, 1024)), torch.full((512, 1024), 2.0))
+
+
+def test_a_save_that_fails_during_the_exit_is_reported_on_stderr(root):
+    result = _run_job(root, "exit_failing")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith(EXIT_LINE)]
+    assert len(lines) == 1, result.stderr
+    assert "(steps: 2)" in lines[0] and "step 2 failed (StorageError" in lines[0], lines[0]
+    assert fmt.committed_steps(PosixStorage(root)) == [1]
+
+
+@pytest.mark.slow
+def test_a_checkpointer_that_was_garbage_collected_is_not_waited_for_at_exit(root):
+    result = _run_job(root, "collected")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"collected": True}
+    assert EXIT_LINE not in result.stderr
+
+
+def test_close_takes_the_checkpointer_off_the_exit_guard(root):
+    def guarded() -> list[object]:
+        return [ref() for _, ref in atexit_guard._live.values()]
+
+    ck = ckptio.Checkpointer(root, start_writer="on_first_save")
+    assert ck in guarded()
+    ck.close()
+    assert ck not in guarded()
+    # Collected without close: the registry forgets it (a weak reference), and holds nothing that keeps it alive.
+    ck = ckptio.Checkpointer(root, start_writer="on_first_save")
+    ref = weakref.ref(ck)
+    del ck
+    gc.collect()
+    assert ref() is None
+    assert all(obj is not None for obj in guarded())
