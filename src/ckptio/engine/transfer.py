@@ -120,23 +120,31 @@ class Transfer:
 
     # ---- one task -----------------------------------------------------------------------------------------
     def _read(self, task: Task, view: memoryview) -> str:
-        """Read ``task`` into ``view`` from the first source whose bytes pass every block check."""
-        error: BaseException | None = None
+        """Read ``task`` into ``view`` from the first source whose bytes pass every block check. When none does,
+        the error is the first block that failed (naming the item), with what every other source said."""
+        errors: list[BaseException] = []
         for source in self.sources(task.file):
             try:
                 got = source.read(task.offset, [view])
             except (CkptError, OSError) as exc:
-                error = exc
+                errors.append(exc)
                 continue
             if got != task.length:
-                error = StorageError(f"{task.file}: read {got} of {task.length} bytes at {task.offset} from "
-                                     f"{source.label}", root=self.root, step=self.step, path=self._path(task))
+                errors.append(StorageError(f"{task.file}: read {got} of {task.length} bytes at {task.offset} from "
+                                           f"{source.label}", root=self.root, step=self.step, path=self._path(task)))
                 continue
             bad = bad_block(view, task)
             if bad is None:
                 return source.label
-            error = self._checksum_error(task, bad, f"read from {source.label}")
-        raise error or StorageError(f"{task.file}: no source to read it from", root=self.root, step=self.step)
+            errors.append(self._checksum_error(task, bad, f"read from {source.label}"))
+        if not errors:
+            raise StorageError(f"{task.file}: no source to read it from", root=self.root, step=self.step)
+        first = next((e for e in errors if isinstance(e, ChecksumError) and e.path == self._path(task)), errors[0])
+        others = [e for e in errors if e is not first]
+        if isinstance(first, CkptError) and others:
+            detail = "; ".join(f"{type(e).__name__}: {e}" for e in others)
+            raise type(first)(f"{first.message} (other sources: {detail})", **first.context)
+        raise first
 
     def _checksum_error(self, task: Task, bad: tuple[Any, int], where: str) -> ChecksumError:
         block, found = bad
