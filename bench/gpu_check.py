@@ -1,4 +1,5 @@
-"""One prepared GPU check (< 5 minutes on one GPU): D2H bandwidth, ``save()`` return time, time-to-mutable vs DCP-best.
+"""One prepared GPU check (< 5 minutes on one GPU): D2H bandwidth, ``save()`` return time, time-to-mutable vs DCP-best,
+and restore into GPU targets vs plain ``dcp.load``.
 
 Measured in one run, on one device, median of ``--reps`` after a warm-up save of each saver:
 
@@ -10,6 +11,11 @@ Measured in one run, on one device, median of ``--reps`` after a warm-up save of
 3. **DCP-best**: ``dcp.async_save`` with ``AsyncCheckpointerType.PROCESS`` and ``DefaultStager(StagingOptions(
    use_pinned_memory, use_shared_memory, use_async_staging, use_non_blocking_copy))``, all four on; its
    time-to-mutable is when ``staging_completion`` resolves.
+
+4. **Restore into GPU tensors**: ``Checkpointer.restore`` of the last save into fresh GPU targets (ranges read into
+   pinned bounce buffers, copied non-blocking on a side stream) against ``dcp.load`` of a ``dcp.save`` copy, both
+   from the page cache (warm: the check is the host-to-device path, not the disk); bit-exactness checked; the
+   anchor is a pinned H2D copy of the state.
 
 Each save's flush is waited for (untimed) before the next, so a rep measures staging, not queueing. Slots go to
 /dev/shm unless it is too small for them (a container's default 64 MiB), then to the scratch directory
@@ -104,6 +110,49 @@ def run_ckptio(state: dict[str, Any], nbytes: int, scratch: str, device: str, re
     return statistics.median(returns), statistics.median(mutable)
 
 
+def run_restore(state: dict[str, Any], scratch: str, device: str, reps: int) -> tuple[float, float, bool]:
+    """Median seconds of ckptio's restore and of dcp.load into targets on ``device``, and whether ckptio's values
+    are bit-exact (run after :func:`run_ckptio`, whose last save holds ``state``)."""
+    import torch.distributed.checkpoint as dcp
+
+    from ckptio import Checkpointer
+
+    plain = os.path.join(scratch, "dcp-plain")
+    dcp.save(state, checkpoint_id=plain)
+    target = {k: torch.empty_like(v) for k, v in state.items()}
+    times: dict[str, list[float]] = {"ckptio": [], "dcp": []}
+    with Checkpointer(os.path.join(scratch, "ckptio"), fsync=False, lease_s=0) as ck:
+        for rep in range(reps + 1):
+            for name, seen in times.items():
+                for t in target.values():
+                    t.zero_()
+                sync(device)
+                t0 = time.perf_counter()
+                ck.restore(target) if name == "ckptio" else dcp.load(target, checkpoint_id=plain)
+                sync(device)
+                if rep:
+                    seen.append(time.perf_counter() - t0)
+        for t in target.values():
+            t.zero_()
+        ck.restore(target)
+    ok = all(torch.equal(target[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+    return statistics.median(times["ckptio"]), statistics.median(times["dcp"]), ok
+
+
+def h2d_pinned(nbytes: int, device: str, reps: int) -> float:
+    """GB/s of one host→device copy from pinned memory (non_blocking + sync): the restore's anchor."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device == "cuda").fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(reps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=device == "cuda")
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times[1:]) / GB
+
+
 def init_single_rank_group() -> None:
     """DCP's PROCESS checkpointer copies the caller's process group into its background process: give it one."""
     import torch.distributed as dist
@@ -179,6 +228,8 @@ def main() -> int:
         copy_s = nbytes / (pinned_gbps * GB)
         ck_ret, ck_mut = run_ckptio(state, nbytes, scratch, device, args.reps)
         init_single_rank_group()
+        restore_s, dcp_load_s, restore_ok = run_restore(state, scratch, device, args.reps)
+        h2d_gbps = h2d_pinned(args.big * args.big_mib * MiB, device, args.reps)
         dcp_ret, dcp_mut = run_dcp_best(state, scratch, device, args.reps)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -188,6 +239,8 @@ def main() -> int:
     print(f"ckptio   save() returns    {ck_ret * 1e3:8.1f} ms   time-to-mutable {ck_mut * 1e3:8.1f} ms   "
           f"staging D2H {nbytes / ck_mut / GB:8.2f} GB/s")
     print(f"DCP-best async_save returns {dcp_ret * 1e3:7.1f} ms   staging_completion {dcp_mut * 1e3:8.1f} ms")
+    print(f"restore into {device}: ckptio {restore_s * 1e3:8.1f} ms ({nbytes / restore_s / GB:.2f} GB/s, bit-exact "
+          f"{restore_ok})   dcp.load {dcp_load_s * 1e3:8.1f} ms   H2D pinned (anchor) {h2d_gbps:.2f} GB/s")
     from _common import ratio_line
 
     ratio_line(
@@ -198,6 +251,9 @@ def main() -> int:
         ttm_vs_copy=ck_mut / copy_s,
         ttm_vs_dcp_best=ck_mut / dcp_mut,
         save_return_vs_dcp_best_return=ck_ret / dcp_ret,
+        restore_vs_dcp_load=restore_s / dcp_load_s,
+        restore_vs_h2d_pinned=nbytes / restore_s / GB / h2d_gbps,
+        restore_bit_exact=str(restore_ok),
     )
     return 0
 

@@ -21,8 +21,8 @@ from ckptio._version import __version__
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
     from ckptio.engine.checkpointer import Checkpointer
-    from ckptio.engine.dcp import CkptioStorageReader
     from ckptio.engine.handle import SaveHandle
+    from ckptio.engine.reader import CkptioStorageReader
     from ckptio.policy.residency import Residency
     from ckptio.storage import open_storage
 
@@ -30,7 +30,7 @@ _LAZY = {
     "Checkpointer": "ckptio.engine.checkpointer",
     "SaveHandle": "ckptio.engine.handle",
     "CheckpointerConfig": "ckptio.config",
-    "CkptioStorageReader": "ckptio.engine.dcp",
+    "CkptioStorageReader": "ckptio.engine.reader",
     "Residency": "ckptio.policy.residency",
     "open_storage": "ckptio.storage",
 }

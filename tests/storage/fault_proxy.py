@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlparse
 
-FaultKind = Literal["slowdown", "error500", "conflict409", "drop_request", "drop_response"]
+FaultKind = Literal["slowdown", "error500", "conflict409", "drop_request", "drop_response", "truncate_response"]
 
 _ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
@@ -113,6 +113,14 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 return
             status, headers, payload = self._forward(body)
             if kind == "drop_response":
+                self._drop()
+                return
+            if kind == "truncate_response":  # the whole answer announced, half of its body sent, then a reset
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload[: len(payload) // 2])
+                self.wfile.flush()
                 self._drop()
                 return
             self.send_response(status)

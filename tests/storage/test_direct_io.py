@@ -106,3 +106,54 @@ def test_a_filesystem_refusing_o_direct_falls_back_to_buffered_writes(tmp_path: 
     assert storage._direct_refused
     assert storage.get("a") == data
     assert [n for n in os.listdir(tmp_path / "root") if n.startswith(TMP_PREFIX)] == []
+
+
+def test_read_direct_fills_unaligned_buffers_across_bounce_chunks(tmp_path: Path) -> None:
+    data = random.Random(2).randbytes(2 * CHUNK + 3 * ALIGN + 17)
+    (tmp_path / "f").write_bytes(data)
+    for offset, sizes in ((0, [len(data)]), (4095, [1, CHUNK, CHUNK + 5]), (CHUNK - 3, [7, 11, 2 * ALIGN]),
+                          (len(data) - 100, [60, 60])):  # the last one runs past the end: a short read
+        bufs = [bytearray(n + 1) for n in sizes]  # one spare byte each: must stay untouched
+        views = [memoryview(b)[:n] for b, n in zip(bufs, sizes, strict=True)]
+        got = direct_io.read_direct(str(tmp_path / "f"), offset, views)
+        assert got == min(sum(sizes), len(data) - offset)
+        assert b"".join(bytes(v) for v in views)[:got] == data[offset : offset + got]
+        assert all(b[-1] == 0 for b in bufs)
+
+
+def test_ranged_reads_use_o_direct_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = direct_io.read_direct
+
+    def counting(path: str, offset: int, views):  # type: ignore[no-untyped-def]
+        calls.append(offset)
+        return real(path, offset, views)
+
+    monkeypatch.setattr("ckptio.storage.posix.read_direct", counting)
+    data = random.Random(3).randbytes(3 << 20)
+    for storage in (PosixStorage(tmp_path / "direct", direct_io=True), PosixStorage(tmp_path / "durable"),
+                    PosixStorage(tmp_path / "ram", fsync=False)):
+        storage.put("k", data)
+        out = bytearray(2 << 20)
+        assert storage.readinto("k", out, offset=12345) == len(out)
+        assert bytes(out) == data[12345 : 12345 + len(out)]
+        assert storage.readinto("k", bytearray(100), offset=5) == 100  # small: through the page cache
+    assert calls == [12345]
+
+
+def test_reads_fall_back_to_buffered_where_o_direct_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):  # type: ignore[no-untyped-def]
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    data = random.Random(4).randbytes(2 << 20)
+    storage = PosixStorage(tmp_path / "root", direct_io=False)
+    storage.put("a", data)
+    storage.direct_io = True
+    monkeypatch.setattr(direct_io.os, "open", refusing_open)
+    out = bytearray(len(data))
+    assert storage.readinto("a", out) == len(data) and bytes(out) == data
+    assert storage._direct_refused

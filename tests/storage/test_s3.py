@@ -25,7 +25,8 @@ def suite_bucket(make_bucket: Callable[..., str]) -> str:
 
 
 class TestS3(StoreTests):
-    # Three 5 MiB-class parts with the 1 MiB threshold below: the multipart path runs in every "large" test.
+    # Three 5 MiB-class parts with the 1 MiB threshold below: the multipart path runs in every "large" test (and
+    # the 4 MiB read parts make ranged reads of them concurrent GETs).
     large_size = 11 * MiB
 
     @pytest.fixture
@@ -35,6 +36,7 @@ class TestS3(StoreTests):
             suite_bucket,
             f"run/{next(_prefixes)}",
             multipart_threshold=1 * MiB,
+            read_part_size=4 * MiB,
             max_concurrency=4,
             retry_base_s=0.01,
         )
@@ -63,6 +65,7 @@ def test_from_url_and_options(s3_endpoint: str, s3_bucket: str) -> None:
         ("s3:///nobucket", {}),
         ("http://x/y", {}),
         ("s3://b", {"part_size": 1}),
+        ("s3://b", {"read_part_size": 1024}),
         ("s3://b", {"colour": "red"}),
         ("s3://b", {"max_attempts": 0}),
         ("s3://b", {"addressing_style": "sideways"}),

@@ -34,6 +34,7 @@ def store(proxy: FaultProxy, s3_bucket: str) -> S3Storage:
         endpoint_url=proxy.url,
         part_size=5 * MiB,
         multipart_threshold=5 * MiB,
+        read_part_size=8 * MiB,
         max_concurrency=3,
         max_attempts=6,
         retry_base_s=0.001,
@@ -73,6 +74,19 @@ def test_reads_and_listings_are_retried(proxy: FaultProxy, store: S3Storage) -> 
     assert sorted(i.key for i in store.list("k/")) == [f"k/{i}" for i in range(5)]
     assert store.head("k/3").size == 100
     assert store.list_dirs() == ["k"]
+
+
+def test_ranged_reads_into_buffers_are_retried(proxy: FaultProxy, store: S3Storage) -> None:
+    payload = os.urandom(20 << 20)  # three ranged GETs of at most 8 MiB
+    store.put("big", payload)
+    proxy.add(Fault(kind="error500", method="GET", every=2, limit=1))
+    proxy.add(Fault(kind="drop_request", method="GET", every=3, limit=1))
+    cut = proxy.add(Fault(kind="truncate_response", method="GET", path_contains="big", limit=2))
+    retries = store.stats["retries"]
+    out = bytearray(len(payload) - 5)
+    assert store.readinto("big", [memoryview(out)[:1000], memoryview(out)[1000:]], offset=5) == len(out)
+    assert bytes(out) == payload[5:]
+    assert cut.injected == 2 and store.stats["retries"] - retries >= 4
 
 
 def test_create_only_recognises_its_own_write_after_a_lost_answer(

@@ -1,4 +1,5 @@
-"""Everything that speaks PyTorch DCP: save planning, ``.metadata`` building, and the StorageReader for restore.
+"""Everything that speaks PyTorch DCP on the save side: save planning and ``.metadata`` building. The restore's
+StorageReader lives in :mod:`ckptio.engine.reader` (re-exported here for older imports).
 
 ckptio reuses DCP's own planners (``DefaultSavePlanner``: flattening, DTensor chunks, de-duplication of replicated
 tensors across ranks), so what it writes is exactly what ``torch.distributed.checkpoint.load`` expects, at any world
@@ -6,7 +7,7 @@ size. Only the *execution* differs: the plan is computed once per state structur
 ckptio's side group and sends each rank its own final plan), and each save just copies tensors into the staging
 slot.
 
-This module never performs I/O on the training thread except through ``CkptioStorageReader`` during restore.
+This module never performs I/O.
 """
 
 from __future__ import annotations
@@ -14,35 +15,25 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
     SavePlan,
     WriteItem,
     WriteItemType,
 )
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.tensor import DTensor
-from torch.futures import Future
 
 from ckptio.engine.group import SideGroup
-from ckptio.errors import CorruptCheckpointError, StructureMismatchError, UnsupportedStateError
-from ckptio.format import FileRecord, Manifest, RankIndex, check_file, step_dir
-from ckptio.format.crosscheck import metadata_problems
-from ckptio.format.safe_pickle import load_metadata, load_object
-from ckptio.storage.base import Storage, join_key
+from ckptio.engine.reader import CkptioStorageReader  # noqa: F401 - moved there; older imports keep working
+from ckptio.errors import UnsupportedStateError
+from ckptio.format import RankIndex
 
 # ---- save planning ------------------------------------------------------------------------------------------------
 _PLAIN = (torch.Tensor, int, float, str, bytes, bool)
@@ -209,164 +200,3 @@ def build_metadata(skeleton: Metadata, indexes: Sequence[RankIndex], checkpoint_
         storage_meta=StorageMeta(checkpoint_id=checkpoint_id),
         version=CURRENT_DCP_VERSION,
     )
-
-
-# ---- restore -----------------------------------------------------------------------------------------------------
-class CkptioStorageReader(StorageReader):
-    """A DCP StorageReader over any ckptio storage: whole-file reads, checksums verified, local tier preferred.
-
-    ``torch.distributed.checkpoint.load(sd, storage_reader=CkptioStorageReader(storage, step))`` reads a ckptio
-    checkpoint from POSIX or S3 at any world size.
-
-    It runs no code from the store: ``.metadata`` is unpickled with an allowlist of DCP's metadata classes, every
-    item must lie inside a file the manifest lists, and non-tensor values load with ``weights_only`` semantics
-    plus ``safe_globals`` (``trust_pickles=True`` is the explicit opt-in to arbitrary pickles; docs/security.md).
-    """
-
-    def __init__(
-        self,
-        storage: Storage,
-        step: int,
-        *,
-        manifest: Manifest | None = None,
-        local: Storage | None = None,
-        concurrency: int = 4,
-        trust_pickles: bool = False,
-        safe_globals: Sequence[Any] = (),
-    ) -> None:
-        from ckptio.format import read_manifest
-
-        self.storage = storage
-        self.step = step
-        self.manifest = manifest or read_manifest(storage, step)
-        self.local = local
-        self.concurrency = concurrency
-        self.trust_pickles = trust_pickles
-        self.safe_globals = tuple(safe_globals)
-        self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
-        self._metadata: Metadata | None = None
-        #: files served from the local tier in the last read_data (for reports and tests)
-        self.local_hits: list[str] = []
-
-    def reset(self, checkpoint_id: Any = None) -> None:
-        self.local_hits = []
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return False
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checked metadata, read once: restore reads it before ``dcp.load`` so that a refusal surfaces as
-        ckptio's own error rather than inside DCP's wrapping."""
-        if self._metadata is not None:
-            return self._metadata
-        name = ".metadata"
-        key = self.metadata_key()
-        raw = self.storage.get(key)
-        if self.manifest.metadata_crc32c:
-            check_file(self.storage, self.step, name, raw,
-                       FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
-        try:
-            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
-        except CorruptCheckpointError as exc:
-            raise self._located(exc) from exc.__cause__
-        problems = metadata_problems(metadata, self.manifest)
-        if problems:
-            # Reads must stay inside the files the manifest lists (and checksums): never a KeyError or a short read.
-            raise CorruptCheckpointError(f".metadata disagrees with the manifest: {problems[0]}",
-                                         root=self.storage.url, step=self.step, path=key)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        self._metadata = metadata
-        return metadata
-
-    def metadata_key(self) -> str:
-        """Where ``.metadata`` is read from (the local level's reader, issue 10, reads its own)."""
-        return join_key(step_dir(self.step), ".metadata")
-
-    def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
-        exc.root, exc.step = exc.root or self.storage.url, self.step
-        return exc
-
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self.storage_data = metadata.storage_data
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
-
-    def _fetch(self, name: str) -> bytes:
-        """One whole data file, from the local tier when its copy matches the manifest, else durable."""
-        rec = self.manifest.files[name]
-        key = join_key(step_dir(self.step), name)  # the local tier never hashes keys
-        if self.local is not None:
-            try:
-                data = self.local.get(key)
-                check_file(self.local, self.step, name, data, rec)
-                self.local_hits.append(name)
-                return data
-            except Exception:  # missing or damaged local copy: the durable tier decides
-                pass
-        data = self.storage.get(rec.key or key)
-        check_file(self.storage, self.step, name, data, rec)
-        return data
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list[Any]] = {}
-        for req in plan.items:
-            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
-        names = sorted(per_file)
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            # Bounded look-ahead: at most `concurrency` files are held in memory at once.
-            for start in range(0, len(names), self.concurrency):
-                batch = names[start : start + self.concurrency]
-                for name, data in zip(batch, pool.map(self._fetch, batch), strict=True):
-                    self._apply(per_file[name], memoryview(data), planner)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
-
-    def _apply(self, reqs: list[Any], data: memoryview, planner: LoadPlanner) -> None:
-        for req in reqs:
-            info = self.storage_data[req.storage_index]
-            blob = data[info.offset : info.offset + info.length]
-            if req.type == LoadItemType.BYTE_IO:
-                self._load_object(req, blob, planner)
-                continue
-            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-            target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise StructureMismatchError(
-                    f"{req.storage_index.fqn!r}: checkpoint has shape {tuple(tensor.size())}, "
-                    f"target has {tuple(target.size())}",
-                    step=self.step,
-                    path=req.storage_index.fqn,
-                )
-            target.copy_(tensor)
-            planner.commit_tensor(req, target)
-
-    def _load_object(self, req: Any, blob: memoryview, planner: LoadPlanner) -> None:
-        """A non-tensor value: loaded here with the allowlist, never by DCP's planner (which unpickles anything)."""
-        if self.trust_pickles:
-            planner.load_bytes(req, io.BytesIO(blob))
-            return
-        try:
-            value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
-        except CorruptCheckpointError as exc:
-            raise self._located(exc) from exc.__cause__
-        if isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
-            # What DefaultLoadPlanner.load_bytes does after its torch.load(weights_only=False).
-            if planner.flatten_state_dict:
-                set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
-            else:
-                planner.state_dict[req.dest_index.fqn] = value
-            return
-        # A custom planner loads bytes its own way: hand it a re-serialization of the value the allowlisted load
-        # built, so whatever it unpickles names only classes that load admitted.
-        buf = io.BytesIO()
-        torch.save(value, buf)
-        buf.seek(0)
-        planner.load_bytes(req, buf)

@@ -11,6 +11,9 @@ then one tiny ``all_reduce`` tells every rank whether all ranks have a free stag
 an error to report, so every rank takes the same decision before the collective planning. Without
 ``torch.distributed`` the same code runs with world size 1 and no communication.
 
+Restore exchanges byte ranges between ranks (:mod:`ckptio.engine.transfer`): point-to-point sends and receives
+posted here, on the group ``dcp.load`` runs on (ckptio's side group), every rank in the read plan's global order.
+
 Never call these from a background thread: collectives on a group shared with the training loop deadlock.
 """
 
@@ -133,3 +136,26 @@ class SideGroup:
         if not self.distributed:
             return None, t
         return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group, async_op=True), t
+
+
+# ---- restore's exchange (on whatever group dcp.load runs on: ckptio's side group, or the caller's) -------------
+def any_true_in(group: Any, flag: bool) -> bool:
+    """Whether ``flag`` is set on any rank of ``group`` (every rank calls)."""
+    t = torch.tensor([int(flag)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return int(t.item()) > 0
+
+
+def send_async(tensor: torch.Tensor, group: Any, peer: int, tag: int) -> Any:
+    """Start sending ``tensor`` to group rank ``peer``; the returned work completes once the peer took it."""
+    return dist.isend(tensor, group=group, group_dst=peer, tag=tag)
+
+
+def recv_async(tensor: torch.Tensor, group: Any, peer: int, tag: int) -> Any:
+    """Post the receive of ``tensor`` from group rank ``peer``; wait on the returned work."""
+    return dist.irecv(tensor, group=group, group_src=peer, tag=tag)
+
+
+def moves_cpu_tensors(group: Any, world: int) -> bool:
+    """True when ``group`` spans ``world`` ranks and its backend moves CPU tensors (gloo, alone or mixed)."""
+    return group is not None and dist.get_world_size(group) == world and "gloo" in str(dist.get_backend(group))

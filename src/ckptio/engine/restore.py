@@ -1,9 +1,10 @@
 """Restore: pick the step every rank will load, then let DCP's load planner (resharding included) read it through
-ckptio's StorageReader, which verifies checksums and prefers an intact local copy.
+ckptio's StorageReader (:mod:`ckptio.engine.reader`): ranged reads into the targets, checksums on every block, each
+range read from the store by one rank and sent to the others that need it, an intact local copy preferred.
 
-Runs on the training thread; its only collectives are the step broadcast and those inside ``dcp.load``, all on
-ckptio's side group. It runs no code from the store unless ``trust_pickles`` says so (docs/security.md): the
-reader unpickles ``.metadata`` and values with allowlists.
+Runs on the training thread; its only collectives are the step broadcast and those inside ``dcp.load`` (planning,
+and the reader's exchange of ranges), all on ckptio's side group. It runs no code from the store unless
+``trust_pickles`` says so (docs/security.md): the reader unpickles ``.metadata`` and values with allowlists.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio import format as fmt
-from ckptio.engine.dcp import CkptioStorageReader
 from ckptio.engine.group import SideGroup
+from ckptio.engine.reader import CkptioStorageReader
 from ckptio.errors import CheckpointNotFoundError, CkptError, StructureMismatchError
 from ckptio.storage.base import Storage
 
@@ -76,7 +77,8 @@ def restore_step(
     if chosen is None:
         return None
     reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency,
-                                 trust_pickles=trust_pickles, safe_globals=safe_globals)
+                                 trust_pickles=trust_pickles, safe_globals=safe_globals,
+                                 process_group=group.group if group.distributed else None)
     reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised here, not wrapped by DCP
     try:
         with warnings.catch_warnings():

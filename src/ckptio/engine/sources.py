@@ -13,6 +13,7 @@ run on the side group, from the training thread.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections import Counter
@@ -24,10 +25,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio import format as fmt
-from ckptio.engine.dcp import CkptioStorageReader
 from ckptio.engine.group import SideGroup
-from ckptio.engine.partner import bytes_digest, check_digest, fetch_verified
+from ckptio.engine.partner import check_digest, fetch_verified
+from ckptio.engine.partner.digest import finish, new_hasher
+from ckptio.engine.reader import CkptioStorageReader
+from ckptio.engine.readplan import Task
 from ckptio.engine.restore import RestoreReport, restore_step, unwrap_load_error
+from ckptio.engine.transfer import Source
 from ckptio.errors import (
     CheckpointNotFoundError,
     ChecksumError,
@@ -36,6 +40,7 @@ from ckptio.errors import (
     StructureMismatchError,
 )
 from ckptio.format import Manifest
+from ckptio.format.blocks import crc32c
 from ckptio.format.local_level import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 
@@ -43,78 +48,140 @@ log = logging.getLogger("ckptio")
 
 
 class LevelsStorageReader(CkptioStorageReader):
-    """A local-level step for DCP: per file, own node → a holder node's partner server → durable (when allowed).
+    """A local-level step for DCP: per range, this node's own copy → its partner copy → a holder node's copy →
+    durable (when allowed).
 
-    A partner copy (this node's ``partners/`` area, or a file fetched from another node) is used only when it
-    hashes to the digest in the level's records on the durable root (``FileRecord.digest``); records without one
-    (saved before digests existed) use own copies and the durable level only."""
+    Ranges are read as by :class:`CkptioStorageReader` (ranged, block-checked, each read by one rank and sent to
+    the others that need it); a file is read only by ranks on nodes that hold a copy when there are any. Per task,
+    the sources are tried in order and the first whose bytes pass every block check wins. A partner copy (this
+    node's ``partners/`` area, or a file fetched from another node's partner server into it) is used only when it
+    hashes to the digest in the level's records on the durable root (``FileRecord.digest``), checked over the whole
+    file before any range of it is used; records without one (saved before digests existed) use own copies and the
+    durable level only.
+    """
 
     def __init__(self, records: Storage, manifest: Manifest, *, durable: Storage, local: Storage, node: str,
                  held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
                  durable_fallback: bool, secret: bytes, **options: Any) -> None:
-        # ``.metadata`` and the manifest are the local level's records; data comes from nodes, else ``durable``.
+        # ``.metadata``, the manifest and the rank indexes are the local level's records; data comes from nodes,
+        # else from ``durable``.
         super().__init__(records, manifest.step, manifest=manifest, local=local, **options)
         self.durable = durable
         self.node, self.held, self.timeout_s = node, held, timeout_s
+        self.digests = {name: rec.digest for name, rec in manifest.files.items() if rec.digest}
         self._secret = secret
         self.peers = peers
         self.durable_fallback = durable_fallback
         self.sources: Counter[str] = Counter()
+        """Files this rank used, per source: "local" (its node's disk, or a rank of its node), "partner" (another
+        node: its partner server, or a rank there), "durable"."""
+        self._files_by_source: dict[str, set[str]] = {}
+        self._nodes = {rank: peer_node for rank, peer_node, _, _ in peers}
+        self._lock = threading.Lock()
+        self._file_locks: dict[str, threading.Lock] = {}
+        self._partner_ok: dict[str, bool] = {}
+        self._fetched: set[str] = set()
 
-    def _fetch(self, name: str) -> bytes:
-        rec = self.manifest.files[name]
-        data = self._from_this_node(name, rec)
-        if data is None:
-            data = self._from_partners(name, rec)
-        if data is not None:
-            return data
-        if not self.durable_fallback:
-            raise ChecksumError(f"{name}: no intact copy on any node of the local level", root=self.storage.url,
-                                step=self.step, path=name)
-        data = self.durable.get(fmt.record_key(self.step, rec))
-        fmt.check_file(self.durable, self.step, name, data, rec)
-        self.sources["durable"] += 1
-        return data
+    def _readers_of(self, name: str) -> list[int] | None:
+        holders = self.held.get(name, [])
+        return [rank for rank, peer_node, _, _ in self.peers if peer_node in holders] or None
 
-    def _from_this_node(self, name: str, rec: fmt.FileRecord) -> bytes | None:
+    def _sources(self, name: str) -> list[Source]:
         assert self.local is not None
+        local, rec = self.local, self.manifest.files[name]
         own = own_copy_key(self.step, name)
-        for key in (own, partner_copy_key(self.step, name)):
-            try:
-                data = self.local.get(key)
-                fmt.check_file(self.local, self.step, name, data, rec)
-                if key != own:  # it crossed the network: only the digest vouches for it
-                    check_digest(bytes_digest(data), rec.digest or None, what=name, step=self.step, path=key)
-                self.sources["local"] += 1
-                return data
-            except CkptError as exc:
-                if key != own and self.local.exists(key):
-                    log.warning("ckptio: this node's partner copy of %s unusable: %s", name, exc)
-        return None
+        out = [Source("local", lambda offset, bufs: local.readinto(own, bufs, offset=offset)),
+               Source("local", lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
+               Source("partner", lambda offset, bufs: self._read_fetched(name, offset, bufs))]
+        if self.durable_fallback:
+            durable, key = self.durable, fmt.record_key(self.step, rec)
+            out.append(Source("durable", lambda offset, bufs: durable.readinto(key, bufs, offset=offset)))
+        return out
 
-    def _from_partners(self, name: str, rec: fmt.FileRecord) -> bytes | None:
+    def _file_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._file_locks.setdefault(name, threading.Lock())
+
+    def _read_partner_copy(self, name: str, offset: int, bufs: list[memoryview]) -> int:
+        """A range of the copy this node keeps for another node, once the whole copy matched the records."""
         assert self.local is not None
-        others = [n for n in self.held.get(name, []) if n != self.node]
-        if others and not rec.digest:
-            log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies on "
-                        "other nodes cannot be authenticated and are not used", name)
-            return None
-        for node in others:
+        key = partner_copy_key(self.step, name)
+        with self._file_lock(name):
+            if name not in self._partner_ok:
+                self._partner_ok[name] = self._partner_copy_intact(key, name)
+        if not self._partner_ok[name]:
+            raise ChecksumError(f"{name}: this node holds no partner copy that matches its records",
+                                root=self.local.url, step=self.step, path=key)
+        return self.local.readinto(key, bufs, offset=offset)
+
+    def _partner_copy_intact(self, key: str, name: str) -> bool:
+        """Whether the partner copy at ``key`` has the manifest's size and crc32c and the recorded digest (one pass
+        in bounded pieces: it crossed the network, so only the digest vouches for it)."""
+        assert self.local is not None
+        rec, running, done, hasher = self.manifest.files[name], 0, 0, new_hasher()
+        piece = memoryview(bytearray(min(self.chunk_bytes, max(rec.size, 1))))
+        try:
+            while done < rec.size and (got := self.local.readinto(key, piece, offset=done)):
+                running, done = crc32c(piece[:got], running), done + got
+                hasher.update(piece[:got])
+            whole = done == rec.size and self.local.readinto(key, piece[:1], offset=done) == 0
+            if not (whole and f"{running:08x}" == rec.crc32c):
+                raise ChecksumError(f"{name}: size or crc32c differs from the manifest", step=self.step, path=key)
+            check_digest(finish(hasher), self.digests.get(name), what=name, step=self.step, path=key)
+        except CkptError as exc:
+            if self.local.exists(key):
+                log.warning("ckptio: this node's partner copy of %s unusable: %s", name, exc)
+            return False
+        return True
+
+    def _read_fetched(self, name: str, offset: int, bufs: list[memoryview]) -> int:
+        """A range of the file fetched from a holder node into this node's partner area (verified as it came)."""
+        assert self.local is not None
+        key = partner_copy_key(self.step, name)
+        with self._file_lock(name):
+            if name not in self._fetched:
+                self._fetch_from_nodes(name, key)
+                self._fetched.add(name)
+        return self.local.readinto(key, bufs, offset=offset)
+
+    def _fetch_from_nodes(self, name: str, key: str) -> None:
+        assert self.local is not None
+        rec = self.manifest.files[name]
+        if name not in self.digests:
+            if any(n != self.node for n in self.held.get(name, [])):
+                log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies "
+                            "on other nodes cannot be authenticated and are not used", name)
+            raise ChecksumError(f"{name}: no partner digest recorded: copies on other nodes are not used",
+                                root=self.storage.url, step=self.step, path=name)
+        for node in self.held.get(name, []):
+            if node == self.node:
+                continue
             for _, peer_node, host, port in self.peers:
                 if peer_node != node:
                     continue
-                try:
-                    key = partner_copy_key(self.step, name)  # a verified copy lands where partner copies live
+                try:  # streamed into place only when its size and digest match the record
                     fetch_verified(host, port, self.step, name, self.local.local_path(key),
-                                   expected_digest=rec.digest, expected_size=rec.size, secret=self._secret,
+                                   expected_digest=self.digests[name], expected_size=rec.size, secret=self._secret,
                                    timeout_s=self.timeout_s)
-                    data = self.local.get(key)
-                    fmt.check_file(self.local, self.step, name, data, rec)
-                    self.sources["partner"] += 1
-                    return data
+                    return
                 except (OSError, CkptError) as exc:
                     log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, host, port, exc)
-        return None
+        raise ChecksumError(f"{name}: no intact copy on any other node of the local level", root=self.storage.url,
+                            step=self.step, path=name)
+
+    def _count(self, source: str, name: str) -> None:
+        files = self._files_by_source.setdefault(source, set())
+        if name not in files:
+            files.add(name)
+            self.sources[source] += 1
+
+    def _on_read(self, task: Task, label: str) -> None:
+        super()._on_read(task, label)
+        self._count(label, task.file)
+
+    def _on_receive(self, task: Task) -> None:
+        super()._on_receive(task)
+        self._count("local" if self._nodes.get(task.reader) == self.node else "partner", task.file)
 
 
 @dataclass(frozen=True, slots=True)

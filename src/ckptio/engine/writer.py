@@ -37,13 +37,13 @@ from ckptio.format import (
     FileRecord,
     ItemRecord,
     RankIndex,
-    checksum,
     durable_data_key,
     index_key,
     record_key,
     step_dir,
     write_failure,
 )
+from ckptio.format.blocks import BLOCK_SIZE, RunningChecksum
 from ckptio.format.layout import TensorEntry, data_file_name
 from ckptio.format.local_level import local_records
 from ckptio.format.serialize import TensorFramer
@@ -51,9 +51,11 @@ from ckptio.obs.events import Event, Phase
 from ckptio.storage.base import Storage, join_key
 
 
-def _serialize_tensor(framer: TensorFramer, buf: mmap.mmap, entry: TensorEntry) -> list[bytes | memoryview]:
+def _serialize_tensor(framer: TensorFramer, buf: mmap.mmap,
+                      entry: TensorEntry) -> tuple[list[bytes | memoryview], int | None]:
     # The slot's bytes of just this tensor, framed as torch.save would write it (no torch in this process).
-    return framer.frame(entry.dtype, entry.shape, memoryview(buf)[entry.slot_offset : entry.slot_offset + entry.nbytes])
+    raw = memoryview(buf)[entry.slot_offset : entry.slot_offset + entry.nbytes]
+    return framer.frame_item(entry.dtype, entry.shape, raw)
 
 
 class Writer:
@@ -267,22 +269,28 @@ class Writer:
         blobs: list[bytes | memoryview] = []
         items: list[ItemRecord] = []
         offset = 0
+        # One pass gives the file's crc32c and each item's block checksums (ranged restores verify with those).
+        running = RunningChecksum()
         if n == 0:
             for obj, payload in zip(plan.layout.objects, job.objects, strict=True):
                 blobs.append(payload)
                 items.append(ItemRecord(fqn=obj.fqn, offset=None, index_hint=obj.index_hint, file=name,
-                                        file_offset=offset, length=len(payload)))
+                                        file_offset=offset, length=len(payload), block_size=BLOCK_SIZE,
+                                        crc32c=running.add_item([payload], 0, len(payload))))
                 offset += len(payload)
         for entry in plan.layout.tensors:
             if entry.file_no != n:
                 continue
-            parts = _serialize_tensor(self._framer, buf, entry)
+            parts, data_offset = _serialize_tensor(self._framer, buf, entry)
             length = sum(memoryview(p).nbytes for p in parts)
+            start, checked = (0, length) if data_offset is None else (data_offset, entry.nbytes)
             blobs.extend(parts)
             items.append(ItemRecord(fqn=entry.fqn, offset=list(entry.chunk_offset), index_hint=entry.index_hint,
-                                    file=name, file_offset=offset, length=length))
+                                    file=name, file_offset=offset, length=length, data_offset=data_offset,
+                                    data_length=entry.nbytes if data_offset is not None else 0,
+                                    block_size=BLOCK_SIZE, crc32c=running.add_item(parts, start, checked)))
             offset += length
-        crc = checksum(blobs)
+        crc = running.hex
         t1 = time.monotonic()
         self.out.event(Event.PHASE, job.step, phase=Phase.SERIALIZE, seconds=t1 - t0, bytes=offset, tier=tier,
                        file=name)

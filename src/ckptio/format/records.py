@@ -18,6 +18,7 @@ from typing import Any
 import crc32c
 
 from ckptio.errors import CorruptCheckpointError
+from ckptio.format.blocks import HEX, block_count
 from ckptio.format.keys import INDEX_FORMAT, MANIFEST_FORMAT, check_data_key, check_file_name, step_dir
 from ckptio.storage.base import Buffer, join_key
 
@@ -72,6 +73,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
 def _check_header(step: Any, world_size: Any, save_id: Any) -> None:
     if not (_is_int(step) and _is_int(world_size) and _is_int(save_id)):
         raise ValueError("step, world_size and save_id must be integers")
@@ -81,7 +86,12 @@ def _check_header(step: Any, world_size: Any, save_id: Any) -> None:
 
 @dataclass(kw_only=True, slots=True)
 class ItemRecord:
-    """Where one DCP write item landed: the file, byte offset and length."""
+    """Where one DCP write item landed (the file, byte offset and length) and the checksums of its blocks.
+
+    The block checksums (:mod:`ckptio.format.blocks`) let a reader verify any range of the item without reading
+    its whole file. Records written before them parse with the defaults (no data offset, no blocks): their files
+    are verified whole.
+    """
 
     fqn: str
     offset: list[int] | None
@@ -89,6 +99,37 @@ class ItemRecord:
     file: str
     file_offset: int
     length: int
+    data_offset: int | None = None
+    """Where the tensor's raw bytes start within the item (torch.save's framing precedes them); None for objects
+    and for tensors whose framing the writer did not produce itself."""
+    data_length: int = 0
+    """How many raw tensor bytes follow ``data_offset``."""
+    block_size: int = 0
+    """Size of the checksum blocks in ``crc32c``; 0 when the item has none (records before block checksums)."""
+    crc32c: str = ""
+    """crc32c of each ``block_size`` block of the checked bytes (the raw tensor bytes when ``data_offset`` is
+    set, else the whole item), 8 hex digits each, concatenated."""
+
+    def checked_span(self) -> tuple[int, int]:
+        """(offset within the item, length) of the bytes the block checksums cover."""
+        if self.data_offset is None:
+            return 0, self.length
+        return self.data_offset, self.data_length
+
+    def has_blocks(self) -> bool:
+        return self.block_size > 0
+
+    def check(self, *, step: int, path: str = "") -> None:
+        """Raise CorruptCheckpointError unless the record is well typed and its checked bytes lie in the item."""
+        ints = (self.file_offset, self.length, self.data_length, self.block_size)
+        ok = all(_is_int(v) and v >= 0 for v in ints) and isinstance(self.crc32c, str)
+        if ok and self.data_offset is not None:
+            ok = _is_int(self.data_offset) and 0 <= self.data_offset <= self.length - self.data_length
+        if ok and self.block_size:
+            nbytes = self.checked_span()[1]
+            ok = len(self.crc32c) == HEX * block_count(nbytes, self.block_size) and _is_hex(self.crc32c)
+        if not ok:
+            raise CorruptCheckpointError(f"malformed item record {self.fqn!r}", step=step, path=path)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -122,6 +163,7 @@ class RankIndex:
             rec.check(step=index.step, path=key)
         for item in index.items:
             check_file_name(item.file, step=index.step, path=key)
+            item.check(step=index.step, path=key)
         return index
 
 

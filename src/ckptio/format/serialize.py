@@ -61,6 +61,12 @@ class TensorFramer:
 
     def frame(self, dtype: str, shape: tuple[int, ...], raw: memoryview) -> list[bytes | memoryview]:
         """The torch.save bytes of the contiguous ``dtype``/``shape`` tensor whose bytes are ``raw``."""
+        return self.frame_item(dtype, shape, raw)[0]
+
+    def frame_item(self, dtype: str, shape: tuple[int, ...],
+                   raw: memoryview) -> tuple[list[bytes | memoryview], int | None]:
+        """:meth:`frame`, and where ``raw`` starts in those bytes (None when torch.save's layout was not the
+        expected one). Readers use the offset to read a tensor's bytes straight into their target."""
         key = (dtype, shape)
         if key not in self._framing:
             framing = torchsave.framing(dtype, shape)
@@ -68,10 +74,11 @@ class TensorFramer:
             self._framing[key] = framing if expected else None
         framing = self._framing[key]
         if framing is not None:
-            return [framing[0], raw, framing[1]]
+            return [framing[0], raw, framing[1]], len(framing[0])
         return self._frame_with_torch(key, raw)
 
-    def _frame_with_torch(self, key: tuple[str, tuple[int, ...]], raw: memoryview) -> list[bytes | memoryview]:
+    def _frame_with_torch(self, key: tuple[str, tuple[int, ...]],
+                          raw: memoryview) -> tuple[list[bytes | memoryview], int | None]:
         """torch.save itself; the first blob of a key also yields a reusable framing when its layout is known."""
         if self._torch is None:
             import torch  # only here: a writer that never reaches this line never loads torch
@@ -86,8 +93,10 @@ class TensorFramer:
         out = io.BytesIO()
         torch.save(tensor, out)
         blob = out.getvalue()
-        if self.splice and count:
-            offset = _data_offset(blob, count)
-            if offset is not None and blob[offset : offset + count] == raw:
-                self._framing[key] = (blob[:offset], blob[offset + count :])
-        return [blob]
+        offset = _data_offset(blob, count) if count else None
+        if offset is not None and blob[offset : offset + count] != raw:
+            offset = None
+        if self.splice and offset is not None:
+            self._framing[key] = (blob[:offset], blob[offset + count :])
+        # Stored uncompressed, the data lies at ``offset`` even when the zip CRC could not be turned off.
+        return [blob], offset

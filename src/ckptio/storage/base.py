@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from ckptio.errors import ConfigError, NotFoundError
+from ckptio.errors import ConfigError, NotFoundError, StorageError
 
 # Anything exposing the buffer protocol: bytes, bytearray, memoryview, numpy arrays.
 Buffer = bytes | bytearray | memoryview
@@ -99,6 +99,18 @@ def as_buffers(data: Data) -> list[memoryview]:
             else memoryview(p) for p in parts]
 
 
+def scatter(data: memoryview, views: Sequence[memoryview]) -> int:
+    """Copy ``data`` into ``views`` in order, as far as both go; returns the bytes copied."""
+    done = 0
+    for view in views:
+        n = min(view.nbytes, data.nbytes - done)
+        if n <= 0:
+            break
+        view[:n] = data[done : done + n]
+        done += n
+    return done
+
+
 def data_size(data: Data) -> int:
     return sum(b.nbytes for b in as_buffers(data))
 
@@ -149,6 +161,13 @@ class Storage(abc.ABC):
         """Whether anyone beyond the owner can read this storage. Raises StorageError when it cannot tell."""
         return Exposure(public=False, detail=f"{self.url} has no public endpoint")
 
+    @property
+    def read_batch_bytes(self) -> int:
+        """Up to how many bytes of adjacent ranges a restore should read in one :meth:`readinto` (0: read each range
+        on its own). Stores that charge per request (S3) want few large requests; a POSIX file is read fastest by
+        several concurrent ``preadv`` calls."""
+        return 0
+
     def data_key(self, key: str) -> str:
         """Where per-rank data named ``key`` goes: :func:`hashed_key` when ``hash_prefix`` is on, else ``key``."""
         return hashed_key(key) if self.hash_prefix else key
@@ -192,6 +211,24 @@ class Storage(abc.ABC):
         upload."""
         with open(path, "rb") as f:
             return self.put(key, f.read(), mode=mode, pacer=pacer)
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        """Read bytes of ``key`` from ``offset`` into ``buffers`` (writable, filled in order) until they are full
+        or the object ends; return how many bytes were read. :class:`NotFoundError` when missing.
+
+        Restore reads ranges straight into their destination (a tensor's memory, a bounce buffer) with this.
+        This default goes through :meth:`get`, so it costs one copy; backends override it to read without one
+        (POSIX ``preadv``, S3 streaming the response body into the buffers).
+        """
+        views = as_buffers(buffers)
+        total = sum(v.nbytes for v in views)
+        if offset < 0:
+            raise StorageError(f"invalid range offset={offset} on {key!r}", root=self.url)
+        data = memoryview(self.get(key, offset=offset, length=total)) if total else None
+        if data is None:
+            self.head(key)  # a missing key still raises NotFoundError
+            return 0
+        return scatter(data, views)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """Whole objects for several keys. Backends with latency override this with concurrent GETs."""

@@ -1,4 +1,4 @@
-"""Writes that bypass the page cache (``O_DIRECT``) for large objects on a durable POSIX tier.
+"""Writes and reads that bypass the page cache (``O_DIRECT``) for large objects on a durable POSIX tier.
 
 Why: a buffered write copies every byte into freshly allocated page-cache pages, which the kernel then writes back.
 On a host whose cores are training, that allocation and copy is the writer's largest CPU cost, and it lands on the
@@ -11,15 +11,20 @@ bytes go through a reusable page-aligned bounce buffer (one per thread: the writ
 last block is padded and the file truncated back to its true size. A filesystem that refuses ``O_DIRECT`` (tmpfs,
 some FUSE and NFS mounts) fails the open or the first write with ``EINVAL``: :class:`DirectIOUnsupported` tells the
 caller to write buffered instead.
+
+Reads can go the same way (``PosixStorage(direct_io=True)``): the device fills the page-aligned bounce buffer and
+the bytes the caller asked for are copied into its buffers (tensor memory is not block-aligned, so the device
+cannot fill it directly). Restore reads buffered by default: see ``PosixStorage.readinto``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ckptio.storage.base import Pacer
 
@@ -114,3 +119,55 @@ def file_chunks(path: str) -> Iterable[memoryview]:
     with open(path, "rb", buffering=0) as src:
         while chunk := src.read(CHUNK):
             yield memoryview(chunk)
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    """memcpy from ``src`` into ``dst`` (same size), without holding the GIL: reader threads copy in parallel."""
+    if dst.nbytes:
+        ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(dst)),
+                       ctypes.addressof(ctypes.c_char.from_buffer(src)), dst.nbytes)
+
+
+def read_direct(path: str, offset: int, views: Sequence[memoryview]) -> int:
+    """Fill ``views`` (in order) from ``path`` at ``offset`` with ``O_DIRECT`` reads through this thread's bounce
+    buffer; return the bytes read (short only at the end of the file). :class:`DirectIOUnsupported` when the
+    filesystem refuses direct I/O; ``OSError`` for every other failure."""
+    if not available():
+        raise DirectIOUnsupported("no O_DIRECT on this platform")
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise DirectIOUnsupported(str(exc)) from None
+        raise
+    bounce = memoryview(_buffer())
+    total = sum(v.nbytes for v in views)
+    done, vi, vpos = 0, 0, 0
+    try:
+        while done < total:
+            start = offset + done
+            aligned = start - start % ALIGN
+            want = min(CHUNK, -(-(start + total - done - aligned) // ALIGN) * ALIGN)
+            try:
+                got = os.preadv(fd, [bounce[:want]], aligned)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and done == 0:
+                    raise DirectIOUnsupported(str(exc)) from None
+                raise
+            avail = got - (start - aligned)
+            if avail <= 0:
+                break
+            src = bounce[start - aligned : start - aligned + min(avail, total - done)]
+            while src.nbytes:  # scatter into the caller's buffers
+                view = views[vi]
+                n = min(view.nbytes - vpos, src.nbytes)
+                _copy(view[vpos : vpos + n], src[:n])
+                src, vpos, done = src[n:], vpos + n, done + n
+                if vpos == view.nbytes:
+                    vi, vpos = vi + 1, 0
+            if got < want:
+                break
+        return done
+    finally:
+        bounce.release()
+        os.close(fd)

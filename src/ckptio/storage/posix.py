@@ -18,11 +18,12 @@ import errno
 import fcntl
 import os
 import secrets
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
 from ckptio.storage.base import (
+    Buffer,
     Data,
     IfMatch,
     ObjectInfo,
@@ -34,11 +35,28 @@ from ckptio.storage.base import (
     check_put_mode,
     join_key,
 )
-from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks, write_direct
+from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks, read_direct, write_direct
 
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
+# With direct_io=True, reads below this still go through the page cache: O_DIRECT's synchronous device round trip
+# would only add latency.
+READ_MIN_BYTES = 1 << 20
+# preadv takes at most IOV_MAX (1024 on Linux) buffers per call.
+_IOV_MAX = 1024
+
+
+def _remaining(views: list[memoryview], done: int) -> list[memoryview]:
+    """The parts of ``views`` after their first ``done`` bytes (preadv's iovecs after a short read)."""
+    out = []
+    for view in views:
+        if done >= view.nbytes:
+            done -= view.nbytes
+            continue
+        out.append(view[done:])
+        done = 0
+    return out[:_IOV_MAX]
 
 
 def _etag(st: os.stat_result) -> str:
@@ -245,6 +263,37 @@ class PosixStorage(Storage):
                         break
                     got += n
                 return bytes(out[:got]) if got < len(out) else bytes(out)
+        except OSError as exc:
+            raise self._error(exc, key) from exc
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        """``preadv`` straight into ``buffers`` (the kernel copies from its page cache into them: no copy of ours).
+
+        With ``direct_io=True``, reads of 1 MiB or more bypass the page cache (``O_DIRECT``) through a page-aligned
+        bounce buffer, then a copy into ``buffers``: tensor memory is not block-aligned, so the device cannot fill
+        it. The default reads buffered: restore runs before training does, so the page cache it fills costs no
+        step, and the kernel's readahead overlaps the device with the copy, which a bounce buffer per reading
+        thread does not.
+        """
+        path = self.local_path(key)
+        views = as_buffers(buffers)
+        total = sum(v.nbytes for v in views)
+        if offset < 0:
+            raise StorageError(f"invalid range offset={offset} on {key!r}", root=self.url)
+        try:
+            if self.direct_io is True and total >= READ_MIN_BYTES and not self._direct_refused:
+                try:
+                    return read_direct(path, offset, views)
+                except DirectIOUnsupported:
+                    self._direct_refused = True
+            with open(path, "rb", buffering=0) as f:
+                done = 0
+                while done < total:
+                    n = os.preadv(f.fileno(), _remaining(views, done), offset + done)
+                    if n == 0:
+                        break
+                    done += n
+                return done
         except OSError as exc:
             raise self._error(exc, key) from exc
 

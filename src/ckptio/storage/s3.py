@@ -36,8 +36,10 @@ from ckptio.errors import (
     PreconditionError,
     StorageError,
 )
+from ckptio.storage import s3_read
 from ckptio.storage.base import (
     HASHED_DIR_PREFIX,
+    Buffer,
     Data,
     Exposure,
     IfMatch,
@@ -98,6 +100,10 @@ class S3Storage(Storage):
     @property
     def hash_prefix(self) -> bool:
         return self.options.hash_prefix
+
+    @property
+    def read_batch_bytes(self) -> int:
+        return self.options.read_part_size
 
     @property
     def region(self) -> str | None:
@@ -379,6 +385,9 @@ class S3Storage(Storage):
             if status_code(exc.__cause__)[0] == 416:  # offset at or past the end: POSIX reads b""
                 return b""
             raise
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        return s3_read.readinto(self, key, as_buffers(buffers), offset)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         if len(keys) <= 1:

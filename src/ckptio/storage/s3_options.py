@@ -50,6 +50,12 @@ class S3Options:
     """Multipart part size in bytes. None picks 16 MiB below 2 GiB and 64 MiB above; either way it is raised
     so an object needs at most 10,000 parts and never goes below S3's 5 MiB minimum."""
 
+    read_part_size: int = 128 * MiB
+    """Bytes per ranged GET of a restore: a range up to this size is one request, a larger one is fetched in parts
+    of this size concurrently, and adjacent ranges a rank reads are merged up to it. Fewer, larger requests cost
+    less per byte on every S3 implementation (the request overhead is paid once per part; some servers, moto among
+    them, read the whole object for every ranged GET); throughput comes from the requests in flight."""
+
     multipart_threshold: int = 16 * MiB
     """Objects up to this size go in one PUT; larger ones as concurrent multipart parts."""
 
@@ -82,6 +88,8 @@ class S3Options:
         reject_non_finite(self)  # first: NaN passes every comparison below
         if self.part_size is not None and not MIN_PART <= self.part_size <= MAX_PART:
             raise ConfigError(f"part_size must be within 5 MiB..5 GiB, got {self.part_size}")
+        if not MiB <= self.read_part_size <= MAX_PART:
+            raise ConfigError(f"read_part_size must be within 1 MiB..5 GiB, got {self.read_part_size}")
         if not 1 <= self.multipart_threshold <= SINGLE_PUT_MAX:
             raise ConfigError(
                 f"multipart_threshold must be within 1 B..5 GiB, got {self.multipart_threshold}"

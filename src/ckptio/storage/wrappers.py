@@ -8,9 +8,9 @@ exposure) is never hidden by a wrapper: wrappers change behaviour, never where t
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from ckptio.storage.base import Data, Exposure, ObjectInfo, Pacer, PutMode, Storage, WriteMode
+from ckptio.storage.base import Buffer, Data, Exposure, ObjectInfo, Pacer, PutMode, Storage, WriteMode
 
 
 class StorageWrapper(Storage):
@@ -39,6 +39,10 @@ class StorageWrapper(Storage):
     def public_exposure(self) -> Exposure:
         return self.inner.public_exposure()
 
+    @property
+    def read_batch_bytes(self) -> int:
+        return self.inner.read_batch_bytes
+
     def data_key(self, key: str) -> str:
         return self.inner.data_key(key)
 
@@ -51,6 +55,12 @@ class StorageWrapper(Storage):
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         return self.inner.get(key, offset=offset, length=length)
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        if type(self).get is not StorageWrapper.get:
+            # The subclass changes reads (latency, throttle, gates): ranged reads go through its get too.
+            return Storage.readinto(self, key, buffers, offset=offset)
+        return self.inner.readinto(key, buffers, offset=offset)
 
     def head(self, key: str) -> ObjectInfo:
         return self.inner.head(key)

@@ -35,6 +35,7 @@ from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, Pacer, PutM
 from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
 from ckptio.storage.posix import PosixStorage
 from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
+from ckptio.testing.ranged_read_tests import RangedReadTests
 from ckptio.testing.spawned import aws_env, create_at, put_through, warm_up, write_and_read
 
 __all__ = ["StoreTests", "WrapperTests", "put_through", "pytest_configure", "requires_capability", "spawn_pool"]
@@ -55,7 +56,7 @@ class _CountingPacer:
             self.taken.append(nbytes)
 
 
-class StoreTests(CapabilityTests):
+class StoreTests(CapabilityTests, RangedReadTests):
     """Subclass and define a ``storage`` fixture returning an empty storage (function scope)."""
 
     # Sizes large enough to take a backend's multi-part path when the subclass configures a small threshold.

@@ -14,11 +14,13 @@ import fcntl
 import os
 import struct
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ckptio.errors import StorageError, StorageFullError
-from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode, Storage, WriteMode, data_size
+from ckptio.storage.base import Buffer, Data, ObjectInfo, Pacer, PutMode, Storage, WriteMode, data_size
 from ckptio.storage.wrappers import StorageWrapper
 
 
@@ -93,6 +95,50 @@ class ThrottledStorage(StorageWrapper):
         if self.read_bytes_per_s:
             self.wait_until(self.book(len(out), self.read_bytes_per_s))
         return out
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        got = self.inner.readinto(key, buffers, offset=offset)
+        if self.read_bytes_per_s:
+            self.wait_until(self.book(got, self.read_bytes_per_s))
+        return got
+
+
+class CountingStorage(StorageWrapper):
+    """Counts the bytes read from the inner storage, per key (``get`` and ``readinto``), in this process.
+
+    Restore tests and ``bench/bench_restore.py`` hold a restore's store reads to the checkpoint's size with it: the
+    bytes the store served, not what a process read from sockets or its own page cache.
+    """
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()
+        self.bytes_read: dict[str, int] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"inner": self.inner}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["inner"])  # type: ignore[misc]
+
+    def _count(self, key: str, n: int) -> None:
+        with self._lock:
+            self.bytes_read[key] = self.bytes_read.get(key, 0) + n
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.bytes_read.values())
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        out = self.inner.get(key, offset=offset, length=length)
+        self._count(key, len(out))
+        return out
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        got = self.inner.readinto(key, buffers, offset=offset)
+        self._count(key, got)
+        return got
 
 
 class LatencyStorage(StorageWrapper):
