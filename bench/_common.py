@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.obs.eventfiles import load_events, read_event_file
-from ckptio.plan.calibration import prediction_error
+from ckptio.plan.costs.calibration import prediction_error
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -70,9 +70,9 @@ from _common import (
     thread_stats,
     verdict,
 )
-from ckptio.plan.calibration import excess_from_trial
-from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
-from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss
+from ckptio.plan.costs.calibration import excess_from_trial
+from ckptio.plan.measure.disk import DiskRates, measure_disk, on_local_disk
+from ckptio.plan.measure.host import any_rank, measure_fresh_copy_drag, measure_save_loss
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -277,7 +277,7 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
 
 
 def _trial_save_loss(loop: Loop, spec: Spec) -> float:
-    """:func:`ckptio.plan.host.measure_save_loss` with a Checkpointer of its own (its step numbers must not meet
+    """:func:`ckptio.plan.measure.host.measure_save_loss` with a Checkpointer of its own (its step numbers must not meet
     the run's); its checkpoints are removed."""
     import torch.distributed as dist
 
@@ -460,7 +460,7 @@ def _threads_line(results: list[dict[str, Any]]) -> str:
 def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk: DiskRates, *,
             train_cores: float, drag: float, direct_io_s_per_gib: float = 0.0) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
-    from ckptio.plan.background import HostModel, predict_modes
+    from ckptio.plan.costs.background import HostModel, predict_modes
 
     cores_per_rank = (os.cpu_count() or 1) / 2
     host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank),
@@ -498,8 +498,8 @@ def main() -> int:
                     hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab, seq=args.seq,
                     batch=args.batch, plain=args.plain)
         # The planner's inputs come first, measured before any mode runs.
-        from ckptio.plan.background import WriterCosts
-        from ckptio.plan.host import measure_writer_costs
+        from ckptio.plan.costs.background import WriterCosts
+        from ckptio.plan.measure.host import measure_writer_costs
 
         costs = WriterCosts(**measure_writer_costs(directory=str(root)))
         disk = measure_disk(str(root))

@@ -21,11 +21,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.failsim import simulate_failures
-from ckptio.plan.levels import LocalLevel
-from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint
-from ckptio.plan.multilevel import TwoLevelPlan, plan_two_levels
+from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.costs.levels import LocalLevel
+from ckptio.plan.costs.multilevel import TwoLevelPlan, plan_two_levels
+from ckptio.plan.job.checkpoint import PRESETS, Parallelism, shape_checkpoint
+from ckptio.plan.simulation.failures import simulate_failures
 from ckptio.plan.units import format_duration
 
 GIB = float(1 << 30)

@@ -8,7 +8,7 @@ writes through the demo's ``ThrottledFileSystemWriter`` on the same clock). Back
 (default: the temp dir, on disk, fsync on, as the demo's store: each writer's page-cache and writeback costs are
 part of what it costs the step).
 
-The modes (:data:`ckptio.plan.background.MODES`): ``dcp.save``; default ``dcp.async_save`` (one in flight, own
+The modes (:data:`ckptio.plan.costs.background.MODES`): ``dcp.save``; default ``dcp.async_save`` (one in flight, own
 gloo group); DCP-best (PROCESS checkpointer, ``DefaultStager`` with shared memory and async staging; the loop
 waits for ``staging_completion`` before ``optimizer.step`` and for the previous upload before the next save);
 ckptio (``max_pending=1``, ``overflow="block"``).
@@ -21,13 +21,15 @@ default ``async_save``'s per-save staging copy lands in memory the last save's c
 charges it at the touched-memory copy rate (with ``--glibc-trim``, the fresh-memory one).
 
 Prediction first, from measurements that never see a mode run: the writer's per-byte CPU costs on this host
-(:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
+(:func:`ckptio.plan.measure.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's
+cores
 per rank, training's CPU use (one thread: 1 core), how much slower its step runs while a fresh copy of its
-state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
+state is alive (:func:`ckptio.plan.measure.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
 ``async_save`` keeps such a copy until its write is done), and what a trial save of ckptio's own writer, and one of
 DCP-best's (the buffered writer DCP's background modes share), every rank at once into a root of its own on the
 same store, cost the steps beyond what the model charges them from their CPU costs
-(:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.calibration.excess_from_trial`).
+(:func:`ckptio.plan.measure.host.measure_save_loss`, on the same ranks;
+:func:`ckptio.plan.costs.calibration.excess_from_trial`).
 Where a trial loses more than the model charges, that mode's prediction is its trial's; default ``async_save``'s
 takes DCP-best's excess per GiB, a prediction across modes. Then each mode runs, ckptio first (:func:`run_order`).
 
@@ -75,17 +77,17 @@ from _common import (
     standard_error,
     thread_schedstat,
 )
-from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
-from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.calibration import excess_from_trial
-from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
-from ckptio.plan.host import (
+from ckptio.plan.costs.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
+from ckptio.plan.costs.budget import StorageModel, flush_times
+from ckptio.plan.costs.calibration import excess_from_trial
+from ckptio.plan.job.checkpoint import uniform_shape
+from ckptio.plan.measure.disk import DiskRates, measure_disk, on_local_disk
+from ckptio.plan.measure.host import (
     any_rank,
     measure_fresh_copy_drag,
     measure_save_loss,
     measure_writer_costs,
 )
-from ckptio.plan.model import uniform_shape
 
 MIB = 1 << 20
 _LAYERS = 4
@@ -372,7 +374,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
 def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
             disk: DiskRates, *, cpu_share: float = 1.0) -> dict[str, ModeCost]:
     """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``disk``
-    :func:`ckptio.plan.disk.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
+    :func:`ckptio.plan.measure.disk.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
     booked_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
     job_bytes = args.ranks * state_bytes

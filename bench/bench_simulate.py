@@ -24,10 +24,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import RunSpec, median_figure, ratio_line, run_job
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.host import measure_copy_bandwidth, serialize_bytes_per_s
-from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint, uniform_shape
-from ckptio.plan.simulate import SimulationConfig, simulate
+from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.job.checkpoint import PRESETS, Parallelism, shape_checkpoint, uniform_shape
+from ckptio.plan.measure.host import measure_copy_bandwidth, serialize_bytes_per_s
+from ckptio.plan.simulation.burst import SimulationConfig, simulate
 
 MIB = 1 << 20
 

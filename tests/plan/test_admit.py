@@ -11,9 +11,9 @@ import pytest
 from ckptio._cli.main import main
 from ckptio.errors import AdmissionError
 from ckptio.plan.admit import AdmissionPolicy, admit
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.model import PRESETS, shape_checkpoint
-from ckptio.plan.profile import StorageProfile
+from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.job.checkpoint import PRESETS, shape_checkpoint
+from ckptio.plan.measure.profile import StorageProfile
 
 PLAN_KEYS = {
     "checkpoint_bytes",

@@ -13,8 +13,8 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.plan.admit import admit
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.model import PRESETS, shape_checkpoint
+from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.job.checkpoint import PRESETS, shape_checkpoint
 from ckptio.storage.capabilities import ALL_CAPABILITIES, detect_capabilities
 from ckptio.storage.s3 import S3Storage
 

@@ -18,8 +18,8 @@ from ckptio._cli.probe_cmd import MAX_PROBE_SECONDS
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.plan.admit import Admission, AdmissionPolicy, admit
-from ckptio.plan.budget import plan_burst
-from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.units import format_duration, parse_duration
 from ckptio.policy.residency import Residency
 

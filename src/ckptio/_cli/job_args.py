@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ckptio.errors import ConfigError
-from ckptio.plan.budget import DEFAULT_D2H_BYTES_PER_S, S3_PUT_RATE_PER_PREFIX, Schedule, StorageModel
-from ckptio.plan.model import (
+from ckptio.plan.costs.budget import DEFAULT_D2H_BYTES_PER_S, S3_PUT_RATE_PER_PREFIX, Schedule, StorageModel
+from ckptio.plan.job.checkpoint import (
     OPTIMIZER_BYTES_PER_PARAM,
     PRESETS,
     WEIGHT_DTYPE_BYTES,
@@ -26,7 +26,7 @@ from ckptio.plan.model import (
     preset,
     shape_checkpoint,
 )
-from ckptio.plan.profile import StorageProfile
+from ckptio.plan.measure.profile import StorageProfile
 from ckptio.plan.units import parse_count, parse_duration, parse_interval, parse_rate, parse_size
 
 T = TypeVar("T")

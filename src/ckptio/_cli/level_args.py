@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass
 
 from ckptio.errors import ConfigError
-from ckptio.plan.levels import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, LocalLevel
+from ckptio.plan.costs.levels import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, LocalLevel
 from ckptio.plan.units import parse_duration, parse_interval, parse_rate
 
 

@@ -24,11 +24,11 @@ from ckptio._cli.job_args import (
 )
 from ckptio._cli.level_args import LevelArgs, add_level_arguments, level_args
 from ckptio.errors import ConfigError
-from ckptio.plan.background import MODES, HostModel
-from ckptio.plan.budget import BurstBudget, plan_burst
-from ckptio.plan.model import CheckpointModel, CheckpointShape, shape_checkpoint
-from ckptio.plan.multilevel import Loss, TwoLevelPlan, plan_two_levels
-from ckptio.plan.sizing import SizingPlan, plan_sizes
+from ckptio.plan.costs.background import MODES, HostModel
+from ckptio.plan.costs.budget import BurstBudget, plan_burst
+from ckptio.plan.costs.multilevel import Loss, TwoLevelPlan, plan_two_levels
+from ckptio.plan.costs.sizing import SizingPlan, plan_sizes
+from ckptio.plan.job.checkpoint import CheckpointModel, CheckpointShape, shape_checkpoint
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 
 _VERDICT_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red", "unknown": "bold"}

@@ -2,7 +2,7 @@
 
 Owns the command's flags, its progress bar and its output (a table, ``--json``, ``--out profile.json``). A
 SIGTERM (a scheduler ending the job) is turned into the same clean exit as Ctrl-C, so the probe's files are
-removed either way. Measuring is :mod:`ckptio.plan.probe`'s job, not this module's.
+removed either way. Measuring is :mod:`ckptio.plan.measure.probe`'s job, not this module's.
 
 A store (``s3://``) is checked before anything is written: residency (a public bucket is refused unless
 ``--allow-public``; a store with no API to tell is refused unless ``--store-private``), then its capabilities,
@@ -24,9 +24,9 @@ from rich.table import Table
 from ckptio._cli.paths import check_output
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError
-from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
-from ckptio.plan.probe import Progress as ProgressFn
-from ckptio.plan.profile import StorageProfile
+from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
+from ckptio.plan.measure.probe import Progress as ProgressFn
+from ckptio.plan.measure.profile import StorageProfile
 from ckptio.plan.units import format_duration, format_rate, parse_duration, parse_size
 from ckptio.policy.residency import Residency
 from ckptio.storage.capabilities import StoreCapabilities

@@ -2,7 +2,7 @@
 
 Owns the command's flags (those of ``plan`` plus the simulation's), its table, ``--json``, ``--events`` (the
 simulation in ckptio's event schema) and ``--out`` (the timeline picture, drawn by ``ckptio.obs.report``).
-The model is :mod:`ckptio.plan.simulate`'s.
+The model is :mod:`ckptio.plan.simulation.burst`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from rich.table import Table
 from ckptio._cli.failures import add_failure_arguments, failures_table, inject_failures
 from ckptio._cli.job_args import Job, add_job_arguments, add_storage_arguments, job_from_args
 from ckptio._cli.paths import check_output, writing
-from ckptio.plan.sim_events import simulation_events, write_events
-from ckptio.plan.sim_types import MAX_CHECKPOINTS
-from ckptio.plan.simulate import SimulationConfig, SimulationResult, simulate
+from ckptio.plan.simulation.burst import SimulationConfig, SimulationResult, simulate
+from ckptio.plan.simulation.burst_types import MAX_CHECKPOINTS
+from ckptio.plan.simulation.events import simulation_events, write_events
 from ckptio.plan.units import format_bytes, format_duration, parse_rate, parse_size
 
 _SHOWN_RECORDS = 12

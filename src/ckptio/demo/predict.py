@@ -2,9 +2,9 @@
 
 The demo measures this machine's step time (a few steps of one rank's share of the model, in this process)
 and its copy bandwidth (the "device-to-host" copy of a CPU job is a memcpy), then asks
-:mod:`ckptio.plan.budget` two things: the save interval at which the flush keeps up with headroom
+:mod:`ckptio.plan.costs.budget` two things: the save interval at which the flush keeps up with headroom
 (:func:`choose_every`), and what each of the four save modes should cost at the interval used
-(:func:`ckptio.plan.background.predict_modes`, with this host's cores and its measured per-byte costs).
+(:func:`ckptio.plan.costs.background.predict_modes`, with this host's cores and its measured per-byte costs).
 This module must never start ranks or touch the store: the prediction has to come
 before the measurement it is compared with."""
 
@@ -21,12 +21,12 @@ import torch
 
 from ckptio.demo.model import ModelShape, Trainer, TrainState
 from ckptio.errors import ConfigError
-from ckptio.plan.background import HostModel, ModeCost, WriterCosts, predict_modes
-from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
-from ckptio.plan.calibration import excess_from_trial
-from ckptio.plan.disk import DiskRates, LocalDiskStore, on_local_disk
-from ckptio.plan.host import measure_fresh_copy_drag
-from ckptio.plan.model import CheckpointShape, RankClass
+from ckptio.plan.costs.background import HostModel, ModeCost, WriterCosts, predict_modes
+from ckptio.plan.costs.budget import BurstBudget, Schedule, StorageModel, plan_burst
+from ckptio.plan.costs.calibration import excess_from_trial
+from ckptio.plan.job.checkpoint import CheckpointShape, RankClass
+from ckptio.plan.measure.disk import DiskRates, LocalDiskStore, on_local_disk
+from ckptio.plan.measure.host import measure_fresh_copy_drag
 
 _CALIBRATION_STEPS = 8
 """Steps timed for the step time (their median), and per run of :func:`measure_fresh_copy_drag`."""
@@ -59,7 +59,7 @@ class Prediction:
     """The plan for an async save with one staging slot (ckptio): blocks for the copy only."""
 
     modes: dict[str, ModeCost]
-    """The background-cost model's cost per save of every save mode (``ckptio.plan.background``): blocking plus
+    """The background-cost model's cost per save of every save mode (``ckptio.plan.costs.background``): blocking plus
     the training time the writer's CPU takes from the step, with this host's cores and measured per-byte costs."""
 
     fresh_copy_drag: float = 0.0
@@ -70,13 +70,14 @@ class Prediction:
 
     direct_io_s_per_gib: float = 0.0
     """From the trial save: what ckptio's ``O_DIRECT`` saves cost the steps per GiB beyond what the model charges
-    from their CPU costs (:func:`ckptio.plan.calibration.excess_from_trial`)."""
+    from their CPU costs (:func:`ckptio.plan.costs.calibration.excess_from_trial`)."""
 
     costs: WriterCosts | None = None
-    """Measured: this host's per-byte CPU costs of a save's work (:func:`ckptio.plan.host.measure_writer_costs`)."""
+    """Measured: this host's per-byte CPU costs of a save's work
+    (:func:`ckptio.plan.measure.host.measure_writer_costs`)."""
 
     disk: DiskRates | None = None
-    """Measured: the disk beneath the directory store (:func:`ckptio.plan.disk.measure_disk`), or None."""
+    """Measured: the disk beneath the directory store (:func:`ckptio.plan.measure.disk.measure_disk`), or None."""
 
     bytes_per_rank: float = 0.0
     """The bytes the modes' costs are predicted for: those of the rank that saves the most (ranks in lockstep wait
@@ -93,7 +94,7 @@ class TrainingFigures:
     """Median seconds per step (no collectives)."""
 
     fresh_copy_drag: float
-    """:attr:`ckptio.plan.background.HostModel.fresh_copy_drag`: the step's slowdown while a freshly allocated
+    """:attr:`ckptio.plan.costs.background.HostModel.fresh_copy_drag`: the step's slowdown while a freshly allocated
     copy of the state is alive (default ``async_save``'s staging)."""
 
 
@@ -244,8 +245,9 @@ def predict(
     largest_rank_bytes: float | None = None,
 ) -> Prediction:
     """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``costs``: this
-    host's per-byte CPU costs (:func:`ckptio.plan.host.measure_writer_costs`); ``disk``: the disk beneath the
-    directory store (:func:`ckptio.plan.disk.measure_disk`): the store is a budget on it, so each writer takes the
+    host's per-byte CPU costs (:func:`ckptio.plan.measure.host.measure_writer_costs`); ``disk``: the disk beneath the
+    directory store (:func:`ckptio.plan.measure.disk.measure_disk`): the store is a budget on it, so each writer takes
+    the
     longer of its booking and its real write, and a buffered file below the kernel's write-back threshold is
     serialized before its fsync moves a byte; ``direct_io``: ckptio's writer writes around the page cache (the
     directory store; not the embedded S3 server); ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`;

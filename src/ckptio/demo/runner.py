@@ -44,9 +44,9 @@ from ckptio.demo.table import (
     verdict_line,
 )
 from ckptio.errors import CkptError, ConfigError
-from ckptio.plan.background import WriterCosts
-from ckptio.plan.disk import measure_disk
-from ckptio.plan.host import measure_copy_bandwidth, measure_writer_costs
+from ckptio.plan.costs.background import WriterCosts
+from ckptio.plan.measure.disk import measure_disk
+from ckptio.plan.measure.host import measure_copy_bandwidth, measure_writer_costs
 from ckptio.plan.units import format_bytes
 from ckptio.testing.s3server import BUCKET, embedded_s3
 

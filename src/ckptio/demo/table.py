@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ckptio.demo.predict import Prediction
 from ckptio.demo.steady import RunRow
-from ckptio.plan.calibration import prediction_error
+from ckptio.plan.costs.calibration import prediction_error
 from ckptio.plan.units import format_bytes, format_rate
 
 _DEMO_FINDINGS = ("flush-behind", "flush-tight", "stall")
@@ -143,7 +143,7 @@ def _trial(prediction: Prediction) -> str:
 
 
 MODEL_KEYS = {"dcp-sync": "dcp_sync", "dcp-async": "dcp_async", "dcp-best": "dcp_best", "ckptio": "ckptio"}
-"""The demo's runs → :data:`ckptio.plan.background.MODES`."""
+"""The demo's runs → :data:`ckptio.plan.costs.background.MODES`."""
 
 
 def prediction_table(prediction: Prediction) -> Table:

@@ -1,0 +1,42 @@
+"""Where the background-cost model (:mod:`ckptio.plan.costs.background`) meets measurements: the term a trial save of a
+mode's own writer adds to the model, and how far a prediction landed from what a run measured (issue 12's bar).
+
+It only computes: the trials run in ``ckptio.plan.measure.host`` (:func:`~ckptio.plan.measure.host.measure_save_loss`),
+the runs
+in the demo and the benches.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ckptio.errors import ConfigError
+from ckptio.plan.costs.background import GIB, ModeCost
+
+
+def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: float) -> float:
+    """:attr:`~ckptio.plan.costs.background.HostModel.direct_io_s_per_gib` (or
+    :attr:`~ckptio.plan.costs.background.HostModel.buffered_io_s_per_gib`) from a trial save: ``trial_lost_s``, what a
+    save of ckptio's own writer (DCP-best's) cost the job's steps (:func:`ckptio.plan.measure.host.measure_save_loss`,
+    the
+    mean over ranks), less what the model charges that save without the term (``modelled``:
+    :func:`~ckptio.plan.costs.background.predict_modes`' ``ckptio`` (``dcp_best``) cost with the term 0; its blocking
+    copy and its writer's CPU theft, not a wait for the previous save, which a trial save never has), per GiB of
+    ``bytes_per_rank``; 0 where the model already charges as much.
+
+    The term is the one part of ckptio's cost the model does not derive from per-byte CPU costs: a stand-in
+    writer that wrote the same bytes with the same ``O_DIRECT`` path read 1.6× what the writer's own saves cost
+    (it writes back to back, the writer frames, checksums and paces), so the writer itself is what is measured.
+    """
+    if not (math.isfinite(trial_lost_s) and bytes_per_rank > 0):
+        raise ConfigError(f"a trial save needs a finite loss and bytes > 0, got {trial_lost_s!r} and "
+                          f"{bytes_per_rank!r}")
+    return max(0.0, trial_lost_s - modelled.blocking_s - modelled.stolen_s) / (bytes_per_rank / GIB)
+
+
+def prediction_error(predicted_s: float, measured_s: float, between_s: float) -> tuple[float, float, bool]:
+    """How far a predicted time lost per save is from the measured one: (predicted ÷ measured, predicted − measured
+    in percentage points of the time between saves, within the bar of 20 % relative or 3 points)."""
+    ratio = predicted_s / measured_s if measured_s > 0 else math.inf
+    points = 100.0 * (predicted_s - measured_s) / between_s if between_s > 0 else 0.0
+    return ratio, points, abs(ratio - 1.0) <= 0.2 or abs(points) <= 3.0
