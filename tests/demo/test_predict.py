@@ -8,7 +8,7 @@ import pytest
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import Prediction, predict
 from ckptio.errors import ConfigError
-from ckptio.plan.background import WriterCosts
+from ckptio.plan.costs.background import WriterCosts
 
 SHAPE = ModelShape()
 WORLD = 2
