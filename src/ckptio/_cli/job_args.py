@@ -14,18 +14,18 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.budget import DEFAULT_D2H_BYTES_PER_S, S3_PUT_RATE_PER_PREFIX, Schedule, StorageModel
+from ckptio.plan.costs.intervals import DEFAULT_D2H_BYTES_PER_S, Schedule
+from ckptio.plan.costs.store import S3_PUT_RATE_PER_PREFIX, StoreLimits
 from ckptio.plan.job.checkpoint import (
     OPTIMIZER_BYTES_PER_PARAM,
-    PRESETS,
     WEIGHT_DTYPE_BYTES,
     Architecture,
-    CheckpointModel,
     CheckpointShape,
+    CheckpointSpec,
     Parallelism,
-    preset,
     shape_checkpoint,
 )
+from ckptio.plan.job.presets import PRESETS, preset
 from ckptio.plan.measure.profile import StorageProfile
 from ckptio.plan.units import parse_count, parse_duration, parse_interval, parse_rate, parse_size
 
@@ -92,7 +92,7 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     st.add_argument("--serialize-bandwidth", help="one writer's serialize+checksum rate (profile's)")
 
 
-def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
+def checkpoint_model(args: argparse.Namespace) -> CheckpointSpec:
     """The job's checkpoint from ``--preset``, ``--params`` or the architecture flags."""
     arch_given = [n for n in _ARCH_FLAGS if getattr(args, n) is not None]
     _check_int_flags(args, arch_given)
@@ -108,7 +108,7 @@ def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
         dp=args.dp if args.dp is not None or base is None or args.ranks is not None else base.parallelism.dp,
         zero=_pick(args.zero, base.parallelism.zero if base else 0),
     )
-    model = CheckpointModel(
+    model = CheckpointSpec(
         params=parse_count(args.params, what="--params") if args.params else None,
         architecture=architecture,
         weights_dtype=_pick(args.weights_dtype, base.weights_dtype if base else "bf16"),
@@ -132,7 +132,7 @@ def _check_int_flags(args: argparse.Namespace, arch_given: list[str]) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} {value} is beyond any real job (at most {top:,})")
 
 
-def _check_size(model: CheckpointModel) -> None:
+def _check_size(model: CheckpointSpec) -> None:
     """Refuse a model too large to be real before it is shaped (shaping lists every file of a rank)."""
     if model.param_count > MAX_PARAMS:
         raise ConfigError(f"{model.param_count:.3g} parameters is beyond any real model (at most {MAX_PARAMS:.0e})")
@@ -181,7 +181,7 @@ def schedule(args: argparse.Namespace, *, mode: str) -> Schedule:
     return sched
 
 
-def storage_model(args: argparse.Namespace, profile: StorageProfile | None = None) -> StorageModel:
+def storage_model(args: argparse.Namespace, profile: StorageProfile | None = None) -> StoreLimits:
     """The store from ``profile`` (or ``--profile``), each figure overridable by its flag."""
     if profile is None and args.profile:
         profile = StorageProfile.load(args.profile)
@@ -191,7 +191,7 @@ def storage_model(args: argparse.Namespace, profile: StorageProfile | None = Non
     per_writer = _rate(args.per_writer_bandwidth, "--per-writer-bandwidth")
     if args.prefixes > MAX_PREFIXES:
         raise ConfigError(f"--prefixes {args.prefixes} is beyond any real store (at most {MAX_PREFIXES:,})")
-    model = StorageModel(
+    model = StoreLimits(
         write_bytes_per_s=write or (profile.write_bytes_per_s if profile else math.inf),
         per_writer_bytes_per_s=per_writer or (profile.per_writer_bytes_per_s if profile else math.inf),
         read_bytes_per_s=_rate(args.read_bandwidth, "--read-bandwidth")
@@ -238,13 +238,13 @@ def _rate(text: str | None, flag: str) -> float | None:
 class Job:
     """Everything the flags describe, built and validated."""
 
-    model: CheckpointModel
+    model: CheckpointSpec
     """The checkpoint's contents and parallelism."""
 
     shape: CheckpointShape
     """Bytes and objects per rank class."""
 
-    storage: StorageModel
+    storage: StoreLimits
     """The store's caps."""
 
     schedule: Schedule

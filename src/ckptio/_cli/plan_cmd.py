@@ -24,11 +24,12 @@ from ckptio._cli.job_args import (
 )
 from ckptio._cli.level_args import LevelArgs, add_level_arguments, level_args
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.background import MODES, HostModel
+from ckptio.plan.costs.background import MODES
 from ckptio.plan.costs.budget import BurstBudget, plan_burst
+from ckptio.plan.costs.inputs import Host
 from ckptio.plan.costs.multilevel import Loss, TwoLevelPlan, plan_two_levels
 from ckptio.plan.costs.sizing import SizingPlan, plan_sizes
-from ckptio.plan.job.checkpoint import CheckpointModel, CheckpointShape, shape_checkpoint
+from ckptio.plan.job.checkpoint import CheckpointShape, CheckpointSpec, shape_checkpoint
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 
 _VERDICT_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red", "unknown": "bold"}
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    host = HostModel(cores_per_rank=_cores(args.cores_per_rank, "--cores-per-rank"),
+    host = Host(cores_per_rank=_cores(args.cores_per_rank, "--cores-per-rank"),
                      train_cores=_cores(args.train_cores, "--train-cores"))
     if not args.profile and not args.write_bandwidth:
         model = checkpoint_model(args)
@@ -195,7 +196,7 @@ def modes_table(b: BurstBudget) -> Table:
     return table
 
 
-def print_sizing(console: Console, model: CheckpointModel, p: SizingPlan) -> None:
+def print_sizing(console: Console, model: CheckpointSpec, p: SizingPlan) -> None:
     """The store-free plan: sizes, objects, per-rank bytes, interval arithmetic, then the unknown verdict."""
     table = Table(title="ckptio plan (no store)", show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="dim")

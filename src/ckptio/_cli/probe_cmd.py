@@ -24,8 +24,8 @@ from rich.table import Table
 from ckptio._cli.paths import check_output
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError
+from ckptio.plan.measure.clock import Progress as ProgressFn
 from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
-from ckptio.plan.measure.probe import Progress as ProgressFn
 from ckptio.plan.measure.profile import StorageProfile
 from ckptio.plan.units import format_duration, format_rate, parse_duration, parse_size
 from ckptio.policy.residency import Residency

@@ -115,23 +115,22 @@ def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) ->
 
 
 def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
-    sync = prediction.sync
+    sync, machine = prediction.sync, prediction.machine
     return (
         f"[bold]Planner prediction[/]: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
         f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
-        f"(measured here: {prediction.step_time_s:.2f} s/step, {prediction.fresh_copy_drag:+.0%} with a fresh copy "
+        f"(measured here: {machine.step_time_s:.2f} s/step, {machine.fresh_copy_drag:+.0%} with a fresh copy "
         f"of the state alive, {_trial(prediction)}; copy "
-        f"{format_rate(prediction.copy_bytes_per_s)}{_writers(prediction)})"
+        f"{format_rate(machine.copy_bytes_per_s)}{_writers(prediction)})"
     )
 
 
 def _writers(prediction: Prediction) -> str:
-    parts = []
-    if prediction.costs is not None:
-        parts.append(f"torch.save + fsync {format_rate(prediction.costs.torch_save_bytes_per_s)} per core")
-    if prediction.disk is not None:
-        parts.append(f"the disk under the store {format_rate(prediction.disk.direct_bytes_per_s)} O_DIRECT, "
-                     f"{format_rate(prediction.disk.writeback_bytes_per_s)} write-back")
+    machine = prediction.machine
+    parts = [f"torch.save + fsync {format_rate(machine.costs.torch_save_bytes_per_s)} per core"]
+    if machine.disk is not None:
+        parts.append(f"the disk under the store {format_rate(machine.disk.direct_bytes_per_s)} O_DIRECT, "
+                     f"{format_rate(machine.disk.writeback_bytes_per_s)} write-back")
     return "".join(f"; {part}" for part in parts)
 
 

@@ -13,31 +13,32 @@ from pathlib import Path
 import pytest
 
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.background import (
-    GIB,
-    MODES,
-    HostModel,
-    ModeCost,
-    WriterCosts,
-    cfs_weight,
-    predict_modes,
-    writer_rate,
-)
+from ckptio.plan.costs.background import MODES, ModeCost, cfs_weight, predict_modes, writer_rate
 from ckptio.plan.costs.calibration import excess_from_trial
-from ckptio.plan.measure.host import dirty_background_bytes
+from ckptio.plan.costs.inputs import GIB, Host, StoreTiming, Workload, WriterCosts
+from ckptio.plan.measure.memory import dirty_background_bytes
 
 COSTS = WriterCosts()
+_STORE_FIELDS = {"store_s", "direct_io", "writeback_store_s", "paced_store_s", "dirty_background_bytes"}
+
+
+def _modes(*, host: Host | None = None, costs: WriterCosts | None = None, **figures: object) -> dict[str, ModeCost]:
+    """:func:`predict_modes` with each figure put in the value it belongs to (:class:`Workload` or
+    :class:`StoreTiming`), so that a test varies one figure by name."""
+    store = StoreTiming(**{k: v for k, v in figures.items() if k in _STORE_FIELDS})  # type: ignore[arg-type]
+    workload = Workload(**{k: v for k, v in figures.items() if k not in _STORE_FIELDS})  # type: ignore[arg-type]
+    return predict_modes(workload, store, host=host, costs=costs)
 
 
 def _lost(**kw: object) -> dict[str, float]:
-    modes = predict_modes(bytes_per_rank=GIB, costs=COSTS, **kw)  # type: ignore[arg-type]
+    modes = _modes(bytes_per_rank=GIB, costs=COSTS, **kw)  # type: ignore[arg-type]
     return {name: cost.lost_per_save_s for name, cost in modes.items()}
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_more_cores_never_inflate_more_and_spare_cores_hide_the_writer(mode: str) -> None:
     cores = [0.5, 1.0, 1.25, 1.5, 2.0, 4.0]
-    runs = [predict_modes(bytes_per_rank=GIB, store_s=2.0, host=HostModel(cores_per_rank=c, train_cores=1.0))[mode]
+    runs = [_modes(bytes_per_rank=GIB, store_s=2.0, host=Host(cores_per_rank=c, train_cores=1.0))[mode]
             for c in cores]
     lost = [r.lost_per_save_s for r in runs]
     assert lost == sorted(lost, reverse=True)
@@ -57,8 +58,8 @@ def test_dcp_best_pays_per_state_item_and_only_it() -> None:
     """``items_per_rank``: DCP-best's checkpointer pipes and plans every entry of the state, so the same bytes in
     more entries cost it more CPU and more time lost; the other modes are charged per byte only. A bad count is a
     named error."""
-    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
-    runs = [predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=COSTS, items_per_rank=n)
+    host = Host(cores_per_rank=1.0, train_cores=1.0)
+    runs = [_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=COSTS, items_per_rank=n)
             for n in (0, 100, 1000)]
     best = [r["dcp_best"] for r in runs]
     assert best[1].background_cpu_s - best[0].background_cpu_s == pytest.approx(100 / COSTS.dcp_items_per_s)
@@ -67,12 +68,12 @@ def test_dcp_best_pays_per_state_item_and_only_it() -> None:
         assert runs[0][mode] == runs[2][mode]
     for bad in (-1, 1.5):
         with pytest.raises(ConfigError, match="items_per_rank"):
-            predict_modes(bytes_per_rank=GIB, store_s=1.0, items_per_rank=bad)  # type: ignore[arg-type]
+            Workload(bytes_per_rank=GIB, items_per_rank=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_faster_store_never_loses_more(mode: str) -> None:
-    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
+    host = Host(cores_per_rank=1.0, train_cores=1.0)
     # A flush longer than the interval makes the next save wait for the one slot (async modes).
     lost = [_lost(store_s=s, host=host, interval_s=10.0)[mode] for s in (40.0, 20.0, 10.0, 5.0, 1.0)]
     assert lost == sorted(lost, reverse=True)
@@ -80,8 +81,8 @@ def test_a_faster_store_never_loses_more(mode: str) -> None:
 
 
 def test_with_no_spare_core_every_background_byte_is_paid_by_training() -> None:
-    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
-    modes = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=host, costs=COSTS)
+    host = Host(cores_per_rank=1.0, train_cores=1.0)
+    modes = _modes(bytes_per_rank=GIB, store_s=0.0, host=host, costs=COSTS)
     for name in ("dcp_async", "dcp_best", "ckptio"):
         assert modes[name].stolen_s == pytest.approx(modes[name].background_cpu_s)
     # Priority only spreads it: ckptio's niced writer inflates each step less, over a longer flush.
@@ -90,7 +91,7 @@ def test_with_no_spare_core_every_background_byte_is_paid_by_training() -> None:
 
 
 def test_a_niced_writer_takes_idle_time_first() -> None:
-    host = HostModel(cores_per_rank=1.2, train_cores=1.0)  # a fifth of a core idle
+    host = Host(cores_per_rank=1.2, train_cores=1.0)  # a fifth of a core idle
     niced_rate, niced_from_training = writer_rate(host, 10)
     equal_rate, equal_from_training = writer_rate(host, 0)
     assert niced_from_training / niced_rate < equal_from_training / equal_rate
@@ -100,7 +101,7 @@ def test_a_niced_writer_takes_idle_time_first() -> None:
 def test_per_mode_work_follows_the_costs() -> None:
     costs = WriterCosts(copy_bytes_per_s=1e9, fresh_copy_bytes_per_s=0.5e9, checksum_bytes_per_s=2e9,
                         page_cache_bytes_per_s=2e9, torch_save_bytes_per_s=0.25e9, direct_write_bytes_per_s=4e9)
-    modes = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=HostModel(cores_per_rank=1.0),
+    modes = _modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=Host(cores_per_rank=1.0),
                           direct_io=False)
     assert modes["dcp_sync"].lost_per_save_s == pytest.approx(4.0)  # the write is slower than the store
     assert modes["dcp_async"].blocking_s == pytest.approx(2.0)  # fresh allocation + copy
@@ -108,24 +109,24 @@ def test_per_mode_work_follows_the_costs() -> None:
     assert modes["dcp_best"].background_cpu_s == pytest.approx(1.0 + 4.0)  # staging thread + writer process
     assert modes["ckptio"].blocking_s == pytest.approx(1.0)
     assert modes["ckptio"].background_cpu_s == pytest.approx(0.5 + 0.5)  # crc32c + page cache
-    direct = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=HostModel(cores_per_rank=1.0))
+    direct = _modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=Host(cores_per_rank=1.0))
     assert direct["ckptio"].background_cpu_s == pytest.approx(0.5 + 0.25)  # crc32c + O_DIRECT's bounce copy
 
 
 def test_writing_around_the_page_cache_never_costs_the_step_more() -> None:
-    host = HostModel(cores_per_rank=1.0, train_cores=1.0)
+    host = Host(cores_per_rank=1.0, train_cores=1.0)
     for page_cache in (0.3e9, 1e9, 3e9):
         costs = WriterCosts(page_cache_bytes_per_s=page_cache, direct_write_bytes_per_s=5e9)
-        direct, buffered = (predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs,
+        direct, buffered = (_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs,
                                           direct_io=d)["ckptio"] for d in (True, False))
         assert direct.lost_per_save_s < buffered.lost_per_save_s
         # DCP's writers go through the page cache whatever ckptio does.
-        assert predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs, direct_io=True)["dcp_best"] \
-            == predict_modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs, direct_io=False)["dcp_best"]
+        assert _modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs, direct_io=True)["dcp_best"] \
+            == _modes(bytes_per_rank=GIB, store_s=1.0, host=host, costs=costs, direct_io=False)["dcp_best"]
 
 
 def test_a_device_copy_is_dma() -> None:
-    modes = predict_modes(bytes_per_rank=GIB, store_s=1.0, device_copy_s=0.3, host=HostModel(cores_per_rank=1.0))
+    modes = _modes(bytes_per_rank=GIB, store_s=1.0, device_copy_s=0.3, host=Host(cores_per_rank=1.0))
     assert modes["ckptio"].blocking_s == modes["dcp_async"].blocking_s == 0.3
     assert modes["dcp_best"].background_cpu_s == pytest.approx(GIB / COSTS.torch_save_bytes_per_s)
     assert modes["dcp_sync"].lost_per_save_s == pytest.approx(0.3 + max(1.0, GIB / COSTS.torch_save_bytes_per_s))
@@ -133,10 +134,10 @@ def test_a_device_copy_is_dma() -> None:
 
 def test_default_async_save_copies_a_dtensor_three_times_on_cpu_and_once_more_off_a_device() -> None:
     costs = WriterCosts(fresh_copy_bytes_per_s=1e9)
-    host = HostModel(cores_per_rank=1.0)
+    host = Host(cores_per_rank=1.0)
 
     def blocking(share: float, device_copy_s: float | None = None) -> float:
-        return predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host, dtensor_share=share,
+        return _modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host, dtensor_share=share,
                              device_copy_s=device_copy_s)["dcp_async"].blocking_s
 
     assert blocking(0.0) == pytest.approx(1.0)  # a plain tensor: one fresh copy
@@ -146,20 +147,20 @@ def test_default_async_save_copies_a_dtensor_three_times_on_cpu_and_once_more_of
     assert blocking(1.0, device_copy_s=0.2) == pytest.approx(1.2)  # .to("cpu"), then a host copy
     # DCP-best copies into its cached buffers and ckptio into its slot, DTensor or not.
     for mode in ("dcp_best", "ckptio", "dcp_sync"):
-        plain, sharded = (predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host,
+        plain, sharded = (_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host,
                                         dtensor_share=share)[mode] for share in (0.0, 1.0))
         assert plain == sharded
     for bad in (-0.1, 1.5):
         with pytest.raises(ConfigError, match="dtensor_share"):
-            predict_modes(bytes_per_rank=1e9, store_s=0.5, dtensor_share=bad)
+            Workload(bytes_per_rank=1e9, dtensor_share=bad)
 
 
 def test_a_file_below_the_writeback_threshold_moves_at_its_fsync() -> None:
     costs = WriterCosts(torch_save_bytes_per_s=1e9, checksum_bytes_per_s=1e12, direct_write_bytes_per_s=1e12)
-    host = HostModel(cores_per_rank=1.0)
+    host = Host(cores_per_rank=1.0)
 
     def sync(dirty: float | None, direct_io: bool = True) -> dict[str, float]:
-        modes = predict_modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host, dirty_background_bytes=dirty,
+        modes = _modes(bytes_per_rank=1e9, store_s=0.5, costs=costs, host=host, dirty_background_bytes=dirty,
                               direct_io=direct_io)
         return {m: modes[m].lost_per_save_s if m == "dcp_sync" else modes[m].flush_s for m in modes}
 
@@ -174,7 +175,7 @@ def test_a_file_below_the_writeback_threshold_moves_at_its_fsync() -> None:
     assert sync(0.0)["ckptio"] > sync(None)["ckptio"]
     assert sync(0.0, direct_io=False)["ckptio"] == pytest.approx(sync(None, direct_io=False)["ckptio"])
     with pytest.raises(ConfigError, match="dirty_background_bytes"):
-        predict_modes(bytes_per_rank=1e9, store_s=0.5, dirty_background_bytes=-1.0)
+        StoreTiming(store_s=0.5, dirty_background_bytes=-1.0)
 
 
 def test_the_writeback_threshold_is_read_from_the_kernel(tmp_path: Path) -> None:
@@ -198,14 +199,16 @@ def test_the_writeback_threshold_is_read_from_the_kernel(tmp_path: Path) -> None
 )
 def test_bad_host_figures_are_named_errors(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
-        HostModel(**bad)  # type: ignore[arg-type]
+        Host(**bad)  # type: ignore[arg-type]
 
 
 def test_bad_costs_are_named_errors() -> None:
     with pytest.raises(ConfigError, match="torch_save_bytes_per_s"):
         WriterCosts(torch_save_bytes_per_s=0.0)
     with pytest.raises(ConfigError):
-        predict_modes(bytes_per_rank=-1.0, store_s=0.0)
+        Workload(bytes_per_rank=-1.0)
+    with pytest.raises(ConfigError, match="store_s"):
+        StoreTiming(store_s=float("nan"))
 
 
 def test_costs_round_trip_through_json() -> None:
@@ -216,23 +219,23 @@ def test_costs_round_trip_through_json() -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_a_busier_host_never_costs_less(mode: str) -> None:
     shares = [1.0, 0.5, 0.25]
-    lost = [predict_modes(bytes_per_rank=GIB, store_s=0.1,
-                          host=HostModel(cores_per_rank=1.0, cpu_share=s))[mode].lost_per_save_s for s in shares]
+    lost = [_modes(bytes_per_rank=GIB, store_s=0.1,
+                          host=Host(cores_per_rank=1.0, cpu_share=s))[mode].lost_per_save_s for s in shares]
     assert all(later >= earlier * (1 - 1e-12) for earlier, later in itertools.pairwise(lost))
 
 
 def test_host_load_slows_work_on_the_training_thread_not_a_dma() -> None:
-    quiet = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=HostModel(cores_per_rank=1.0))
-    busy = predict_modes(bytes_per_rank=GIB, store_s=0.0, host=HostModel(cores_per_rank=1.0, cpu_share=0.25))
+    quiet = _modes(bytes_per_rank=GIB, store_s=0.0, host=Host(cores_per_rank=1.0))
+    busy = _modes(bytes_per_rank=GIB, store_s=0.0, host=Host(cores_per_rank=1.0, cpu_share=0.25))
     assert busy["ckptio"].blocking_s == pytest.approx(4 * quiet["ckptio"].blocking_s)
     assert busy["dcp_sync"].lost_per_save_s == pytest.approx(4 * quiet["dcp_sync"].lost_per_save_s)
     # What the writer takes from training on its core stays its CPU time: training was already at its share.
     assert busy["dcp_best"].stolen_s == pytest.approx(quiet["dcp_best"].stolen_s)
-    dma = predict_modes(bytes_per_rank=GIB, store_s=0.0, device_copy_s=0.2,
-                        host=HostModel(cores_per_rank=1.0, cpu_share=0.25))
+    dma = _modes(bytes_per_rank=GIB, store_s=0.0, device_copy_s=0.2,
+                        host=Host(cores_per_rank=1.0, cpu_share=0.25))
     assert dma["ckptio"].blocking_s == 0.2
     with pytest.raises(ConfigError):
-        HostModel(cpu_share=0.0)
+        Host(cpu_share=0.0)
 
 
 def test_prediction_error_is_within_the_bar_by_ratio_or_by_points() -> None:
@@ -261,7 +264,7 @@ def test_lockstep_ranks_wait_for_each_others_bursts_only_when_the_store_paces_th
 
 @pytest.mark.parametrize("mode", ["dcp_async", "dcp_best", "ckptio"])
 def test_more_lockstep_ranks_never_cost_less_and_a_cpu_bound_flush_is_unchanged(mode: str) -> None:
-    host = HostModel(cores_per_rank=1.0)
+    host = Host(cores_per_rank=1.0)
     paced = [_lost(store_s=20.0, host=host, lockstep_ranks=n)[mode] for n in (1, 2, 8, 1024)]
     assert all(later >= earlier for earlier, later in itertools.pairwise(paced))
     assert paced[-1] > paced[0]
@@ -275,7 +278,7 @@ def test_lockstep_ranks_lose_a_buffered_files_serialization_once() -> None:
     """Below the write-back threshold DCP's writers serialize from the save's start on every rank at once: their
     theft lines up and lockstep ranks lose it once, whatever their number. With write-back from the first byte the
     bursts do not line up and more ranks lose more; so do ckptio's ``O_DIRECT`` chunks, whatever the threshold."""
-    host = HostModel(cores_per_rank=1.0)
+    host = Host(cores_per_rank=1.0)
 
     def lost(mode: str, ranks: int, dirty: float) -> float:
         return _lost(store_s=20.0, host=host, lockstep_ranks=ranks, dirty_background_bytes=dirty)[mode]
@@ -290,7 +293,7 @@ def test_lockstep_ranks_lose_a_buffered_files_serialization_once() -> None:
 @pytest.mark.parametrize("mode", ["dcp_async", "dcp_best", "ckptio"])
 def test_a_cpu_job_waiting_for_its_peers_has_no_spare_below_one_core(mode: str) -> None:
     def lost(train_cores: float, **kw: object) -> float:
-        host = HostModel(cores_per_rank=1.0, train_cores=train_cores)
+        host = Host(cores_per_rank=1.0, train_cores=train_cores)
         return _lost(store_s=0.5, host=host, **kw)[mode]  # type: ignore[arg-type]
 
     # Alone, a rank's idle fifth of a core hides part of the writer.
@@ -300,23 +303,23 @@ def test_a_cpu_job_waiting_for_its_peers_has_no_spare_below_one_core(mode: str) 
     # A GPU job's waits are for the device, which the writers do not slow: the idle stays spare.
     assert lost(0.8, lockstep_ranks=2, device_copy_s=0.1) < lost(1.0, lockstep_ranks=2, device_copy_s=0.1)
     # A whole spare core beyond training's stays spare in lockstep too.
-    spare = predict_modes(bytes_per_rank=GIB, store_s=0.5, lockstep_ranks=2,
-                          host=HostModel(cores_per_rank=2.0, train_cores=0.8))[mode]
+    spare = _modes(bytes_per_rank=GIB, store_s=0.5, lockstep_ranks=2,
+                          host=Host(cores_per_rank=2.0, train_cores=0.8))[mode]
     assert spare.stolen_s == 0.0
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
 def test_lockstep_ranks_must_be_a_positive_int(bad: object) -> None:
     with pytest.raises(ConfigError, match="lockstep_ranks"):
-        predict_modes(bytes_per_rank=GIB, store_s=1.0, lockstep_ranks=bad)  # type: ignore[arg-type]
+        Workload(bytes_per_rank=GIB, lockstep_ranks=bad)  # type: ignore[arg-type]
 
 
 def test_a_fresh_copy_kept_alive_drags_default_async_save_only_for_its_flush() -> None:
     """``fresh_copy_drag``: training's steps run that much slower while default ``async_save``'s fresh staging copy
     is alive, which is its flush; no other mode keeps fresh memory alive, and a drag of 0 changes nothing."""
     def modes(drag: float, store_s: float = 2.0) -> dict[str, object]:
-        return predict_modes(bytes_per_rank=GIB, store_s=store_s, costs=COSTS,
-                             host=HostModel(cores_per_rank=2.0, fresh_copy_drag=drag))
+        return _modes(bytes_per_rank=GIB, store_s=store_s, costs=COSTS,
+                             host=Host(cores_per_rank=2.0, fresh_copy_drag=drag))
 
     base, dragged, more = modes(0.0), modes(0.2), modes(0.4)
     for mode in ("dcp_sync", "dcp_best", "ckptio"):
@@ -337,8 +340,8 @@ def test_device_io_collateral_charges_every_background_writer_on_a_durable_posix
     I/O lands while training waits) and every mode off a durable POSIX tier (``direct_io`` False) do not, and twice
     the bytes cost twice the collateral."""
     def modes(rate: float, *, direct_io: bool = True, nbytes: float = GIB) -> dict[str, object]:
-        return predict_modes(bytes_per_rank=nbytes, store_s=2.0, costs=COSTS, direct_io=direct_io,
-                             host=HostModel(cores_per_rank=2.0, direct_io_s_per_gib=rate))
+        return _modes(bytes_per_rank=nbytes, store_s=2.0, costs=COSTS, direct_io=direct_io,
+                             host=Host(cores_per_rank=2.0, direct_io_s_per_gib=rate))
 
     base, charged = modes(0.0), modes(0.5)
     assert charged["dcp_sync"] == base["dcp_sync"]
@@ -356,8 +359,8 @@ def test_buffered_writers_wait_for_the_write_back_and_ckptio_direct_io_for_the_s
     """``writeback_store_s``: a buffered writer's bytes reach this host's disk by the kernel's write-back (DCP's
     three modes, ckptio's buffered path); ckptio's ``O_DIRECT`` writes take ``store_s``. None means ``store_s``."""
     def modes(**kw: object) -> dict[str, object]:
-        return predict_modes(bytes_per_rank=GIB, store_s=4.0, costs=COSTS, dirty_background_bytes=2 * GIB,
-                             host=HostModel(cores_per_rank=2.0), **kw)  # type: ignore[arg-type]
+        return _modes(bytes_per_rank=GIB, store_s=4.0, costs=COSTS, dirty_background_bytes=2 * GIB,
+                             host=Host(cores_per_rank=2.0), **kw)  # type: ignore[arg-type]
 
     plain, same, faster = modes(), modes(writeback_store_s=4.0), modes(writeback_store_s=1.0)
     assert plain == same
@@ -381,8 +384,8 @@ def test_a_paced_store_holds_each_writer_for_its_booking_and_a_slower_disk_under
     costs = WriterCosts(torch_save_bytes_per_s=2e9, checksum_bytes_per_s=1e12, direct_write_bytes_per_s=1e12)
 
     def modes(**kw: object) -> dict[str, object]:
-        return predict_modes(bytes_per_rank=1e9, store_s=0.25, writeback_store_s=0.25, costs=costs,
-                             host=HostModel(cores_per_rank=2.0), dirty_background_bytes=2e9,
+        return _modes(bytes_per_rank=1e9, store_s=0.25, writeback_store_s=0.25, costs=costs,
+                             host=Host(cores_per_rank=2.0), dirty_background_bytes=2e9,
                              **kw)  # type: ignore[arg-type]
 
     real = modes()["dcp_sync"].lost_per_save_s
@@ -402,14 +405,14 @@ def test_a_trial_save_sets_the_direct_io_term_to_what_the_model_does_not_charge(
     the rank's bytes; never below 0; a wait for the previous save (which a trial never has) is not subtracted;
     and the prediction built with it charges a same-size save exactly the trial's loss."""
     kwargs = {"bytes_per_rank": GIB / 2, "store_s": 2.0, "costs": COSTS, "direct_io": True}
-    modelled = predict_modes(host=HostModel(cores_per_rank=1.0), **kwargs)["ckptio"]
+    modelled = _modes(host=Host(cores_per_rank=1.0), **kwargs)["ckptio"]
     charged = modelled.blocking_s + modelled.stolen_s
     assert excess_from_trial(charged + 0.25, modelled, GIB / 2) == pytest.approx(0.5)
     assert excess_from_trial(charged / 2, modelled, GIB / 2) == 0.0
     term = excess_from_trial(charged + 0.25, modelled, GIB / 2)
-    again = predict_modes(host=HostModel(cores_per_rank=1.0, direct_io_s_per_gib=term), **kwargs)["ckptio"]
+    again = _modes(host=Host(cores_per_rank=1.0, direct_io_s_per_gib=term), **kwargs)["ckptio"]
     assert again.lost_per_save_s == pytest.approx(charged + 0.25)
-    waiting = predict_modes(host=HostModel(cores_per_rank=1.0), interval_s=0.5, **kwargs)["ckptio"]
+    waiting = _modes(host=Host(cores_per_rank=1.0), interval_s=0.5, **kwargs)["ckptio"]
     assert waiting.lost_per_save_s > charged  # the flush outlasts the interval: the next save waits
     assert excess_from_trial(charged + 0.25, waiting, GIB / 2) == pytest.approx(0.5)
     for trial, nbytes in ((float("nan"), GIB), (0.1, 0.0)):
@@ -418,14 +421,14 @@ def test_a_trial_save_sets_the_direct_io_term_to_what_the_model_does_not_charge(
 
 
 def test_a_buffered_trial_charges_dcps_background_modes_instead_of_the_direct_io_term() -> None:
-    """``HostModel.buffered_io_s_per_gib``, from a trial of DCP-best's writer: DCP-best's prediction is then the
+    """``Host.buffered_io_s_per_gib``, from a trial of DCP-best's writer: DCP-best's prediction is then the
     trial's loss, default ``async_save`` takes the same per-GiB excess on top of its own model, ``dcp.save`` (its
     I/O lands while training waits) and ckptio (``direct_io_s_per_gib``, its own trial) keep theirs; None keeps the
     direct term for DCP's modes as before; a negative or non-finite figure is refused."""
     kwargs = {"bytes_per_rank": GIB / 2, "store_s": 2.0, "costs": COSTS, "direct_io": True}
 
     def modes(**host: float | None) -> dict[str, ModeCost]:
-        return predict_modes(host=HostModel(cores_per_rank=1.0, **host), **kwargs)  # type: ignore[arg-type]
+        return _modes(host=Host(cores_per_rank=1.0, **host), **kwargs)  # type: ignore[arg-type]
 
     bare = modes(buffered_io_s_per_gib=0.0)
     trial = bare["dcp_best"].lost_per_save_s + 0.3
@@ -440,4 +443,4 @@ def test_a_buffered_trial_charges_dcps_background_modes_instead_of_the_direct_io
     assert direct_only["dcp_best"].lost_per_save_s == pytest.approx(bare["dcp_best"].lost_per_save_s + 0.1)
     for bad in (-0.1, float("inf")):
         with pytest.raises(ConfigError):
-            HostModel(buffered_io_s_per_gib=bad)
+            Host(buffered_io_s_per_gib=bad)

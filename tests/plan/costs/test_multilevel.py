@@ -14,9 +14,11 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.levels import JOB_LOSS_SHARE, NODE_LOSS_SHARE, LocalLevel, failure_rates
 from ckptio.plan.costs.multilevel import LevelSchedule, expected_loss, plan_two_levels
+from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import uniform_shape
 
 GIB = float(1 << 30)
@@ -67,7 +69,7 @@ def test_the_human_plan_prints_both_levels(capsys: pytest.CaptureFixture[str]) -
 
 def _lost(*, replicas: int = 1, local: float = 5e9, mtbf_h: float = 3.0, share: float = 0.05) -> tuple[float, float]:
     shape = uniform_shape(ranks=64, bytes_per_rank=8 * GIB)
-    storage = StorageModel(write_bytes_per_s=20 * GIB, read_bytes_per_s=20 * GIB)
+    storage = StoreLimits(write_bytes_per_s=20 * GIB, read_bytes_per_s=20 * GIB)
     schedule = Schedule(mtbf_s=mtbf_h * 3600)
     budget = plan_burst(shape, storage, schedule)
     plan = plan_two_levels(shape, storage, schedule, budget, local=LocalLevel(bytes_per_s=local, replicas=replicas),
@@ -115,7 +117,7 @@ def test_the_failure_classes_split_the_jobs_mtbf() -> None:
 
 def test_one_level_loses_what_the_budget_says_plus_the_restore() -> None:
     shape = uniform_shape(ranks=16, bytes_per_rank=2 * GIB)
-    storage = StorageModel(write_bytes_per_s=4 * GIB, read_bytes_per_s=8 * GIB)
+    storage = StoreLimits(write_bytes_per_s=4 * GIB, read_bytes_per_s=8 * GIB)
     schedule = Schedule(interval_s=900.0, mtbf_s=6 * 3600.0)
     budget = plan_burst(shape, storage, schedule)
     plan = plan_two_levels(shape, storage, schedule, budget, local=None)
@@ -135,7 +137,7 @@ def test_a_given_schedule_is_evaluated_as_given(capsys: pytest.CaptureFixture[st
 def test_saves_every_k_alike_cost_the_same_in_closed_form() -> None:
     # k = 1000 costs what k = 3 costs (saves 2..k-1 are one group), and more saves per pattern cost more stalls.
     shape = uniform_shape(ranks=8, bytes_per_rank=GIB)
-    storage = StorageModel(write_bytes_per_s=GIB)
+    storage = StoreLimits(write_bytes_per_s=GIB)
     budget = plan_burst(shape, storage, Schedule(mtbf_s=36000.0))
     plan = plan_two_levels(shape, storage, Schedule(mtbf_s=36000.0), budget, local=LocalLevel(bytes_per_s=5e9))
     loss = expected_loss(plan.times, plan.rates, 1, LevelSchedule(local_interval_s=60.0, durable_every=1000))

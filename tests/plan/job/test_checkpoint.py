@@ -7,45 +7,23 @@ import pytest
 from ckptio.errors import ConfigError
 from ckptio.plan.job.checkpoint import (
     CHECKPOINT_LEVEL_OBJECTS,
-    PRESETS,
     Architecture,
-    CheckpointModel,
+    CheckpointSpec,
     Parallelism,
-    preset,
     shape_checkpoint,
     uniform_shape,
 )
+from ckptio.plan.job.presets import preset
 
 GIB = 2**30
 
 
-@pytest.mark.parametrize(
-    ("name", "params", "gib", "ranks"),
-    [
-        ("mlperf-llama3-8b", 8.030e9, 104.7, 8),
-        ("mlperf-llama3-70b", 69.88e9, 911.2, 64),
-        ("mlperf-llama3-405b", 405.9e9, 5291.7, 512),
-        ("mlperf-llama3-1t", 1183e9, 15425, 1024),
-    ],
-)
-def test_mlperf_presets_match_the_reference_within_half_a_percent(
-    name: str, params: float, gib: float, ranks: int
-) -> None:
-    shape = shape_checkpoint(PRESETS[name].model())
-    assert shape.params == pytest.approx(params, rel=0.005)
-    assert shape.total_bytes / GIB == pytest.approx(gib, rel=0.005)
-    assert shape.ranks == ranks
-    assert sum(c.count for c in shape.classes) == ranks
 
 
-def test_dlio_parameter_formula_for_llama3_8b_exactly() -> None:
-    arch = PRESETS["mlperf-llama3-8b"].architecture
-    assert arch.params == 8_030_261_248
-    assert shape_checkpoint(PRESETS["mlperf-llama3-8b"].model()).total_bytes == 14 * 8_030_261_248
 
 
 def _shape(zero: int, *, tp: int = 2, pp: int = 1, dp: int = 2, params: float = 1000.0) -> dict[float, int]:
-    model = CheckpointModel(
+    model = CheckpointSpec(
         params=params,
         weights_dtype="bf16",
         optimizer="adam-mixed",
@@ -75,7 +53,7 @@ def test_zero3_every_rank_writes_an_equal_share() -> None:
      (Parallelism(dp=4, zero=1), 1.0), (Parallelism(dp=1, zero=3), 0.0)],
 )
 def test_a_sharded_job_saves_dtensors(parallelism: Parallelism, share: float) -> None:
-    model = CheckpointModel(params=1e6, weights_dtype="fp32", optimizer="adam-fp32", parallelism=parallelism)
+    model = CheckpointSpec(params=1e6, weights_dtype="fp32", optimizer="adam-fp32", parallelism=parallelism)
     assert shape_checkpoint(model).dtensor_share == share
 
 
@@ -83,7 +61,7 @@ def test_pipeline_stages_hold_embedding_first_and_lm_head_last() -> None:
     # head width 4, kv_dim 4: per layer 8 + 8×16 + 64 + 8 + 3×16×8 = 592; embedding 80; final norm + head 88.
     arch = Architecture(layers=4, hidden=8, ffn=16, heads=2, kv_heads=1, vocab=10)
     assert (arch.layer_params, arch.embedding_params, arch.head_params, arch.params) == (592, 80, 88, 2536)
-    model = CheckpointModel(
+    model = CheckpointSpec(
         architecture=arch, weights_dtype="fp32", optimizer="none", parallelism=Parallelism(pp=2)
     )
     assert model.stage_params() == [2 * 592 + 80, 2 * 592 + 88]
@@ -94,7 +72,7 @@ def test_pipeline_stages_hold_embedding_first_and_lm_head_last() -> None:
 
 def test_uneven_layers_give_the_first_stages_one_more() -> None:
     arch = Architecture(layers=5, hidden=8, ffn=16, heads=2, kv_heads=1, vocab=10)
-    model = CheckpointModel(architecture=arch, parallelism=Parallelism(pp=2))
+    model = CheckpointSpec(architecture=arch, parallelism=Parallelism(pp=2))
     assert model.stage_params() == [3 * 592 + 80, 2 * 592 + 88]
 
 
@@ -104,7 +82,7 @@ def test_tp_and_pp_split_a_parameter_count_evenly() -> None:
 
 def test_objects_and_requests_follow_file_and_part_size() -> None:
     mib = 2**20
-    model = CheckpointModel(
+    model = CheckpointSpec(
         params=10 * mib / 4,  # 10 MiB of fp32 weights on one rank
         weights_dtype="fp32",
         optimizer="none",
@@ -120,7 +98,7 @@ def test_objects_and_requests_follow_file_and_part_size() -> None:
 
 
 def test_extra_bytes_go_to_every_rank_even_those_without_model_state() -> None:
-    model = CheckpointModel(params=1000, extra_bytes_per_rank=100, parallelism=Parallelism(dp=2, zero=0))
+    model = CheckpointSpec(params=1000, extra_bytes_per_rank=100, parallelism=Parallelism(dp=2, zero=0))
     shape = shape_checkpoint(model)
     assert sorted(c.bytes for c in shape.classes) == [100.0, 14100.0]
     assert shape.writers == 1
@@ -151,7 +129,7 @@ def test_for_ranks_derives_dp_and_checks_consistency() -> None:
 )
 def test_bad_models_raise_config_error(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
-        CheckpointModel(**kwargs)  # type: ignore[arg-type]
+        CheckpointSpec(**kwargs)  # type: ignore[arg-type]
 
 
 def test_bad_parallelism_and_architecture() -> None:

@@ -10,8 +10,11 @@ import pytest
 from ckptio._cli.main import main
 from ckptio.errors import ConfigError
 from ckptio.obs.events import EVENTS
-from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.job.checkpoint import PRESETS, Parallelism, shape_checkpoint, uniform_shape
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint, uniform_shape
+from ckptio.plan.job.presets import PRESETS
 from ckptio.plan.simulation.burst import SimulationConfig, simulate
 from ckptio.plan.simulation.events import simulation_events, write_events
 
@@ -21,18 +24,18 @@ GB = 1e9
 @pytest.mark.parametrize(
     ("preset", "storage"),
     [
-        ("mlperf-llama3-8b", StorageModel(write_bytes_per_s=10 * GB, per_writer_bytes_per_s=2 * GB)),
-        ("mlperf-llama3-70b", StorageModel(write_bytes_per_s=50 * GB, per_writer_bytes_per_s=0.5 * GB)),
-        ("mlperf-llama3-405b", StorageModel(write_bytes_per_s=1e12, metadata_ops_per_s=5000)),
-        ("mlperf-llama3-1t", StorageModel(write_bytes_per_s=2e12, kind="object", prefixes=16)),
-        ("mlperf-llama3-8b", StorageModel(write_bytes_per_s=10 * GB, serialize_bytes_per_s=1 * GB)),
+        ("mlperf-llama3-8b", StoreLimits(write_bytes_per_s=10 * GB, per_writer_bytes_per_s=2 * GB)),
+        ("mlperf-llama3-70b", StoreLimits(write_bytes_per_s=50 * GB, per_writer_bytes_per_s=0.5 * GB)),
+        ("mlperf-llama3-405b", StoreLimits(write_bytes_per_s=1e12, metadata_ops_per_s=5000)),
+        ("mlperf-llama3-1t", StoreLimits(write_bytes_per_s=2e12, kind="object", prefixes=16)),
+        ("mlperf-llama3-8b", StoreLimits(write_bytes_per_s=10 * GB, serialize_bytes_per_s=1 * GB)),
     ],
 )
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_uncontended_flush_matches_the_plan_within_5_percent(
-    preset: str, storage: StorageModel, mode: str
+    preset: str, storage: StoreLimits, mode: str
 ) -> None:
-    shape = shape_checkpoint(PRESETS[preset].model())
+    shape = shape_checkpoint(PRESETS[preset].spec())
     schedule = Schedule(interval_s=4 * 3600, mode=mode)  # type: ignore[arg-type]
     plan = plan_burst(shape, storage, schedule)
     result = simulate(shape, storage, schedule, SimulationConfig(checkpoints=5, mode=mode))  # type: ignore[arg-type]
@@ -44,12 +47,12 @@ def test_uncontended_flush_matches_the_plan_within_5_percent(
 
 
 def test_16384_ranks_fold_into_a_few_classes() -> None:
-    model = PRESETS["mlperf-llama3-405b"].model(
+    model = PRESETS["mlperf-llama3-405b"].spec(
         parallelism=Parallelism.for_ranks(ranks=16384, tp=8, pp=32, zero=1)
     )
     shape = shape_checkpoint(model)
     assert shape.ranks == 16384 and len(shape.classes) <= 16
-    storage = StorageModel(write_bytes_per_s=2e12, per_writer_bytes_per_s=2 * GB)
+    storage = StoreLimits(write_bytes_per_s=2e12, per_writer_bytes_per_s=2 * GB)
     result = simulate(
         shape,
         storage,
@@ -64,7 +67,7 @@ def test_16384_ranks_fold_into_a_few_classes() -> None:
 
 def test_a_flush_longer_than_the_interval_blocks_each_save_by_the_difference() -> None:
     shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)  # 4 GB a save
-    storage = StorageModel(write_bytes_per_s=0.1 * GB)  # 40 s flush
+    storage = StoreLimits(write_bytes_per_s=0.1 * GB)  # 40 s flush
     schedule = Schedule(interval_s=30, save_cost_s=1.0)
     result = simulate(shape, storage, schedule, SimulationConfig(checkpoints=6))
     assert not result.keeps_up and result.skipped == 0
@@ -81,7 +84,7 @@ def test_skip_drops_every_other_save_when_the_flush_takes_one_and_a_half_interva
     shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)
     result = simulate(
         shape,
-        StorageModel(write_bytes_per_s=0.1 * GB),
+        StoreLimits(write_bytes_per_s=0.1 * GB),
         Schedule(interval_s=30, save_cost_s=0.5),
         SimulationConfig(checkpoints=8, overflow="skip"),
     )
@@ -94,7 +97,7 @@ def test_more_slots_let_the_queue_and_the_lag_grow_one_save_at_a_time() -> None:
     shape = uniform_shape(ranks=4, bytes_per_rank=1.0 * GB)
     result = simulate(
         shape,
-        StorageModel(write_bytes_per_s=0.1 * GB),
+        StoreLimits(write_bytes_per_s=0.1 * GB),
         Schedule(interval_s=30, save_cost_s=0.0),
         SimulationConfig(checkpoints=6, max_pending=4),
     )
@@ -109,7 +112,7 @@ def test_more_slots_let_the_queue_and_the_lag_grow_one_save_at_a_time() -> None:
 
 def test_the_loader_and_the_flush_slow_each_other() -> None:
     shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
-    storage = StorageModel(write_bytes_per_s=4 * GB)
+    storage = StoreLimits(write_bytes_per_s=4 * GB)
     schedule = Schedule(interval_s=60, save_cost_s=0.1)
     quiet = simulate(shape, storage, schedule, SimulationConfig(checkpoints=4))
     busy = simulate(shape, storage, schedule, SimulationConfig(checkpoints=4, loader_read_bytes_per_s=3 * GB))
@@ -126,7 +129,7 @@ def test_tiered_frees_the_slot_after_the_local_write_and_drains_behind() -> None
         checkpoints=4, mode="tiered", local_bytes_per_s=8 * GB, local_capacity_bytes=64 * GB, ranks_per_node=8
     )
     result = simulate(
-        shape, StorageModel(write_bytes_per_s=1 * GB), Schedule(interval_s=10, save_cost_s=0.1), config
+        shape, StoreLimits(write_bytes_per_s=1 * GB), Schedule(interval_s=10, save_cost_s=0.1), config
     )
     # local: 8 ranks × 1 GB at 8 GB/s per node = 1 s; drain 8 GB at 1 GB/s = 8 s; flush = 9 s < interval
     assert result.records[0].flush_s == pytest.approx(9.0)
@@ -143,7 +146,7 @@ def test_a_full_local_tier_backs_up_into_the_staging_slots() -> None:
     )
     # drain 16 s > interval 10 s, and the local tier holds one save: the next waits for the drain
     result = simulate(
-        shape, StorageModel(write_bytes_per_s=0.5 * GB), Schedule(interval_s=10, save_cost_s=0), config
+        shape, StoreLimits(write_bytes_per_s=0.5 * GB), Schedule(interval_s=10, save_cost_s=0), config
     )
     assert not result.keeps_up
     assert max(r.stall_s for r in result.records) > 1.0
@@ -153,7 +156,7 @@ def test_a_local_tier_smaller_than_one_save_is_a_config_error() -> None:
     shape = uniform_shape(ranks=8, bytes_per_rank=1.0 * GB)
     config = SimulationConfig(mode="tiered", local_bytes_per_s=GB, local_capacity_bytes=GB, ranks_per_node=8)
     with pytest.raises(ConfigError, match="cannot hold"):
-        simulate(shape, StorageModel(write_bytes_per_s=GB), Schedule(interval_s=10), config)
+        simulate(shape, StoreLimits(write_bytes_per_s=GB), Schedule(interval_s=10), config)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +183,7 @@ def test_events_follow_the_schema_and_the_report_draws_them(tmp_path: Path) -> N
     shape = uniform_shape(ranks=4, bytes_per_rank=0.5 * GB)
     result = simulate(
         shape,
-        StorageModel(write_bytes_per_s=0.1 * GB),
+        StoreLimits(write_bytes_per_s=0.1 * GB),
         Schedule(interval_s=20, step_time_s=1.0, save_cost_s=0.5),
         SimulationConfig(checkpoints=5, overflow="skip"),
     )

@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 
 from ckptio._cli.main import main
-from ckptio.plan.costs.budget import Schedule, StorageModel, plan_burst
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.levels import LocalLevel
 from ckptio.plan.costs.multilevel import LevelSchedule, TwoLevelPlan, plan_two_levels
-from ckptio.plan.job.checkpoint import PRESETS, Parallelism, shape_checkpoint, uniform_shape
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint, uniform_shape
+from ckptio.plan.job.presets import PRESETS
 from ckptio.plan.simulation import failures as failsim
 from ckptio.plan.simulation.failures import simulate_failures
 
@@ -26,9 +29,9 @@ FAILURES = 1500
 
 
 def _figure_plan(*, mode: str = "async", replicas: int = 1, share: float = 1.0, **kw: Any) -> TwoLevelPlan:
-    model = PRESETS["mlperf-llama3-405b"].model(parallelism=Parallelism.for_ranks(ranks=512, tp=8, pp=32, zero=1))
+    model = PRESETS["mlperf-llama3-405b"].spec(parallelism=Parallelism.for_ranks(ranks=512, tp=8, pp=32, zero=1))
     shape = shape_checkpoint(model)
-    storage = StorageModel(write_bytes_per_s=150 * GIB, read_bytes_per_s=150 * GIB)
+    storage = StoreLimits(write_bytes_per_s=150 * GIB, read_bytes_per_s=150 * GIB)
     schedule = Schedule(mtbf_s=3 * 3600.0, mode=mode)  # type: ignore[arg-type]
     budget = plan_burst(shape, storage, schedule)
     return plan_two_levels(shape, storage, schedule, budget, local=LocalLevel(bytes_per_s=5e9, replicas=replicas),
@@ -38,7 +41,7 @@ def _figure_plan(*, mode: str = "async", replicas: int = 1, share: float = 1.0, 
 def _small_plan(**kw: Any) -> TwoLevelPlan:
     # 32 ranks on a slow store with frequent failures.
     shape = uniform_shape(ranks=32, bytes_per_rank=4 * GIB)
-    storage = StorageModel(write_bytes_per_s=2 * GIB, read_bytes_per_s=4 * GIB)
+    storage = StoreLimits(write_bytes_per_s=2 * GIB, read_bytes_per_s=4 * GIB)
     schedule = Schedule(mtbf_s=2 * 3600.0)
     budget = plan_burst(shape, storage, schedule)
     return plan_two_levels(shape, storage, schedule, budget, local=LocalLevel(bytes_per_s=3e9, replicas=1),

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.budget import BurstBudget, StorageModel, restore_s
+from ckptio.plan.costs.budget import BurstBudget
+from ckptio.plan.costs.store import StoreLimits, restore_s
 from ckptio.plan.job.checkpoint import CheckpointShape
 
 NODE_LOSS_SHARE = 0.78
@@ -197,7 +198,7 @@ class LevelTimes:
                 "durable": self.restore_durable_s if self.durable_restore_measured else None}
 
 
-def level_times(shape: CheckpointShape, storage: StorageModel, budget: BurstBudget,
+def level_times(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget,
                 local: LocalLevel | None) -> LevelTimes:
     """Each level's commit and restore times for ``shape`` on ``storage`` (``budget`` gives blocking and the
     durable flush)."""

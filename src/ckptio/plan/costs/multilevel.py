@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.budget import BurstBudget, Schedule, StorageModel
+from ckptio.plan.costs.budget import BurstBudget
+from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.levels import (
     DEFAULT_RANKS_PER_NODE,
     FailureRates,
@@ -50,6 +51,7 @@ from ckptio.plan.costs.levels import (
     failure_rates,
     level_times,
 )
+from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import CheckpointShape
 
 MODEL = "Di et al., IPDPS 2014 (first-order multi-level model; SCR's pattern, Moody et al., SC '10)"
@@ -300,7 +302,7 @@ class TwoLevelPlan:
         }
 
 
-def plan_two_levels(shape: CheckpointShape, storage: StorageModel, schedule: Schedule, budget: BurstBudget, *,
+def plan_two_levels(shape: CheckpointShape, storage: StoreLimits, schedule: Schedule, budget: BurstBudget, *,
                     local: LocalLevel | None, ranks_per_node: int | None = None, node_mtbf_s: float | None = None,
                     job_loss_mtbf_s: float | None = None, durable_share: float = 1.0,
                     local_interval_s: float | None = None, durable_every: int | None = None) -> TwoLevelPlan:

@@ -4,8 +4,8 @@ Owns the answer ``ckptio plan`` gives when no store is described (no ``--profile
 sizes, objects, bytes per rank, the blocking copy of an async save, the interval in steps and in time, saves and
 bytes per day, and the write bandwidth the store would need for a flush to keep up. The verdict is always
 ``unknown`` (reason ``no store given``). Its JSON keeps the contract keys of
-:class:`~ckptio.plan.costs.budget.BurstBudget`
-that need a store, as null, so a reader finds every key. It must never guess a store.
+:class:`~ckptio.plan.costs.budget.BurstBudget` that need a store, as null, so a reader finds every key. It must
+never guess a store.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptio.plan.costs.budget import Schedule, _interval, daly_interval_s, default_mtbf_s, young_interval_s
+from ckptio.plan.costs.intervals import Schedule, daly_interval_s, planned_interval, young_interval_s
 from ckptio.plan.job.checkpoint import CheckpointShape
 
 NO_STORE_REASON = "no store given"
@@ -78,12 +78,8 @@ class SizingPlan:
 
 def plan_sizes(shape: CheckpointShape, schedule: Schedule) -> SizingPlan:
     """Everything ``shape``'s checkpoints cost under ``schedule`` that no store figure enters."""
-    blocking = (
-        schedule.save_cost_s
-        if schedule.save_cost_s is not None
-        else shape.bytes_per_rank_max / schedule.d2h_bytes_per_s
-    )
-    mtbf = schedule.mtbf_s or default_mtbf_s(shape.ranks)
+    blocking = schedule.blocking_s(shape.bytes_per_rank_max)
+    mtbf = schedule.mtbf_for(shape.ranks)
     # An async save's δ is its blocking copy; a sync save's δ includes the flush, which needs the store.
     young = young_interval_s(blocking, mtbf) if schedule.mode == "async" and blocking > 0 else None
     daly = daly_interval_s(blocking, mtbf) if young is not None else None
@@ -91,7 +87,8 @@ def plan_sizes(shape: CheckpointShape, schedule: Schedule) -> SizingPlan:
     steps: int | None = None
     source = "unknown"
     if schedule.interval_s is not None or daly is not None:
-        interval, steps, source = _interval(schedule, daly or 0.0)
+        planned = planned_interval(schedule, daly or 0.0)
+        interval, steps, source = planned.seconds, planned.steps, planned.source
     saves_per_day = _DAY_S / interval if interval else None
     return SizingPlan(
         params=shape.params,

@@ -1,8 +1,8 @@
-"""The model of one checkpoint: how many bytes and objects each rank writes, from a job's description alone.
+"""One checkpoint of a job: how many bytes and objects each rank writes, from the job's description alone.
 
 Owns the arithmetic from "a 405B model, bf16 weights, mixed-precision Adam, TP 8 × PP 32, ZeRO-1 on 512
-ranks" to rank classes (ranks that write the same number of bytes), and the MLPerf Storage presets. It must
-never touch storage or time: bandwidths and intervals belong to :mod:`ckptio.plan.costs.budget`.
+ranks" to rank classes (ranks that write the same number of bytes); the named jobs are :mod:`.presets`. It must
+never touch storage or time: bandwidths and intervals belong to :mod:`ckptio.plan.costs`.
 
 Who writes what (the rule every framework in this family follows):
 
@@ -135,7 +135,7 @@ class Parallelism:
 
 
 @dataclass(kw_only=True, slots=True)
-class CheckpointModel:
+class CheckpointSpec:
     """What one checkpoint of a job holds, from the job's description (no storage, no timing)."""
 
     params: float | None = None
@@ -271,7 +271,7 @@ class CheckpointShape:
         return sum(c.count * c.requests for c in self.classes) + CHECKPOINT_LEVEL_OBJECTS
 
 
-def shape_checkpoint(model: CheckpointModel) -> CheckpointShape:
+def shape_checkpoint(model: CheckpointSpec) -> CheckpointShape:
     """Assign the checkpoint's bytes to ranks (see the module docstring for the rule)."""
     par = model.parallelism
     weight_b = WEIGHT_DTYPE_BYTES[model.weights_dtype]
@@ -305,7 +305,7 @@ def uniform_shape(
     part_size_bytes: float = float(64 << 20),
 ) -> CheckpointShape:
     """A checkpoint in which every one of ``ranks`` ranks writes ``bytes_per_rank`` (benchmarks, demos, tests)."""
-    model = CheckpointModel(
+    model = CheckpointSpec(
         params=bytes_per_rank * ranks / WEIGHT_DTYPE_BYTES["fp32"],
         weights_dtype="fp32",
         optimizer="none",
@@ -316,7 +316,7 @@ def uniform_shape(
     return shape_checkpoint(model)
 
 
-def _rank_class(count: int, data_bytes: float, model: CheckpointModel) -> RankClass:
+def _rank_class(count: int, data_bytes: float, model: CheckpointSpec) -> RankClass:
     written = data_bytes + model.extra_bytes_per_rank
     full, rest = divmod(written, model.file_size_bytes)
     # A remainder under one byte is float noise from dividing parameters across ranks, not a file.
@@ -335,64 +335,3 @@ def _rank_class(count: int, data_bytes: float, model: CheckpointModel) -> RankCl
 def _requests_for(size: float, part_size: float) -> int:
     """PUT-class requests to write one object: one PUT, or create + parts + complete."""
     return 1 if size <= part_size else math.ceil(size / part_size) + 2
-
-
-# ---- MLPerf Storage v2.0 presets (the DLIO llama3 workload configs of mlcommons/storage) -------------------
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Preset:
-    """A named job: architecture, parallelism and dtypes exactly as a public benchmark defines them."""
-
-    name: str
-    """Name on the command line."""
-
-    architecture: Architecture
-    """Model shape."""
-
-    parallelism: Parallelism
-    """TP × PP × DP and ZeRO stage."""
-
-    weights_dtype: str = "fp16"
-    """Saved weight dtype."""
-
-    optimizer: str = "adam-mixed"
-    """Saved optimizer state."""
-
-    def model(self, **overrides: object) -> CheckpointModel:
-        fields: dict[str, object] = {
-            "architecture": self.architecture,
-            "parallelism": self.parallelism,
-            "weights_dtype": self.weights_dtype,
-            "optimizer": self.optimizer,
-        }
-        fields.update({k: v for k, v in overrides.items() if v is not None})
-        return CheckpointModel(**fields)  # type: ignore[arg-type]
-
-
-def _llama3(name: str, arch: tuple[int, ...], *, tp: int, pp: int, zero: int, ranks: int) -> Preset:
-    layers, hidden, ffn, heads, kv_heads, vocab = arch
-    return Preset(
-        name=name,
-        architecture=Architecture(
-            layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, vocab=vocab
-        ),
-        parallelism=Parallelism.for_ranks(ranks=ranks, tp=tp, pp=pp, zero=zero),
-    )
-
-
-PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in (
-        _llama3("mlperf-llama3-8b", (32, 4096, 14336, 32, 8, 128256), tp=1, pp=1, zero=3, ranks=8),
-        _llama3("mlperf-llama3-70b", (80, 8192, 28672, 128, 8, 128256), tp=8, pp=1, zero=3, ranks=64),
-        _llama3("mlperf-llama3-405b", (126, 16384, 53248, 128, 8, 128256), tp=8, pp=32, zero=1, ranks=512),
-        _llama3("mlperf-llama3-1t", (128, 25872, 98304, 192, 32, 128256), tp=8, pp=64, zero=1, ranks=1024),
-    )
-}
-"""MLPerf Storage v2.0 checkpointing workloads (DLIO ``llama3_*.yaml``)."""
-
-
-def preset(name: str) -> Preset:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None

@@ -1,6 +1,7 @@
-"""The local disk beneath a store, as a save's writers meet it: the measurement behind ``predict_modes``'
-``store_s`` and ``writeback_store_s`` where a store is a budget on this host's own disk (the demo's and the
-benchmarks' paced stores), whose real write may take longer than the budget books."""
+"""The local disk beneath a store, as a save's writers meet it: the measurement behind
+:class:`~ckptio.plan.costs.inputs.StoreTiming` where a store is this host's own disk, or a budget on it (the demo's
+and the benchmarks' paced stores) whose real write may take longer than the budget books. Its probe files are
+removed on every exit path."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict
 
-from ckptio.plan.measure.host import dirty_background_bytes
+from ckptio.plan.costs.inputs import StoreTiming
+from ckptio.plan.measure.memory import dirty_background_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +29,11 @@ class DiskRates:
 def measure_disk(directory: str, *, direct_bytes: int = 64 << 20, writeback_bytes: int = 128 << 20) -> DiskRates:
     """The disk under ``directory`` as :class:`DiskRates` (best of two each; the probe files are removed).
 
-    Where a store is a budget on this host's own disk (the demo's and the benchmarks' paced stores), a writer takes
-    the longer of its booking and its real write (``predict_modes(paced_store_s=)``): this is the real write. Its
-    files are deleted when it ends, and pages freed a moment ago make the next page-cache writes several times
-    cheaper on a VM: call :func:`ckptio.plan.measure.host.measure_writer_costs` first. Without ``O_DIRECT`` (tmpfs) the
-    direct rate is the write-back one: ckptio then writes through memory pages as DCP does.
+    Where a store is a budget on this host's own disk (the demo's and the benchmarks' paced stores), a writer takes the
+    longer of its booking and its real write (:attr:`~ckptio.plan.costs.inputs.StoreTiming.paced_store_s`): this is the
+    real write. Its files are deleted when it ends, and pages freed a moment ago make the next page-cache writes several
+    times cheaper on a VM: call :func:`ckptio.plan.measure.writer_costs.measure_writer_costs` first. Without
+    ``O_DIRECT`` (tmpfs) the direct rate is the write-back one: ckptio then writes through memory pages as DCP does.
     """
     from ckptio.storage.direct_io import DirectIOUnsupported, write_direct
 
@@ -72,22 +73,13 @@ def measure_disk(directory: str, *, direct_bytes: int = 64 << 20, writeback_byte
     return DiskRates(direct_bytes_per_s=direct_rate, writeback_bytes_per_s=writeback_rate)
 
 
-class LocalDiskStore(TypedDict):
-    """:func:`ckptio.plan.costs.background.predict_modes`' store arguments for a store on this host's own disk
-    (:func:`on_local_disk`)."""
-
-    store_s: float
-    writeback_store_s: float | None
-    paced_store_s: float | None
-    dirty_background_bytes: float | None
-
-
-def on_local_disk(disk: DiskRates, *, job_bytes: float, ranks: int, booked_s: float | None = None) -> LocalDiskStore:
-    """The store arguments of ``ranks`` writing ``job_bytes`` at once to this host's disk: ``O_DIRECT`` and
-    write-back times from ``disk``, the kernel's write-back threshold shared by the ranks (a buffered file below it
-    moves at its fsync), and ``booked_s``, the budget a paced store books on that disk (the demo's and
-    bench_planner's), None for the bare disk (bench_fsdp's)."""
+def on_local_disk(disk: DiskRates, *, job_bytes: float, ranks: int, booked_s: float | None = None,
+                  direct_io: bool = True) -> StoreTiming:
+    """The store of ``ranks`` writing ``job_bytes`` at once to this host's disk: ``O_DIRECT`` and write-back times
+    from ``disk``, the kernel's write-back threshold shared by the ranks (a buffered file below it moves at its
+    fsync), ``booked_s``, the budget a paced store books on that disk (the demo's and bench_planner's; None for the
+    bare disk, bench_fsdp's), and whether ckptio's writer writes it with ``O_DIRECT``."""
     dirty = dirty_background_bytes()
-    return LocalDiskStore(store_s=job_bytes / disk.direct_bytes_per_s,
-                          writeback_store_s=job_bytes / disk.writeback_bytes_per_s, paced_store_s=booked_s,
-                          dirty_background_bytes=None if dirty is None else dirty / ranks)
+    return StoreTiming(store_s=job_bytes / disk.direct_bytes_per_s, direct_io=direct_io,
+                       writeback_store_s=job_bytes / disk.writeback_bytes_per_s, paced_store_s=booked_s,
+                       dirty_background_bytes=None if dirty is None else dirty / ranks)

@@ -10,7 +10,7 @@ time bound by more than one chunk's write per writer.
 A POSIX directory is probed with plain system calls (so writes can stop mid-file when time is up, and the page
 cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://``, or a wrapped
 store in tests) through the storage protocol, one object per file. The writers' serialize rate is measured on
-this host too (:mod:`ckptio.plan.measure.host`): it is the stage before the store.
+this host too (:mod:`ckptio.plan.measure.serialize`): it is the stage before the store.
 
 Before it writes anything to a store, the probe checks residency (a public bucket is refused unless the given
 :class:`~ckptio.policy.residency.Residency` allows it) and then the store's capabilities
@@ -25,7 +25,6 @@ import secrets
 import socket
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,10 +36,11 @@ from typing import TypeVar
 import numpy as np
 
 from ckptio.errors import ConfigError
+from ckptio.plan.measure.clock import Clock, Progress
 from ckptio.plan.measure.fio import run_fio
-from ckptio.plan.measure.host import serialize_bytes_per_s
 from ckptio.plan.measure.probe_targets import PosixTarget, ProbeTarget, StorageTarget
 from ckptio.plan.measure.profile import ConcurrencyPoint, StorageProfile
+from ckptio.plan.measure.serialize import serialize_bytes_per_s
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.storage import PosixRoot, open_storage, parse_root
 from ckptio.storage.base import Storage
@@ -62,8 +62,6 @@ _MIN_OPS_PER_WORKER = 4
 _LAST_PHASE_END = 0.95
 
 T = TypeVar("T")
-Progress = Callable[[str, float], None]
-"""Called with a phase description and the fraction of the time bound spent so far."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -107,36 +105,6 @@ class ProbeConfig:
             out.append(level)
             level *= 2
         return [*out, self.writers]
-
-
-class Clock:
-    """The probe's time bound, and the stop flag an interrupt raises for every worker."""
-
-    def __init__(self, max_seconds: float, progress: Progress | None) -> None:
-        self.start = time.monotonic()
-        self.max_seconds = max_seconds
-        self.stop = threading.Event()
-        self.truncated = False
-        self._progress = progress
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def at(self, share: float) -> float:
-        """The monotonic time at which ``share`` of the bound is spent."""
-        return self.start + self.max_seconds * share
-
-    def expired(self, deadline: float) -> bool:
-        if self.stop.is_set():
-            return True
-        if time.monotonic() >= deadline:
-            self.truncated = True
-            return True
-        return False
-
-    def report(self, phase: str) -> None:
-        if self._progress is not None:
-            self._progress(phase, min(self.elapsed() / self.max_seconds, 1.0))
 
 
 def probe(

@@ -12,14 +12,12 @@ import contextlib
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ckptio.errors import ConfigError, StorageError
+from ckptio.plan.measure.clock import Clock
 from ckptio.policy.volumes import volume_of
 from ckptio.storage.base import Storage, join_key
-
-if TYPE_CHECKING:
-    from ckptio.plan.measure.probe import Clock
 
 _RENAMED = ".renamed"
 _SYNC_EVERY_BYTES = 64 << 20

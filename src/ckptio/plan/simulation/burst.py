@@ -38,8 +38,10 @@ import numpy as np
 
 from ckptio.errors import ConfigError
 from ckptio.obs.events import Phase
-from ckptio.plan.costs.budget import METADATA_OPS_PER_OBJECT, Schedule, StorageModel, plan_burst
+from ckptio.plan.costs.budget import plan_burst
 from ckptio.plan.costs.fairshare import max_min_rates
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.store import METADATA_OPS_PER_OBJECT, StoreLimits
 from ckptio.plan.job.checkpoint import CheckpointShape
 from ckptio.plan.simulation.burst_types import CheckpointRecord, SimulationConfig, SimulationResult
 
@@ -72,7 +74,7 @@ class _ClassState:
 
 
 def simulate(
-    shape: CheckpointShape, storage: StorageModel, schedule: Schedule, config: SimulationConfig
+    shape: CheckpointShape, storage: StoreLimits, schedule: Schedule, config: SimulationConfig
 ) -> SimulationResult:
     """Run ``config.checkpoints`` saves of ``shape`` on ``storage`` under ``schedule``."""
     budget = plan_burst(shape, storage, schedule)  # the same blocking, interval and caps the planner uses
@@ -86,7 +88,7 @@ class _Simulator:
     def __init__(
         self,
         shape: CheckpointShape,
-        storage: StorageModel,
+        storage: StoreLimits,
         config: SimulationConfig,
         *,
         interval_s: float,
