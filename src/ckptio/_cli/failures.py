@@ -1,9 +1,8 @@
 """``ckptio simulate --failures N``: failures injected into the single-level and two-level schedules of the plan.
 
 Owns the flags of the failure injection (``--failures``, ``--seed``; the two-level flags come from
-:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.simulation.failures`'s, the
-schedules and
-the prediction :mod:`ckptio.plan.costs.multilevel`'s. It must never change the burst simulation's own output.
+:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.simulation.failures`'s, the schedules
+and the prediction :mod:`ckptio.plan.costs.multilevel`'s. It must never change the burst simulation's own output.
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ from ckptio.testing.s3server import BUCKET, embedded_s3
 RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 _CKPTIO_FIRST: tuple[Mode, ...] = ("ckptio", *(m for m in RUN_MODES if m != "ckptio"))
 """The order the runs go in. ckptio first, right after the trial save that calibrates its prediction, on ranks
-that have seen only that trial, as a job starts right after its plan: run after the three DCP modes, whose
-checkpoints fill the page cache, it lost more than its trial did (bench/bench_planner.py, ``run_order``)."""
+that have seen only that trial, as a job starts right after its plan: after the three DCP modes, whose checkpoints
+fill the page cache, it meets a host its trial did not (bench/bench_planner.py, ``run_order``)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -167,7 +167,7 @@ def prediction_table(prediction: Prediction) -> Table:
 
 def prediction_check_lines(rows: list[RunRow], prediction: Prediction) -> list[str]:
     """Predicted against measured time lost per save, per run: the ratio, and the difference in percentage points
-    of the training time between saves (issue 12's bar: within 20 % or 3 points)."""
+    of the training time between saves (the planner's bar: within 20 % or 3 points)."""
     lines = ["[bold]Planner against measurement[/], time lost per save (predicted ÷ measured; predicted − measured "
              "in points of the time between saves):"]
     for row in rows:

@@ -2,8 +2,7 @@
 
 Every case runs the plan's own optimal schedules (and one given schedule) through
 :func:`ckptio.plan.simulation.failures.simulate_failures` with a fixed seed and 1,500 failures: enough that the
-Monte-Carlo
-spread (about 2%) leaves room for the first-order model's own error.
+Monte-Carlo spread (about 2%) leaves room for the first-order model's own error.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A simulation told in ckptio's event schema, so ``ckptio report`` draws it like a real run.
 
-Owns the translation of a :class:`~ckptio.plan.simulation.burst.SimulationResult` into JSONL event records
+Owns the translation of a :class:`~ckptio.plan.simulation.burst_types.SimulationResult` into JSONL event records
 (:mod:`ckptio.obs.events`): one representative rank per rank class (``rank`` = class index), its save
 requests, returns, skips, writer phases and commits, and — when a step time is known — its training steps.
 Must never invent an event the schema does not list, nor write more than ``max_records`` lines (a long
@@ -16,7 +16,7 @@ from typing import Any
 
 from ckptio.obs.events import Event, Phase, make_record
 from ckptio.plan.job.checkpoint import CheckpointShape
-from ckptio.plan.simulation.burst import CheckpointRecord, SimulationResult
+from ckptio.plan.simulation.burst_types import CheckpointRecord, SimulationResult
 
 MAX_RECORDS = 200_000
 _TIERS: dict[str, str] = {Phase.LOCAL_WRITE: "local", Phase.UPLOAD: "durable"}
