@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    DcpBest,
     MiB,
     children_cpu,
     costs_line,
@@ -70,6 +69,7 @@ from _common import (
     thread_stats,
     verdict,
 )
+from ckptio.demo.dcp_best import DcpBest
 from ckptio.plan.costs.calibration import excess_from_trial
 from ckptio.plan.measure.disk import DiskRates, measure_disk, on_local_disk
 from ckptio.plan.measure.training import any_rank, measure_fresh_copy_drag, measure_save_loss
@@ -201,7 +201,7 @@ class Savers:
         elif mode == "dcp-async":
             self.pending = dcp.async_save(state, checkpoint_id=path, process_group=self.async_group)
         elif mode == "dcp-best":
-            self.pending = self.best.save(state, path).upload_completion
+            self.pending = self.best.save(state, dcp.FileSystemWriter(path)).upload_completion
         else:
             self.pending = self.ck.save(step, state)
 

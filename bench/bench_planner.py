@@ -76,6 +76,7 @@ from _common import (
     standard_error,
     thread_schedstat,
 )
+from ckptio.demo.dcp_best import DcpBest
 from ckptio.plan.costs.background import MODES, ModeCost, predict_modes
 from ckptio.plan.costs.calibration import excess_from_trial
 from ckptio.plan.costs.inputs import Host, Workload, WriterCosts
@@ -154,19 +155,15 @@ class _Saver:
         self.throttle = ThrottleSpec(bytes_per_s=bandwidth, state_path=throttle_state)
         self.root = os.path.join(store_dir, root_name or mode)
         self.pending: Any = None
-        self.staging: Any = None
         self.group = dist.new_group(backend="gloo") if mode in ("dcp_async", "dcp_best") else None
         self.ck: Any = None
-        self.stager: Any = None
+        self.best: DcpBest | None = None
         if mode == "ckptio":
             from ckptio import Checkpointer
 
             self.ck = Checkpointer(root=self.throttle.posix(self.root), max_pending=1, overflow="block", keep_last=2)
         elif mode == "dcp_best":
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
-                                                       use_async_staging=True, use_non_blocking_copy=False))
+            self.best = DcpBest(process_group=self.group)
 
     def _writer(self, step: int) -> Any:
         from ckptio.demo.store import ThrottledFileSystemWriter
@@ -175,7 +172,6 @@ class _Saver:
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         if self.mode == "ckptio":
             self.pending = self.ck.save(step, state)
@@ -187,18 +183,16 @@ class _Saver:
         if self.mode == "dcp_async":
             self.pending = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group)
             return
-        response = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group,
-                                  async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager)
-        self.staging, self.pending = response.staging_completion, response.upload_completion
+        assert self.best is not None
+        self.pending = self.best.save(state, self._writer(step)).upload_completion
 
     def before_update(self) -> None:
         """The async savers' rule (ckptio's and DCP-best's): the staged copy is complete before the optimizer
         mutates the state."""
         if self.ck is not None:
             self.ck.wait_staged()
-        if self.staging is not None:
-            staging, self.staging = self.staging, None
-            staging.result()
+        if self.best is not None:
+            self.best.wait_staged()
 
     def done(self) -> bool:
         return self.pending is None or self.pending.done()
@@ -217,8 +211,8 @@ class _Saver:
         self.drain()
         if self.ck is not None:
             self.ck.close()
-        if self.stager is not None:
-            self.stager.close()
+        if self.best is not None:
+            self.best.close()
         if self.group is not None:
             dist.destroy_process_group(self.group)
 
