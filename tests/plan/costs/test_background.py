@@ -244,8 +244,8 @@ def test_prediction_error_is_within_the_bar_by_ratio_or_by_points() -> None:
     assert prediction_error(1.1, 1.0, 100.0) == pytest.approx((1.1, 0.1, True))  # 10 % off
     ratio, points, within = prediction_error(0.2, 1.0, 10.0)  # 5x off, 8 points of a 10 s interval
     assert (ratio, within) == (pytest.approx(0.2), False) and points == pytest.approx(-8.0)
-    assert prediction_error(0.2, 1.0, 100.0)[2]  # 5x off, but only 0.8 points of the time between saves
-    assert prediction_error(0.1, 0.0, 10.0)[0] == float("inf")
+    assert prediction_error(0.2, 1.0, 100.0).within  # 5x off, but only 0.8 points of the time between saves
+    assert prediction_error(0.1, 0.0, 10.0).ratio == float("inf")
 
 
 def test_lockstep_ranks_wait_for_each_others_bursts_only_when_the_store_paces_the_writer() -> None:

@@ -32,7 +32,7 @@ charged :attr:`~ckptio.plan.costs.inputs.Host.direct_io_s_per_gib` for its bytes
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ckptio.plan.costs.inputs import GIB, Host, StoreTiming, Workload, WriterCosts
 
@@ -168,8 +168,17 @@ def _sync(stall_s: float) -> ModeCost:
                     lost_per_save_s=stall_s)
 
 
-def writer_rate(host: Host, nice: int) -> tuple[float, float]:
-    """(cores a one-thread background writer gets, the part of them taken from training).
+class WriterShare(NamedTuple):
+    """The cores a one-thread background writer gets (:func:`writer_rate`)."""
+
+    cores: float
+    """Cores it runs on, spare and contended together."""
+    from_training: float
+    """The part of them taken from training."""
+
+
+def writer_rate(host: Host, nice: int) -> WriterShare:
+    """The cores a one-thread background writer at ``nice`` gets on ``host``, and the part taken from training.
 
     It gets the spare cores first (up to one: it is one thread), shared there only with the host's other load;
     on a core training also wants, the scheduler splits time by weight between the writer, training's thread and
@@ -179,7 +188,7 @@ def writer_rate(host: Host, nice: int) -> tuple[float, float]:
     weight = cfs_weight(nice)
     others = _NICE_0_WEIGHT * (1.0 / host.cpu_share - 1.0)
     contended = (1.0 - spare) * weight / (weight + _NICE_0_WEIGHT + others)
-    return spare * weight / (weight + others) + contended, contended
+    return WriterShare(cores=spare * weight / (weight + others) + contended, from_training=contended)
 
 
 def lockstep_delay(own_s: float, busy_s: float, flush_s: float, ranks: int) -> float:

@@ -9,6 +9,7 @@ the benches.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.background import ModeCost
@@ -34,9 +35,19 @@ def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: f
     return max(0.0, trial_lost_s - modelled.blocking_s - modelled.stolen_s) / (bytes_per_rank / GIB)
 
 
-def prediction_error(predicted_s: float, measured_s: float, between_s: float) -> tuple[float, float, bool]:
-    """How far a predicted time lost per save is from the measured one: (predicted ÷ measured, predicted − measured
-    in percentage points of the time between saves, within the bar of 20 % relative or 3 points)."""
+class PredictionError(NamedTuple):
+    """How far a predicted time lost per save is from the measured one."""
+
+    ratio: float
+    """Predicted ÷ measured (``inf`` when nothing was measured)."""
+    points: float
+    """Predicted − measured, in percentage points of the time between saves."""
+    within: bool
+    """Within the bar: 20 % relative or 3 points (a tiny loss is judged by points, a large one by its ratio)."""
+
+
+def prediction_error(predicted_s: float, measured_s: float, between_s: float) -> PredictionError:
+    """How far ``predicted_s`` lost per save is from ``measured_s``, saves ``between_s`` seconds apart."""
     ratio = predicted_s / measured_s if measured_s > 0 else math.inf
     points = 100.0 * (predicted_s - measured_s) / between_s if between_s > 0 else 0.0
-    return ratio, points, abs(ratio - 1.0) <= 0.2 or abs(points) <= 3.0
+    return PredictionError(ratio=ratio, points=points, within=abs(ratio - 1.0) <= 0.2 or abs(points) <= 3.0)
