@@ -30,7 +30,7 @@ from ckptio.plan.costs.inputs import Host
 from ckptio.plan.costs.multilevel import Loss, TwoLevelPlan, plan_two_levels
 from ckptio.plan.costs.sizing import SizingPlan, plan_sizes
 from ckptio.plan.job.checkpoint import CheckpointShape, CheckpointSpec, shape_checkpoint
-from ckptio.plan.units import format_bytes, format_duration, format_rate
+from ckptio.plan.units import check_range, format_bytes, format_duration, format_rate, quoted
 
 _VERDICT_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red", "unknown": "bold"}
 _MODE_LABELS = {"dcp_sync": "dcp.save", "dcp_async": "dcp.async_save", "dcp_best": "DCP best", "ckptio": "ckptio"}
@@ -102,14 +102,19 @@ def _store_free_levels(shape: CheckpointShape, levels: LevelArgs) -> dict[str, o
     }
 
 
+MIN_CORES = 0.01
+MAX_CORES = 10_000.0
+"""Cores per rank, or busy per rank: a hundredth of a core is no rank, ten thousand no host."""
+
+
 def _cores(text: str, flag: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{flag} takes a number of cores, got {text!r}") from None
+        raise ConfigError(f"{flag} takes a number of cores, got {quoted(text)}") from None
     if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{flag} must be a positive number of cores, got {text!r}")
-    return value
+        raise ConfigError(f"{flag} must be a positive number of cores, got {quoted(text)}")
+    return check_range(value, what=flag, low=MIN_CORES, high=MAX_CORES, unit=" cores", given=text)
 
 
 def print_budget(console: Console, job: Job, b: BurstBudget) -> None:

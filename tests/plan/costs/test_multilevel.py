@@ -173,3 +173,16 @@ def test_bad_local_level_values_are_config_errors() -> None:
         LocalLevel(bytes_per_s=0.0)
     with pytest.raises(ConfigError, match="--node-mtbf"):
         failure_rates(mtbf_s=3600.0, nodes=4, node_mtbf_s=0.0)
+
+
+def test_a_given_local_interval_past_the_horizon_is_still_evaluated() -> None:
+    """A given interval longer than every candidate the optimizer would try for k > 1 leaves k = 1, never no
+    candidate at all (which once raised ValueError from an empty min())."""
+    shape = uniform_shape(ranks=8, bytes_per_rank=GIB)
+    storage = StoreLimits(write_bytes_per_s=10 * GIB)
+    schedule = Schedule(mtbf_s=3600.0)
+    budget = plan_burst(shape, storage, schedule)
+    plan = plan_two_levels(shape, storage, schedule, budget, local=LocalLevel(bytes_per_s=5e9), local_interval_s=1e9)
+    assert plan.two_level is not None
+    assert plan.two_level.schedule.local_interval_s == 1e9 and plan.two_level.schedule.durable_every == 1
+    assert math.isfinite(plan.two_level.lost_fraction)

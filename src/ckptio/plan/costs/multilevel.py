@@ -230,7 +230,8 @@ def optimize(times: LevelTimes, rates: FailureRates, replicas: int, *, two_level
         over = loss.durable_store_share - durable_share
         return loss.lost_fraction + (1.0 + over if over > 1e-12 else 0.0)  # infeasible ranks after feasible
 
-    best = min((score(t, k), t, k) for k in ks for t in taus if t * k <= hi * 1.0001 or fixed_k)
+    # k = 1 always stays a candidate: a given interval longer than the horizon leaves no other.
+    best = min((score(t, k), t, k) for k in ks for t in taus if t * k <= hi * 1.0001 or fixed_k or k == 1)
     _, tau, k = best
     if not local_interval_s:
         step = (hi / lo) ** (1.0 / (_GRID - 1))
