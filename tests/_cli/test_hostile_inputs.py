@@ -96,7 +96,7 @@ def _cases(f: dict[str, str]) -> dict[str, list[str]]:
                                   f["binary"], f["junk_root"], ""), strict=True))
     numbers = {name: argv for name, (argv, _) in _number_cases(f).items()}
     return {**_plan_cases(f), **_simulate_cases(f), **_report_cases(f), **_store_cases(f, urls),
-            **_probe_cases(f, urls), **_admit_cases(f, urls), **numbers,
+            **_probe_cases(f, urls), **_admit_cases(f, urls), **numbers, **_bounded_time_cases(),
             "demo --help": ["demo", "--help"], "demo --store-bandwidth 10XB/s": ["demo", "--store-bandwidth", "10XB/s"],
             "no command": [], "unknown command": ["frobnicate"]}
 
@@ -273,6 +273,23 @@ def _number_cases(f: dict[str, str]) -> dict[str, tuple[list[str], str]]:
     return cases
 
 
+def _bounded_time_cases() -> dict[str, list[str]]:
+    """Failure injection whose time grew without bound: a count of failures no simulation needs (minutes before),
+    a schedule of many saves per failure (the pattern jump needs two durable saves), restores that never finish
+    (every restore outlasts the time to the next failure: an endless loop before)."""
+    return {
+        "simulate --failures 99999999999": ["simulate", *_JOB, *_STORE, "--checkpoints", "2",
+                                            "--failures", "99999999999"],
+        "simulate --failures, many saves per failure": ["simulate", *_JOB, *_STORE, "--checkpoints", "2",
+                                                        "--local-bandwidth", "5GB/s", "--local-every", "1ms",
+                                                        "--durable-every", "1000000", "--mtbf", "1e10",
+                                                        "--failures", "1000"],
+        "simulate --failures, restores never finish": ["simulate", *_JOB, *_STORE, "--checkpoints", "2",
+                                                       "--local-bandwidth", "5GB/s", "--node-mtbf", "1",
+                                                       "--failures", "1000", "--json"],
+    }
+
+
 def _run(argv: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("AWS_ENDPOINT_URL", None)  # no case may reach the session's S3 server by accident
@@ -330,3 +347,19 @@ def test_a_number_no_real_job_has_is_a_usage_error_naming_its_flag(
     assert flag in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and len(proc.stderr) < 600, proc.stderr  # no 400 digits
     assert "nan" not in proc.stdout.lower() and "infinity" not in proc.stdout.lower()
+
+
+def test_failure_injection_is_bounded_in_time_whatever_the_counts(
+        results: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    """A count past the cap is refused at once, naming the flag and the cap; a schedule that would need more saves
+    than the simulation's budget stops there and says how many failures fit; restores that never finish end the
+    run as not converged. None of them hangs (the fixture counts past _TIMEOUT_S as one)."""
+    capped = results["simulate --failures 99999999999"]
+    assert capped.returncode == 2 and "--failures" in capped.stderr and "100,000" in capped.stderr, capped.stderr
+    budget = results["simulate --failures, many saves per failure"]
+    assert budget.returncode == 2, (budget.returncode, budget.stderr[-2000:])
+    assert "--failures" in budget.stderr and "saves and failures" in budget.stderr, budget.stderr
+    endless = results["simulate --failures, restores never finish"]
+    assert endless.returncode == 0, (endless.returncode, endless.stderr[-2000:])
+    failures = json.loads(endless.stdout)["failures"]
+    assert failures["two_level"]["converged"] is False

@@ -15,10 +15,11 @@ from rich.table import Table
 
 from ckptio._cli.job_args import Job, int_flag
 from ckptio._cli.level_args import add_level_arguments, level_args
+from ckptio.errors import ConfigError
 from ckptio.plan.costs.budget import plan_burst
 from ckptio.plan.costs.multilevel import plan_two_levels
-from ckptio.plan.simulation.failures import compare_with_plan
-from ckptio.plan.units import format_duration
+from ckptio.plan.simulation.failures import MAX_FAILURES, compare_with_plan
+from ckptio.plan.units import format_duration, quoted
 
 
 def add_failure_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,14 +37,12 @@ class FailureArgs:
     """``--failures`` and ``--seed``, checked."""
 
     failures: int
-    """Failures to inject (at least 1)."""
+    """Failures to inject (1 to :data:`~ckptio.plan.simulation.failures.MAX_FAILURES`)."""
     seed: int
     """Random seed of the injection."""
 
 
 MAX_SEED = 2**64 - 1
-MAX_FAILURES = 2**63 - 1
-"""Any count a machine integer holds (what the simulation takes is its own limit)."""
 
 
 def failure_args(args: argparse.Namespace) -> FailureArgs | None:
@@ -52,7 +51,12 @@ def failure_args(args: argparse.Namespace) -> FailureArgs | None:
     seed = int_flag(args.seed, "--seed", low=0, high=MAX_SEED)
     if not args.failures:
         return None
-    return FailureArgs(failures=int_flag(args.failures, "--failures", low=1, high=MAX_FAILURES), seed=seed)
+    text = str(args.failures).strip()
+    if text.isdigit() and int(text) > MAX_FAILURES:
+        # A cap, not a sample: the answer is settled long before this many (MAX_FAILURES says why).
+        raise ConfigError(f"--failures {quoted(text)} is more than the simulation needs: at most {MAX_FAILURES:,} "
+                          "(its Monte-Carlo spread is then far below the model's own error)")
+    return FailureArgs(failures=int_flag(text, "--failures", low=1, high=MAX_FAILURES), seed=seed)
 
 
 def inject_failures(args: argparse.Namespace, job: Job, counts: FailureArgs | None) -> dict[str, Any] | None:
@@ -65,7 +69,10 @@ def inject_failures(args: argparse.Namespace, job: Job, counts: FailureArgs | No
                            ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
                            job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
                            local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
-    return compare_with_plan(plan, failures=counts.failures, seed=counts.seed)
+    try:
+        return compare_with_plan(plan, failures=counts.failures, seed=counts.seed)
+    except ConfigError as exc:  # the simulation's budget (MAX_EVENTS): name the flag that sets the count
+        raise ConfigError(f"--failures {counts.failures:,}: {exc.message}") from None
 
 
 def failures_table(data: dict[str, Any]) -> Table:

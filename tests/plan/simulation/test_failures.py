@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ckptio._cli.main import main
+from ckptio.errors import ConfigError
 from ckptio.plan.costs.budget import plan_burst
 from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.levels import LocalLevel
@@ -111,3 +112,32 @@ def test_simulate_reports_lost_work_and_restores_for_both_schedules(capsys: pyte
         assert out[name]["plan_lost_gpu_hours_per_day"] > 0
     assert main(argv) == 0
     assert "failures injected" in capsys.readouterr().out
+
+
+def test_more_failures_than_the_cap_are_refused_not_sampled() -> None:
+    plan = _small_plan()
+    with pytest.raises(ConfigError, match="100,000"):
+        simulate_failures(plan.times, plan.rates, 1, plan.single.schedule, failures=failsim.MAX_FAILURES + 1)
+
+
+def test_a_schedule_past_the_event_budget_stops_and_says_how_many_failures_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many local saves per durable one: each failure costs a pattern's worth of saves, which the pattern jump cannot
+    skip. Past the budget (made small here) the run stops with a ConfigError that says how many would fit."""
+    plan = _small_plan()
+    monkeypatch.setattr(failsim, "MAX_EVENTS", 20_000)
+    dense = LevelSchedule(local_interval_s=1.0, durable_every=5000)
+    with pytest.raises(ConfigError, match=r"inject at most [0-9,]+ failures"):
+        simulate_failures(plan.times, plan.rates, 1, dense, failures=1000)
+
+
+def test_restores_that_never_finish_end_the_run_as_not_converged() -> None:
+    """Every restore outlasts the time to the next failure: the run gives up at 50 times the requested failures
+    instead of looping for ever inside one restore."""
+    shape = uniform_shape(ranks=32, bytes_per_rank=4 * GIB)
+    storage = StoreLimits(write_bytes_per_s=2 * GIB, read_bytes_per_s=1e3)  # a durable restore of weeks
+    schedule = Schedule(mtbf_s=60.0)
+    budget = plan_burst(shape, storage, schedule)
+    plan = plan_two_levels(shape, storage, schedule, budget, local=None)
+    result = simulate_failures(plan.times, plan.rates, 0, plan.single.schedule, failures=20)
+    assert not result.converged and result.failures == 20 * 50 + 1

@@ -9,8 +9,8 @@ comes from :class:`~ckptio.plan.costs.levels.LevelTimes`, and whether a lost nod
 model's own coverage probability (the one input the simulation takes from the model rather than checking it).
 
 Between failures the timeline is periodic once a pattern has repeated with the same relative state (slot, saves
-in flight, newest restorable per level), so the simulation jumps whole patterns there: 10,000 failures take
-well under a second at any interval.
+in flight, newest restorable per level), so the simulation jumps whole patterns there: its cost grows with the
+failures injected, not with the saves between them, and :data:`MAX_FAILURES` bounds it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,15 @@ _INF = math.inf
 _CLASSES = ("soft", "node", "job")
 _GIVE_UP = 50
 """Stop after this many times the requested failures: the job makes (next to) no progress."""
+MAX_EVENTS = 2_000_000
+"""Most saves and failures one schedule's simulation places on its timeline, whatever the schedule: the pattern
+jump needs two durable saves between failures, so a schedule with thousands of saves per durable one (or per
+failure) is placed save by save, and its time grows with them, not with the failures. Past this budget the
+simulation stops with what the request would need."""
+MAX_FAILURES = 100_000
+"""Most failures one simulation injects. Its time grows in proportion (seconds for this many), and what it checks,
+the model's lost share, is settled long before: the Monte-Carlo spread at this count, about 1/sqrt(failures), is
+some 0.3 %, far below the first-order model's own error. A request for more is refused, not sampled."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,8 +90,8 @@ class _State:
 def simulate_failures(times: LevelTimes, rates: FailureRates, replicas: int, schedule: LevelSchedule, *,
                       failures: int = 1000, seed: int = 0) -> FailureSimResult:
     """Run ``schedule`` for about ``failures`` failures' worth of compute (``failures × MTBF``)."""
-    if not isinstance(failures, int) or failures < 1:
-        raise ConfigError(f"failures to inject must be an integer >= 1, got {failures!r}")
+    if not isinstance(failures, int) or not 1 <= failures <= MAX_FAILURES:
+        raise ConfigError(f"failures to inject must be an integer from 1 to {MAX_FAILURES:,}, got {failures!r}")
     if schedule.two_level and times.local_flush_s is None:
         raise ConfigError("a two-level schedule needs the local level's times (give --local-bandwidth)")
     coverage = expected_loss(times, rates, replicas, schedule).partner_coverage
@@ -111,15 +120,19 @@ class _Run:
         self.result = FailureSimResult(schedule=schedule, seed=seed, failures_by_class=dict.fromkeys(_CLASSES, 0),
                                        restores_by_level=dict.fromkeys(("local", "partner", "durable"), 0))
         self.lost_work = self.restore_time = 0.0
+        self.events = 0
+        self.requested = self.give_up = 0
 
     def run(self, compute_s: float, failures: int) -> FailureSimResult:
         st, r = _State(), self.result
+        self.requested, self.give_up = failures, _GIVE_UP * failures
         next_fail = self.rng.expovariate(self.rates.total)
         previous: tuple[float, tuple[Any, ...]] | None = None
         while st.x < compute_s:
-            if r.failures > _GIVE_UP * failures:
+            if r.failures > self.give_up:
                 r.converged = False
                 break
+            self._count_event()
             target_x = min((st.j + 1) * self.tau, compute_s)
             if next_fail <= st.t + (target_x - st.x):
                 st.x, st.t = st.x + (next_fail - st.t), next_fail  # the work done until the failure is lost
@@ -140,6 +153,19 @@ class _Run:
         r.lost_work_s_mean = self.lost_work / max(1, r.failures)
         r.restore_s_mean = self.restore_time / max(1, r.failures)
         return r
+
+    def _count_event(self) -> None:
+        """One more save or failure on the timeline; past :data:`MAX_EVENTS` a ConfigError says what would fit."""
+        self.events += 1
+        if self.events <= MAX_EVENTS:
+            return
+        per_failure = self.events / max(1, self.result.failures)
+        fits = int(MAX_EVENTS / per_failure) if self.result.failures else 0
+        what = (f"inject at most {fits:,} failures" if fits >= 1 else
+                "save less often, or durably more often, for a simulation event by event")
+        raise ConfigError(f"the schedule (a save every {self.tau:g} s of compute, every {self.k}-th durable) needs "
+                          f"more than {MAX_EVENTS:,} saves and failures to simulate {self.requested:,} failures "
+                          f"(about {per_failure:,.0f} per failure so far): {what}")
 
     def _save(self, st: _State, next_fail: float) -> bool | None:
         """Request save j+1 at ``st.t``: True/False whether it is durable, None when a failure ends its stall."""
@@ -163,6 +189,7 @@ class _Run:
         r, t = self.result, at
         while True:
             r.failures += 1
+            self._count_event()
             target, restore, level = self._target(st)
             r.restores_by_level[level] += 1
             self.lost_work += max(0.0, st.x - target * self.tau)
@@ -173,6 +200,9 @@ class _Run:
                 break
             self.restore_time += next_fail - t
             t = next_fail
+            if r.failures > self.give_up:  # restores never finish: the caller's loop gives up
+                st.t, st.j, st.slot_free = t, target, t
+                return next_fail
         st.t, st.j, st.slot_free = t + restore, target, t + restore
         return next_fail
 
