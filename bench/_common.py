@@ -1,6 +1,7 @@
 """The one helper module of the benchmarks: states, median-of-reps timing, fio, RSS sampling, event-log
-summaries, the RATIOS line, DCP's strongest async path (``DcpBest``, the anchor every save benchmark measures
-next to ``dcp.save`` and default ``dcp.async_save``), and a small real multi-rank ckptio job (``run_job``) for
+summaries, the RATIOS line, the one-rank process group DCP's strongest async path needs (that path itself,
+DCP-best, the anchor every save benchmark measures next to ``dcp.save`` and default ``dcp.async_save``, is
+:class:`ckptio.demo.dcp_best.DcpBest`, the demo's too), and a small real multi-rank ckptio job (``run_job``) for
 the planner and simulator benchmarks.
 
 Every benchmark measures its anchor and ckptio in the same run: on a shared, noisy machine only a ratio measured
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.obs.eventfiles import load_events, read_event_file
-from ckptio.plan.calibration import prediction_error
+from ckptio.plan.costs.calibration import prediction_error
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -227,7 +228,7 @@ def verdict(value: float, goal: float, *, at_most: bool) -> str:
     return f"{'meets' if ok else 'MISSES'} goal {'<=' if at_most else '>='} {goal:g}"
 
 
-# ---- DCP's best async path ----------------------------------------------------------------------------------
+# ---- the process group DCP-best needs --------------------------------------------------------------------------
 def ensure_process_group() -> None:
     """A one-rank gloo group for single-process benchmarks: DCP's checkpoint process needs one to start."""
     import torch.distributed as dist
@@ -238,62 +239,6 @@ def ensure_process_group() -> None:
     if not dist.is_initialized():
         store = dist.TCPStore("127.0.0.1", free_port(), world_size=1, is_master=True)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-
-
-class DcpBest:
-    """DCP-best: torch 2.13's zero-overhead async path as its documentation sets it up, on CPU.
-
-    ``dcp.async_save(state, ..., async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=
-    DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True, use_async_staging=True,
-    use_non_blocking_copy=False)))`` — pinned memory and non-blocking copies need an accelerator. The caller
-    waits on ``staging_completion`` before mutating the state (:meth:`wait_staged`, before ``optimizer.step``)
-    and on the previous ``upload_completion`` before the next save (:meth:`save` does). The first save
-    spawns DCP's checkpoint process; call :meth:`close` after the last save.
-    """
-
-    def __init__(self, process_group: Any = None) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        self.process_group = process_group
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
-                                                   use_async_staging=True, use_non_blocking_copy=False))
-        self.staging: Any = None
-        self.upload: Any = None
-
-    def save(self, state: dict[str, Any], checkpoint_id: str, **writer: Any) -> Any:
-        """Start one save (after the previous upload is done); returns DCP's ``AsyncSaveResponse``."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-        self.wait()
-        response = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(checkpoint_id, **writer),
-                                  process_group=self.process_group,
-                                  async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager)
-        self.staging, self.upload = response.staging_completion, response.upload_completion
-        return response
-
-    def wait_staged(self) -> float:
-        """Wait until the last save no longer reads the live state; returns the seconds waited."""
-        if self.staging is None:
-            return 0.0
-        t0 = time.perf_counter()
-        staging, self.staging = self.staging, None
-        staging.result()
-        return time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return self.upload is None or self.upload.done()
-
-    def wait(self) -> None:
-        """Wait until the last save is durable."""
-        self.wait_staged()
-        if self.upload is not None:
-            upload, self.upload = self.upload, None
-            upload.result()
-
-    def close(self) -> None:
-        self.wait()
-        self.stager.close()
 
 
 # ---- directories and fio ---------------------------------------------------------------------------------------

@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    DcpBest,
     MiB,
     children_cpu,
     costs_line,
@@ -70,9 +69,10 @@ from _common import (
     thread_stats,
     verdict,
 )
-from ckptio.plan.calibration import excess_from_trial
-from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
-from ckptio.plan.host import any_rank, measure_fresh_copy_drag, measure_save_loss
+from ckptio.demo.dcp_best import DcpBest
+from ckptio.plan.costs.calibration import excess_from_trial
+from ckptio.plan.measure.disk import DiskRates, measure_disk, on_local_disk
+from ckptio.plan.measure.training import any_rank, measure_fresh_copy_drag, measure_save_loss
 
 MODES = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 
@@ -201,7 +201,7 @@ class Savers:
         elif mode == "dcp-async":
             self.pending = dcp.async_save(state, checkpoint_id=path, process_group=self.async_group)
         elif mode == "dcp-best":
-            self.pending = self.best.save(state, path).upload_completion
+            self.pending = self.best.save(state, dcp.FileSystemWriter(path)).upload_completion
         else:
             self.pending = self.ck.save(step, state)
 
@@ -244,12 +244,12 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
     savers.ck.writer_ready(300)
     for _ in range(2):
         loop.step()  # AdamW's state exists from here on: every save has its full size
-    # The planner's input for default async_save (HostModel.fresh_copy_drag), measured before any save runs.
+    # The planner's input for default async_save (Host.fresh_copy_drag), measured before any save runs.
     # Four bracketed runs, not two: over two 3-step runs the drag read 1.31 and 1.43 an hour apart (2026-12-05),
     # and default async_save's prediction moved with it (1.08, 1.29); with four, 1.23 (and 1.31: what that mode
     # loses moves too, 0.93-1.20 s per save over these runs).
     drag = measure_fresh_copy_drag(loop.step, loop.state, steps=spec.clean, repeats=4)
-    # ckptio's (HostModel.direct_io_s_per_gib, from the trial's cost): a trial save of ckptio's own writer, every
+    # ckptio's (Host.direct_io_s_per_gib, from the trial's cost): a trial save of ckptio's own writer, every
     # rank at once, into a root of its own on the disk the checkpoints go to. Its brackets are the loop's own
     # baseline (spec.clean steps, as the paired steps right after a save).
     trial_lost = _trial_save_loss(loop, spec)
@@ -277,8 +277,8 @@ def _rank(rank: int, world: int, spec: Spec) -> None:
 
 
 def _trial_save_loss(loop: Loop, spec: Spec) -> float:
-    """:func:`ckptio.plan.host.measure_save_loss` with a Checkpointer of its own (its step numbers must not meet
-    the run's); its checkpoints are removed."""
+    """:func:`ckptio.plan.measure.training.measure_save_loss` with a Checkpointer of its own (its step numbers must not
+    meet the run's); its checkpoints are removed."""
     import torch.distributed as dist
 
     import ckptio
@@ -378,7 +378,7 @@ def summarize(results: list[dict[str, Any]], every: int) -> dict[str, dict[str, 
             "inflation": statistics.median(inflight) / statistics.median(clean_steps) if inflight else 1.0,
             "inflight_steps": float(len(inflight)),
         }
-    # Cores training keeps busy per rank (HostModel.train_cores): its process's CPU time (training, gloo and
+    # Cores training keeps busy per rank (Host.train_cores): its process's CPU time (training, gloo and
     # autograd threads) over the clean steps' wall time. FSDP's ranks sleep in their collectives: less than one.
     process_cpu = sum(s[SCHED.index("process_cpu")] for r in results for s in r.get("clean_sched") or [])
     train_cores = process_cpu / sum(clean_steps) if process_cpu > 0 else 1.0
@@ -460,17 +460,18 @@ def _threads_line(results: list[dict[str, Any]]) -> str:
 def predict(state_bytes: int, every: int, clean_step_s: float, costs: Any, disk: DiskRates, *,
             train_cores: float, drag: float, direct_io_s_per_gib: float = 0.0) -> dict[str, Any]:
     """Issue 12: the planner's time lost per save for each mode of this loop (2 ranks sharing the disk)."""
-    from ckptio.plan.background import HostModel, predict_modes
+    from ckptio.plan.costs.background import predict_modes
+    from ckptio.plan.costs.inputs import Host, Workload
 
     cores_per_rank = (os.cpu_count() or 1) / 2
-    host = HostModel(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank),
-                     fresh_copy_drag=drag, direct_io_s_per_gib=direct_io_s_per_gib)
-    return predict_modes(bytes_per_rank=state_bytes / 2, host=host, costs=costs, interval_s=every * clean_step_s,
-                         # The loop's async_save gets checkpoint_id=, not a FileSystemWriter: DCP stages through its
-                         # DefaultStager, one copy per tensor, DTensors included.
-                         dtensor_share=0.0, lockstep_ranks=2,
-                         # The store is this host's disk: DCP's buffered files move at their fsync.
-                         **on_local_disk(disk, job_bytes=state_bytes, ranks=2))
+    host = Host(cores_per_rank=cores_per_rank, train_cores=min(train_cores, cores_per_rank), fresh_copy_drag=drag,
+                direct_io_s_per_gib=direct_io_s_per_gib)
+    workload = Workload(bytes_per_rank=state_bytes / 2, interval_s=every * clean_step_s,
+                        # The loop's async_save gets checkpoint_id=, not a FileSystemWriter: DCP stages through its
+                        # DefaultStager, one copy per tensor, DTensors included.
+                        dtensor_share=0.0, lockstep_ranks=2)
+    # The store is this host's disk: DCP's buffered files move at their fsync.
+    return predict_modes(workload, on_local_disk(disk, job_bytes=state_bytes, ranks=2), host=host, costs=costs)
 
 
 def main() -> int:
@@ -498,10 +499,9 @@ def main() -> int:
                     hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab, seq=args.seq,
                     batch=args.batch, plain=args.plain)
         # The planner's inputs come first, measured before any mode runs.
-        from ckptio.plan.background import WriterCosts
-        from ckptio.plan.host import measure_writer_costs
+        from ckptio.plan.measure.writer_costs import measure_writer_costs
 
-        costs = WriterCosts(**measure_writer_costs(directory=str(root)))
+        costs = measure_writer_costs(directory=str(root))
         disk = measure_disk(str(root))
         began = time.perf_counter()
         run_ranks(2, _rank, spec)

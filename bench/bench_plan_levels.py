@@ -21,20 +21,23 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import ratio_line
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.failsim import simulate_failures
-from ckptio.plan.levels import LocalLevel
-from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint
-from ckptio.plan.multilevel import TwoLevelPlan, plan_two_levels
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.levels import LocalLevel
+from ckptio.plan.costs.multilevel import TwoLevelPlan, plan_two_levels
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint
+from ckptio.plan.job.presets import PRESETS
+from ckptio.plan.simulation.failures import simulate_failures
 from ckptio.plan.units import format_duration
 
 GIB = float(1 << 30)
 
 
 def figure_plan(share: float) -> TwoLevelPlan:
-    model = PRESETS["mlperf-llama3-405b"].model(parallelism=Parallelism.for_ranks(ranks=512, tp=8, pp=32, zero=1))
+    model = PRESETS["mlperf-llama3-405b"].spec(parallelism=Parallelism.for_ranks(ranks=512, tp=8, pp=32, zero=1))
     shape = shape_checkpoint(model)
-    storage = StorageModel(write_bytes_per_s=150 * GIB, read_bytes_per_s=150 * GIB)
+    storage = StoreLimits(write_bytes_per_s=150 * GIB, read_bytes_per_s=150 * GIB)
     schedule = Schedule(mtbf_s=3 * 3600.0)
     budget = plan_burst(shape, storage, schedule)
     return plan_two_levels(shape, storage, schedule, budget, local=LocalLevel(bytes_per_s=5e9, replicas=1),

@@ -8,7 +8,7 @@ writes through the demo's ``ThrottledFileSystemWriter`` on the same clock). Back
 (default: the temp dir, on disk, fsync on, as the demo's store: each writer's page-cache and writeback costs are
 part of what it costs the step).
 
-The modes (:data:`ckptio.plan.background.MODES`): ``dcp.save``; default ``dcp.async_save`` (one in flight, own
+The modes (:data:`ckptio.plan.costs.background.MODES`): ``dcp.save``; default ``dcp.async_save`` (one in flight, own
 gloo group); DCP-best (PROCESS checkpointer, ``DefaultStager`` with shared memory and async staging; the loop
 waits for ``staging_completion`` before ``optimizer.step`` and for the previous upload before the next save);
 ckptio (``max_pending=1``, ``overflow="block"``).
@@ -21,15 +21,16 @@ default ``async_save``'s per-save staging copy lands in memory the last save's c
 charges it at the touched-memory copy rate (with ``--glibc-trim``, the fresh-memory one).
 
 Prediction first, from measurements that never see a mode run: the writer's per-byte CPU costs on this host
-(:func:`ckptio.plan.host.measure_writer_costs`, in the store's directory), the store's bandwidth, the host's cores
-per rank, training's CPU use (one thread: 1 core), how much slower its step runs while a fresh copy of its
-state is alive (:func:`ckptio.plan.host.measure_fresh_copy_drag`, on fresh ranks that never save: default
+(:func:`ckptio.plan.measure.writer_costs.measure_writer_costs`, in the store's directory), the store's bandwidth, the
+host's cores per rank, training's CPU use (one thread: 1 core), how much slower its step runs while a fresh copy of its
+state is alive (:func:`ckptio.plan.measure.training.measure_fresh_copy_drag`, on fresh ranks that never save: default
 ``async_save`` keeps such a copy until its write is done), and what a trial save of ckptio's own writer, and one of
-DCP-best's (the buffered writer DCP's background modes share), every rank at once into a root of its own on the
-same store, cost the steps beyond what the model charges them from their CPU costs
-(:func:`ckptio.plan.host.measure_save_loss`, on the same ranks; :func:`ckptio.plan.calibration.excess_from_trial`).
-Where a trial loses more than the model charges, that mode's prediction is its trial's; default ``async_save``'s
-takes DCP-best's excess per GiB, a prediction across modes. Then each mode runs, ckptio first (:func:`run_order`).
+DCP-best's (the buffered writer DCP's background modes share), every rank at once into a root of its own on the same
+store, cost the steps beyond what the model charges them from their CPU costs
+(:func:`ckptio.plan.measure.training.measure_save_loss`, on the same ranks;
+:func:`ckptio.plan.costs.calibration.excess_from_trial`). Where a trial loses more than the model charges, that mode's
+prediction is its trial's; default ``async_save``'s takes DCP-best's excess per GiB, a prediction across modes. Then
+each mode runs, ckptio first (:func:`run_order`).
 
 Measured time lost per save, per rank, averaged over ranks (they run in lockstep): the time ``save()`` (and, for
 DCP-best, the staging wait) held the loop, plus Σ over steps that began while the save's flush ran of (step − mean
@@ -75,17 +76,15 @@ from _common import (
     standard_error,
     thread_schedstat,
 )
-from ckptio.plan.background import MODES, HostModel, ModeCost, WriterCosts, predict_modes
-from ckptio.plan.budget import StorageModel, flush_times
-from ckptio.plan.calibration import excess_from_trial
-from ckptio.plan.disk import DiskRates, measure_disk, on_local_disk
-from ckptio.plan.host import (
-    any_rank,
-    measure_fresh_copy_drag,
-    measure_save_loss,
-    measure_writer_costs,
-)
-from ckptio.plan.model import uniform_shape
+from ckptio.demo.dcp_best import DcpBest
+from ckptio.plan.costs.background import MODES, ModeCost, predict_modes
+from ckptio.plan.costs.calibration import excess_from_trial
+from ckptio.plan.costs.inputs import Host, Workload, WriterCosts
+from ckptio.plan.costs.store import StoreLimits, flush_times
+from ckptio.plan.job.checkpoint import uniform_shape
+from ckptio.plan.measure.disk import DiskRates, measure_disk, on_local_disk
+from ckptio.plan.measure.training import any_rank, measure_fresh_copy_drag, measure_save_loss
+from ckptio.plan.measure.writer_costs import measure_writer_costs
 
 MIB = 1 << 20
 _LAYERS = 4
@@ -156,19 +155,15 @@ class _Saver:
         self.throttle = ThrottleSpec(bytes_per_s=bandwidth, state_path=throttle_state)
         self.root = os.path.join(store_dir, root_name or mode)
         self.pending: Any = None
-        self.staging: Any = None
         self.group = dist.new_group(backend="gloo") if mode in ("dcp_async", "dcp_best") else None
         self.ck: Any = None
-        self.stager: Any = None
+        self.best: DcpBest | None = None
         if mode == "ckptio":
             from ckptio import Checkpointer
 
             self.ck = Checkpointer(root=self.throttle.posix(self.root), max_pending=1, overflow="block", keep_last=2)
         elif mode == "dcp_best":
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=True,
-                                                       use_async_staging=True, use_non_blocking_copy=False))
+            self.best = DcpBest(process_group=self.group)
 
     def _writer(self, step: int) -> Any:
         from ckptio.demo.store import ThrottledFileSystemWriter
@@ -177,7 +172,6 @@ class _Saver:
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         if self.mode == "ckptio":
             self.pending = self.ck.save(step, state)
@@ -189,18 +183,16 @@ class _Saver:
         if self.mode == "dcp_async":
             self.pending = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group)
             return
-        response = dcp.async_save(state, storage_writer=self._writer(step), process_group=self.group,
-                                  async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager)
-        self.staging, self.pending = response.staging_completion, response.upload_completion
+        assert self.best is not None
+        self.pending = self.best.save(state, self._writer(step)).upload_completion
 
     def before_update(self) -> None:
         """The async savers' rule (ckptio's and DCP-best's): the staged copy is complete before the optimizer
         mutates the state."""
         if self.ck is not None:
             self.ck.wait_staged()
-        if self.staging is not None:
-            staging, self.staging = self.staging, None
-            staging.result()
+        if self.best is not None:
+            self.best.wait_staged()
 
     def done(self) -> bool:
         return self.pending is None or self.pending.done()
@@ -219,8 +211,8 @@ class _Saver:
         self.drain()
         if self.ck is not None:
             self.ck.close()
-        if self.stager is not None:
-            self.stager.close()
+        if self.best is not None:
+            self.best.close()
         if self.group is not None:
             dist.destroy_process_group(self.group)
 
@@ -347,7 +339,7 @@ def _means(figures: list[dict[str, float]]) -> dict[str, float]:
 
 
 def calibrate(args: argparse.Namespace, workdir: str) -> dict[str, float]:
-    """The job's :attr:`HostModel.fresh_copy_drag` and a trial ckptio save's time lost (``trial_lost_s``), measured
+    """The job's :attr:`Host.fresh_copy_drag` and a trial ckptio save's time lost (``trial_lost_s``), measured
     on fresh ranks before any mode runs (means of the ranks)."""
     return _means(_rank_records(_CALIBRATE, args, workdir))
 
@@ -372,14 +364,14 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: str) -> dict[str, flo
 def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, calibration: dict[str, float],
             disk: DiskRates, *, cpu_share: float = 1.0) -> dict[str, ModeCost]:
     """The planner's figures for this job; ``calibration`` is :func:`calibrate`'s, ``disk``
-    :func:`ckptio.plan.disk.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
+    :func:`ckptio.plan.measure.disk.measure_disk`'s, ``cpu_share`` the host's load as the training thread felt it."""
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=state_bytes)
-    booked_s = max(flush_times(shape, StorageModel(write_bytes_per_s=args.store_bandwidth * MIB)))
+    booked_s = flush_times(shape, StoreLimits(write_bytes_per_s=args.store_bandwidth * MIB)).total_s
     job_bytes = args.ranks * state_bytes
-    host = HostModel(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
-                     cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=calibration["drag"],
-                     direct_io_s_per_gib=calibration["direct_io_s_per_gib"],
-                     buffered_io_s_per_gib=calibration["buffered_io_s_per_gib"])
+    host = Host(cores_per_rank=(os.cpu_count() or 1) / args.ranks, train_cores=1.0,
+                cpu_share=min(1.0, max(cpu_share, 1e-3)), fresh_copy_drag=calibration["drag"],
+                direct_io_s_per_gib=calibration["direct_io_s_per_gib"],
+                buffered_io_s_per_gib=calibration["buffered_io_s_per_gib"])
     # ckptio's writer goes around the page cache on a disk (O_DIRECT); on tmpfs the bytes land in memory pages.
     direct_io = not os.path.realpath(args.dir or tempfile.gettempdir()).startswith("/dev/shm")
     if not args.glibc_trim:
@@ -392,9 +384,9 @@ def predict(args: argparse.Namespace, state_bytes: int, costs: WriterCosts, cali
     # real write, DCP's files through the page cache and its fsync, ckptio's around it. On a disk slower than the
     # budget the disk binds: dcp.save lost 0.77-0.84 s per save with the budget at 400 MiB/s and 0.81 s with no
     # budget at all, against the booking's 0.64 s (one VM, one hour).
-    return predict_modes(bytes_per_rank=state_bytes, host=host, costs=costs, direct_io=direct_io,
-                         lockstep_ranks=args.ranks, items_per_rank=3 * args.layers,
-                         **on_local_disk(disk, job_bytes=job_bytes, ranks=args.ranks, booked_s=booked_s))
+    workload = Workload(bytes_per_rank=state_bytes, lockstep_ranks=args.ranks, items_per_rank=3 * args.layers)
+    store = on_local_disk(disk, job_bytes=job_bytes, ranks=args.ranks, booked_s=booked_s, direct_io=direct_io)
+    return predict_modes(workload, store, host=host, costs=costs)
 
 
 def _width(state_bytes: int, layers: int) -> int:
@@ -430,7 +422,7 @@ def main() -> int:
     workdir = tempfile.mkdtemp(prefix="ckptio-bench-planner-", dir=args.dir)
     try:
         load_before = os.getloadavg()
-        costs = WriterCosts(**measure_writer_costs(directory=workdir))
+        costs = measure_writer_costs(directory=workdir)
         disk = measure_disk(workdir)
         # The probe has just deleted its files: let the freed pages go cold before any mode runs (see above).
         time.sleep(_SETTLE_S)

@@ -1,15 +1,15 @@
 """Blocking time of ``Checkpointer.save`` vs (a) ``copy_`` into preallocated buffers, (b) default DCP
 ``async_save``, (c) DCP-best and (d) ``dcp.save``.
 
-One process (a one-rank gloo group, which DCP-best's checkpoint process needs). The state is ``--big`` fp32
-tensors of ``--big-mib`` MiB plus ``--tiny`` tiny tensors (default 16 x 32 MiB + 2,000 = 512 MiB). Anchor (a) is
-bytes ÷ the bandwidth of ``copy_`` from the same big tensors into preallocated, already-touched buffers, measured
-in this run; (b) is the time until default ``torch.distributed.checkpoint.async_save`` returns; (c) is DCP's
-strongest async path (checkpoint process, async staging into shared memory; ``_common.DcpBest``): the time its
-``async_save`` returns and the time until ``staging_completion`` (time-to-mutable: the state may change only
-then); (d) is the time ``dcp.save`` takes (the training thread waits for the write). Between reps every
-background flush is waited for (untimed), so each rep measures staging, not queueing behind the previous save.
-Median of ``--reps`` after one warm-up (for DCP-best the warm-up spawns its checkpoint process).
+One process (a one-rank gloo group, which DCP-best's checkpoint process needs). The state is ``--big`` fp32 tensors of
+``--big-mib`` MiB plus ``--tiny`` tiny tensors (default 16 x 32 MiB + 2,000 = 512 MiB). Anchor (a) is bytes ÷ the
+bandwidth of ``copy_`` from the same big tensors into preallocated, already-touched buffers, measured in this run; (b)
+is the time until default ``torch.distributed.checkpoint.async_save`` returns; (c) is DCP's strongest async path
+(checkpoint process, async staging into shared memory; ``ckptio.demo.dcp_best.DcpBest``): the time its ``async_save``
+returns and the time until ``staging_completion`` (time-to-mutable: the state may change only then); (d) is the time
+``dcp.save`` takes (the training thread waits for the write). Between reps every background flush is waited for
+(untimed), so each rep measures staging, not queueing behind the previous save. Median of ``--reps`` after one warm-up
+(for DCP-best the warm-up spawns its checkpoint process).
 
     .venv/bin/python bench/bench_save_blocking.py [--reps 3] [--dir /tmp]
 
@@ -26,7 +26,6 @@ import pstats
 import sys
 
 from _common import (
-    DcpBest,
     MiB,
     ensure_process_group,
     fmt_times,
@@ -40,6 +39,7 @@ from _common import (
     state_bytes,
     verdict,
 )
+from ckptio.demo.dcp_best import DcpBest
 
 
 def copy_anchor(state: dict, reps: int) -> tuple[float, float, float]:
@@ -78,12 +78,14 @@ def bench_dcp_best(state: dict, root: str, reps: int) -> tuple[float, list[float
     import statistics
     import time
 
+    import torch.distributed.checkpoint as dcp
+
     best = DcpBest()
     returns: list[float] = []
 
     def run(rep: int) -> None:
         t0 = time.perf_counter()
-        best.save(state, os.path.join(root, f"dcp-best-{rep + 1}"))
+        best.save(state, dcp.FileSystemWriter(os.path.join(root, f"dcp-best-{rep + 1}")))
         if rep >= 0:
             returns.append(time.perf_counter() - t0)
         best.wait_staged()

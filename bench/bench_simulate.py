@@ -24,18 +24,22 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import RunSpec, median_figure, ratio_line, run_job
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.host import measure_copy_bandwidth, serialize_bytes_per_s
-from ckptio.plan.model import PRESETS, Parallelism, shape_checkpoint, uniform_shape
-from ckptio.plan.simulate import SimulationConfig, simulate
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint, uniform_shape
+from ckptio.plan.job.presets import PRESETS
+from ckptio.plan.measure.serialize import serialize_bytes_per_s
+from ckptio.plan.measure.writer_costs import measure_copy_bandwidth
+from ckptio.plan.simulation.burst import SimulationConfig, simulate
 
 MIB = 1 << 20
 
 
 def speed() -> float:
-    model = PRESETS["mlperf-llama3-405b"].model(parallelism=Parallelism.for_ranks(ranks=16384, tp=8, pp=32, zero=1))
+    model = PRESETS["mlperf-llama3-405b"].spec(parallelism=Parallelism.for_ranks(ranks=16384, tp=8, pp=32, zero=1))
     shape = shape_checkpoint(model)
-    storage = StorageModel(write_bytes_per_s=2e12, per_writer_bytes_per_s=2e9, serialize_bytes_per_s=5e9)
+    storage = StoreLimits(write_bytes_per_s=2e12, per_writer_bytes_per_s=2e9, serialize_bytes_per_s=5e9)
     schedule = Schedule(interval_s=1800)
     config = SimulationConfig(checkpoints=100, loader_read_bytes_per_s=1.5e12)
     times, plan_times = [], []
@@ -61,7 +65,7 @@ def truth(args: argparse.Namespace) -> list[float]:
     throttle = args.throttle_mib * MIB
     shape = uniform_shape(ranks=args.ranks, bytes_per_rank=bytes_per_rank)
     serialize = serialize_bytes_per_s(bytes_per_rank, writers=args.ranks)
-    storage = StorageModel(write_bytes_per_s=throttle, serialize_bytes_per_s=serialize)
+    storage = StoreLimits(write_bytes_per_s=throttle, serialize_bytes_per_s=serialize)
     copy = measure_copy_bandwidth()
     flush_estimate = plan_burst(shape, storage, Schedule(interval_s=3600, d2h_bytes_per_s=copy)).flush_s
     ratios = []

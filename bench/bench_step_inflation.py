@@ -1,5 +1,5 @@
 """Step-time inflation of a CPU training loop while a flush runs: ckptio vs default ``dcp.async_save`` (thread)
-and DCP-best (checkpoint process, async staging into shared memory; ``_common.DcpBest``).
+and DCP-best (checkpoint process, async staging into shared memory; ``ckptio.demo.dcp_best.DcpBest``).
 
 A small MLP trained with Adam (state = weights + both Adam moments). Each method runs the same loop: warm-up steps,
 then ``--saves`` rounds of: save; train until that save's flush has committed (steps *in flight*); train ``--clean``
@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any
 
 from _common import (
-    DcpBest,
     MiB,
     ensure_process_group,
     phase_summary,
@@ -43,6 +42,7 @@ from _common import (
     state_bytes,
     verdict,
 )
+from ckptio.demo.dcp_best import DcpBest
 
 
 class Trainer:
@@ -139,6 +139,8 @@ def bench_dcp(trainer: Trainer, root: str, args: argparse.Namespace) -> tuple[fl
 
 
 def bench_dcp_best(trainer: Trainer, root: str, args: argparse.Namespace) -> tuple[float, list[int]]:
+    import torch.distributed.checkpoint as dcp
+
     best = DcpBest()
     waits: list[float] = []
 
@@ -148,11 +150,11 @@ def bench_dcp_best(trainer: Trainer, root: str, args: argparse.Namespace) -> tup
         return waited
 
     try:
-        best.save(trainer.state(), os.path.join(root, "dcp-best-0"))
+        best.save(trainer.state(), dcp.FileSystemWriter(os.path.join(root, "dcp-best-0")))
         best.wait()  # warm-up: spawns DCP's checkpoint process
 
         def save(step: int) -> Callable[[], bool]:
-            best.save(trainer.state(), os.path.join(root, f"dcp-best-{step}"))
+            best.save(trainer.state(), dcp.FileSystemWriter(os.path.join(root, f"dcp-best-{step}")))
             return best.done
 
         inflight, quiet, counts = run_loop(trainer, save, warmup=args.warmup, saves=args.saves, clean=args.clean,

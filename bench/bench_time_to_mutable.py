@@ -65,31 +65,27 @@ def bench_ckptio(state: dict, root: str, reps: int) -> tuple[list[float], list[f
 def bench_dcp_best(state: dict, root: str, reps: int) -> tuple[list[float], list[float]]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+    from ckptio.demo.dcp_best import DcpBest
     from ckptio.testing.ranks import free_port
 
     # The PROCESS checkpointer needs a process group even for one rank (after ckptio ran: it measures without one).
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    cuda = any(t.is_cuda for t in state.values())
-    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True, use_async_staging=True,
-                                          use_non_blocking_copy=cuda))
+    best = DcpBest(accelerator=any(t.is_cuda for t in state.values()))
     returned, mutable = [], []
     try:
         for rep in range(-1, reps):
             t0 = time.perf_counter()
-            response = dcp.async_save(state, checkpoint_id=os.path.join(root, f"dcp-{rep + 1}"),
-                                      async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=stager)
+            best.save(state, dcp.FileSystemWriter(os.path.join(root, f"dcp-{rep + 1}")))
             t1 = time.perf_counter()
-            response.staging_completion.result()
+            best.wait_staged()
             t2 = time.perf_counter()
-            response.upload_completion.result()
+            best.wait()
             if rep >= 0:
                 returned.append(t1 - t0)
                 mutable.append(t2 - t0)
     finally:
-        stager.close()
+        best.close()
         dist.destroy_process_group()
     return returned, mutable
 

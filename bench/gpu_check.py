@@ -169,33 +169,28 @@ def init_single_rank_group() -> None:
 def run_dcp_best(state: dict[str, Any], scratch: str, device: str, reps: int) -> tuple[float, float]:
     """Median seconds to ``async_save`` return and to ``staging_completion``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-    cuda = device == "cuda"
-    # All four on with CUDA; on CPU pinned memory and non-blocking copies are off (DCP asserts otherwise).
-    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True, use_async_staging=cuda,
-                                          use_non_blocking_copy=cuda))
+    from ckptio.demo.dcp_best import DcpBest
+
+    # All four staging options on with CUDA; on CPU pinned memory and non-blocking copies are off (DCP asserts).
+    best = DcpBest(accelerator=device == "cuda")
     returns, mutable = [], []
     try:
         for step in range(reps + 1):
             target = os.path.join(scratch, "dcp", f"step-{step}")
             sync(device)
             t0 = time.perf_counter()
-            response = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(target),
-                                      async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=stager)
+            best.save(state, dcp.FileSystemWriter(target))
             t_ret = time.perf_counter()
-            staging = getattr(response, "staging_completion", None)
-            if staging is not None:
-                staging.result()
+            best.wait_staged()
             t_mut = time.perf_counter()
-            (response.upload_completion if staging is not None else response).result()
+            best.wait()
             shutil.rmtree(target, ignore_errors=True)
             if step:
                 returns.append(t_ret - t0)
                 mutable.append(t_mut - t0)
     finally:
-        stager.close()
+        best.close()
     return statistics.median(returns), statistics.median(mutable)
 
 

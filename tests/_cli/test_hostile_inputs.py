@@ -22,7 +22,7 @@ import pytest
 
 import ckptio
 
-# ~130 interpreters: about 20 s on two idle cores, minutes on a loaded machine.
+# ~175 interpreters: about 40 s on two idle cores, minutes on a loaded machine.
 pytestmark = pytest.mark.slow
 
 _SRC = os.path.dirname(os.path.dirname(os.path.abspath(ckptio.__file__)))
@@ -36,6 +36,8 @@ _TINY_PROBE = ["--max-seconds", "2", "--file-size", "64KiB", "--writers", "1", "
                "--small-files", "4", "--no-fsync"]
 
 _BAD_NUMBERS = ["nan", "inf", "-inf", "-1", "0", "1e400", "99999999999999999999999999", "abc", "10XB/s", ""]
+_HUGE_INT = "9" * 400
+"""An integer Python reads, and no float holds."""
 
 
 def _files(d: Path) -> dict[str, str]:
@@ -64,6 +66,13 @@ def _files(d: Path) -> dict[str, str]:
     write("events_garbage", b"\x00\x01\x02 not events\n")
     write("events_partial", b'{"ts": 1, "mono": 1, "rank": 0, "event": "save_requested"')
     write("events_wrong_types", json.dumps({"ts": "a", "mono": [], "rank": "x", "event": 5}).encode() + b"\n")
+    for name, number in (("huge_int", _HUGE_INT), ("nan", "NaN"), ("inf", "Infinity"), ("1e308", "1e308")):
+        # JSON the standard library reads: a number of hundreds of digits, NaN, Infinity, the largest doubles.
+        write(f"events_{name}", (
+            '{"ts": 1, "mono": 1, "rank": 0, "event": "save_requested", "step": 1}\n'
+            f'{{"ts": 2, "mono": 2, "rank": 0, "event": "save_returned", "step": 1, "blocking_s": {number}, '
+            f'"bytes": {number}}}\n'
+            f'{{"ts": 3, "mono": 3, "rank": 0, "event": "step_end", "step": 1, "seconds": {number}}}\n').encode())
     (d / "adir").mkdir()
     out["dir"] = str(d / "adir")
     out["missing"] = str(d / "no-such-file.json")
@@ -85,8 +94,9 @@ def _cases(f: dict[str, str]) -> dict[str, list[str]]:
     """Case name (never a path: names are the same in every session) → argv."""
     urls = dict(zip(_URL_LABELS, ("ftp://x/y", "file://remotehost/x", "s3://", "http://[::1", f["missing"],
                                   f["binary"], f["junk_root"], ""), strict=True))
+    numbers = {name: argv for name, (argv, _) in _number_cases(f).items()}
     return {**_plan_cases(f), **_simulate_cases(f), **_report_cases(f), **_store_cases(f, urls),
-            **_probe_cases(f, urls), **_admit_cases(f, urls),
+            **_probe_cases(f, urls), **_admit_cases(f, urls), **numbers, **_bounded_time_cases(),
             "demo --help": ["demo", "--help"], "demo --store-bandwidth 10XB/s": ["demo", "--store-bandwidth", "10XB/s"],
             "no command": [], "unknown command": ["frobnicate"]}
 
@@ -205,6 +215,81 @@ def _admit_cases(f: dict[str, str], urls: dict[str, str]) -> dict[str, list[str]
     return cases
 
 
+def _number_cases(f: dict[str, str]) -> dict[str, tuple[list[str], str]]:
+    """Numbers no real job has, each a usage error (exit 2) naming its flag: case name → (argv, the flag named).
+
+    Each one failed before the bounds: an internal error (exit 3: an OverflowError, a ValueError, a stalled
+    simulator), a plan printed with ``nan`` and exit 0, a value silently ignored, or a message naming no flag."""
+    local = ["--local-bandwidth", "5GB/s"]
+    tiered = ["--mode", "tiered", "--local-bandwidth", "1GB/s", "--local-capacity", "1TB"]
+    plan, sim = ["plan", *_JOB, *_STORE], ["simulate", *_JOB, *_STORE, "--checkpoints", "3"]
+    admit = ["admit", *_JOB, *_STORE]
+    cases: dict[str, tuple[list[str], str]] = {
+        # exit 3 before: OverflowError, ValueError, a stalled simulator
+        "plan --durable-every huge int": ([*plan, *local, f"--durable-every={_HUGE_INT}"], "--durable-every"),
+        "plan --replicas huge int": ([*plan, *local, f"--replicas={_HUGE_INT}"], "--replicas"),
+        "plan --local-every 1e-320": ([*plan, *local, "--local-every=1e-320"], "--local-every"),
+        "plan --local-every 1e308": ([*plan, *local, "--local-every=1e308"], "--local-every"),
+        "plan --local-every huge steps": ([*plan, *local, "--step-time=1", f"--local-every={_HUGE_INT}"],
+                                          "--local-every"),
+        "simulate --failures huge int": ([*sim, f"--failures={_HUGE_INT}"], "--failures"),
+        "simulate --local-bandwidth 1e-320": ([*sim, *tiered, "--local-bandwidth=1e-320"], "--local-bandwidth"),
+        # exit 0 before, with nan or inf in the plan, or the value ignored
+        "plan --save-cost 1e308": ([*plan, "--save-cost=1e308"], "--save-cost"),
+        "plan --local-bandwidth 1e-320": ([*plan, "--local-bandwidth=1e-320"], "--local-bandwidth"),
+        "plan --network-bandwidth 1e-320": ([*plan, *local, "--network-bandwidth=1e-320"], "--network-bandwidth"),
+        "plan --write-bandwidth 1e308": (["plan", *_JOB, "--write-bandwidth=1e308"], "--write-bandwidth"),
+        "plan --params 1e-320": (["plan", "--ranks", "64", *_STORE, "--params=1e-320"], "--params"),
+        "plan --cores-per-rank 1e-320": ([*plan, "--cores-per-rank=1e-320"], "--cores-per-rank"),
+        "plan --train-cores 1e308": ([*plan, "--train-cores=1e308"], "--train-cores"),
+        "plan --extra-bytes 1e-320": ([*plan, "--extra-bytes=1e-320"], "--extra-bytes"),
+        "plan --node-mtbf 1e308": ([*plan, *local, "--node-mtbf=1e308"], "--node-mtbf"),
+        "simulate --seed nan": ([*sim, "--seed=nan"], "--seed"),
+        "simulate --seed -1": ([*sim, "--seed=-1"], "--seed"),
+        "simulate --max-pending huge int": ([*sim, f"--max-pending={_HUGE_INT}"], "--max-pending"),
+        "simulate --loader-read-bandwidth 1e308": ([*sim, "--loader-read-bandwidth=1e308"], "--loader-read-bandwidth"),
+        "admit --probe-seconds nan": ([*admit, "--probe-seconds=nan"], "--probe-seconds"),
+        "admit --keep-last huge int": ([*admit, "--root", f["dir"], f"--keep-last={_HUGE_INT}"], "--keep-last"),
+        "admit --max-stall 1e-320": ([*admit, "--max-stall=1e-320"], "--max-stall"),
+        # exit 2 before, without the flag in the message
+        "plan --step-time 1e308": ([*plan, "--step-time=1e308"], "--step-time"),
+        "plan --mtbf 1e308": ([*plan, "--mtbf=1e308"], "--mtbf"),
+        "plan --node-mtbf 1e-320": ([*plan, *local, "--node-mtbf=1e-320"], "--node-mtbf"),
+        "plan --durable-share 1e-320": ([*plan, *local, "--durable-share=1e-320"], "--durable-share"),
+        "plan --dp -1": ([*plan, "--dp=-1"], "--dp"),
+        "plan --prefixes 0": ([*plan, "--prefixes=0"], "--prefixes"),
+        "plan --file-size 1e-320": ([*plan, "--file-size=1e-320"], "--file-size"),
+        "simulate --checkpoints -5": (["simulate", *_JOB, *_STORE, "--checkpoints=-5"], "--checkpoints"),
+        "simulate --ranks-per-node -1": ([*sim, "--ranks-per-node=-1"], "--ranks-per-node"),
+        "admit --keep-last -1": ([*admit, "--keep-last=-1"], "--keep-last"),
+        "admit --split-volumes-above -1": ([*admit, "--split-volumes-above=-1"], "--split-volumes-above"),
+        "probe --writers -1": (["probe", f["dir"], *_TINY_PROBE[2:], "--writers=-1"], "--writers"),
+        "probe --max-seconds 0": (["probe", f["dir"], *_TINY_PROBE[2:], "--max-seconds=0"], "--max-seconds"),
+        "probe --file-size 1e308": (["probe", f["dir"], *_TINY_PROBE[:2], *_TINY_PROBE[4:], "--file-size=1e308"],
+                                    "--file-size"),
+    }
+    for name in ("huge_int", "nan", "inf", "1e308"):  # exit 3 before (exit 0 for 1e308)
+        cases[f"report events with {name}"] = (["report", f[f"events_{name}"], "--json"], "EVENTS")
+    return cases
+
+
+def _bounded_time_cases() -> dict[str, list[str]]:
+    """Failure injection whose time grew without bound: a count of failures no simulation needs (minutes before),
+    a schedule of many saves per failure (the pattern jump needs two durable saves), restores that never finish
+    (every restore outlasts the time to the next failure: an endless loop before)."""
+    return {
+        "simulate --failures 99999999999": ["simulate", *_JOB, *_STORE, "--checkpoints", "2",
+                                            "--failures", "99999999999"],
+        "simulate --failures, many saves per failure": ["simulate", *_JOB, *_STORE, "--checkpoints", "2",
+                                                        "--local-bandwidth", "5GB/s", "--local-every", "1ms",
+                                                        "--durable-every", "1000000", "--mtbf", "1e10",
+                                                        "--failures", "1000"],
+        "simulate --failures, restores never finish": ["simulate", *_JOB, *_STORE, "--checkpoints", "2",
+                                                       "--local-bandwidth", "5GB/s", "--node-mtbf", "1",
+                                                       "--failures", "1000", "--json"],
+    }
+
+
 def _run(argv: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("AWS_ENDPOINT_URL", None)  # no case may reach the session's S3 server by accident
@@ -246,3 +331,35 @@ def test_the_known_repros_are_usage_errors(results: dict[str, subprocess.Complet
         proc = results[case]
         assert proc.returncode == 2, (case, proc.stderr)
         assert proc.stderr.startswith(f"ckptio {case.split()[0]}: "), proc.stderr
+
+
+def _number_names() -> list[str]:
+    return list(_number_cases(collections.defaultdict(str)))
+
+
+@pytest.mark.parametrize("case", _number_names())
+def test_a_number_no_real_job_has_is_a_usage_error_naming_its_flag(
+        case: str, results: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    proc = results[case]
+    _, flag = _number_cases(collections.defaultdict(str))[case]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.startswith(f"ckptio {case.split(maxsplit=1)[0]}: "), proc.stderr
+    assert flag in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and len(proc.stderr) < 600, proc.stderr  # no 400 digits
+    assert "nan" not in proc.stdout.lower() and "infinity" not in proc.stdout.lower()
+
+
+def test_failure_injection_is_bounded_in_time_whatever_the_counts(
+        results: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    """A count past the cap is refused at once, naming the flag and the cap; a schedule that would need more saves
+    than the simulation's budget stops there and says how many failures fit; restores that never finish end the
+    run as not converged. None of them hangs (the fixture counts past _TIMEOUT_S as one)."""
+    capped = results["simulate --failures 99999999999"]
+    assert capped.returncode == 2 and "--failures" in capped.stderr and "100,000" in capped.stderr, capped.stderr
+    budget = results["simulate --failures, many saves per failure"]
+    assert budget.returncode == 2, (budget.returncode, budget.stderr[-2000:])
+    assert "--failures" in budget.stderr and "saves and failures" in budget.stderr, budget.stderr
+    endless = results["simulate --failures, restores never finish"]
+    assert endless.returncode == 0, (endless.returncode, endless.stderr[-2000:])
+    failures = json.loads(endless.stdout)["failures"]
+    assert failures["two_level"]["converged"] is False

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from ckptio.demo.measure import MachineFigures
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import Prediction, predict
 from ckptio.errors import ConfigError
-from ckptio.plan.background import WriterCosts
+from ckptio.plan.costs.inputs import WriterCosts
 
 SHAPE = ModelShape()
 WORLD = 2
@@ -16,8 +17,9 @@ WORLD = 2
 
 def _predict(largest_rank_bytes: float | None = None) -> Prediction:
     # Saves far apart: no flush runs into the next save.
-    return predict(SHAPE, world=WORLD, bytes_per_s=200 * 2**20, every=1000, step_time_s=0.1, copy_bytes_per_s=10e9,
-                   costs=WriterCosts(), largest_rank_bytes=largest_rank_bytes)
+    machine = MachineFigures(step_time_s=0.1, copy_bytes_per_s=10e9, fresh_copy_drag=0.0, costs=WriterCosts())
+    return predict(SHAPE, world=WORLD, bytes_per_s=200 * 2**20, every=1000, machine=machine,
+                   largest_rank_bytes=largest_rank_bytes)
 
 
 def test_without_a_trial_every_rank_saves_an_equal_share() -> None:

@@ -11,9 +11,12 @@ import pytest
 from ckptio._cli.main import main
 from ckptio.errors import AdmissionError
 from ckptio.plan.admit import AdmissionPolicy, admit
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.model import PRESETS, shape_checkpoint
-from ckptio.plan.profile import StorageProfile
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import shape_checkpoint
+from ckptio.plan.job.presets import PRESETS
+from ckptio.plan.measure.profile import StorageProfile
 
 PLAN_KEYS = {
     "checkpoint_bytes",
@@ -247,8 +250,8 @@ def test_argparse_errors_exit_2() -> None:
 
 
 def test_library_gate_raises_admission_error(tmp_path: Path) -> None:
-    shape = shape_checkpoint(PRESETS["mlperf-llama3-405b"].model())
-    budget = plan_burst(shape, StorageModel(write_bytes_per_s=300 * 2**20), Schedule(interval_s=300))
+    shape = shape_checkpoint(PRESETS["mlperf-llama3-405b"].spec())
+    budget = plan_burst(shape, StoreLimits(write_bytes_per_s=300 * 2**20), Schedule(interval_s=300))
     decision = admit(budget, root=str(tmp_path), policy=AdmissionPolicy(keep_last=1), home=str(tmp_path / "h"))
     assert not decision.admitted
     assert decision.needed_bytes == pytest.approx(2 * shape.total_bytes)

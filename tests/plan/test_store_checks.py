@@ -13,8 +13,11 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.plan.admit import admit
-from ckptio.plan.budget import Schedule, StorageModel, plan_burst
-from ckptio.plan.model import PRESETS, shape_checkpoint
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import shape_checkpoint
+from ckptio.plan.job.presets import PRESETS
 from ckptio.storage.capabilities import ALL_CAPABILITIES, detect_capabilities
 from ckptio.storage.s3 import S3Storage
 
@@ -84,8 +87,8 @@ def test_admit_refuses_a_store_without_conditional_writes_unless_lease(
 ) -> None:
     storage: Any = S3Storage(make_s3rver_bucket(), "run", endpoint_url=s3rver_endpoint)
     caps = detect_capabilities(storage)
-    budget = plan_burst(shape_checkpoint(PRESETS["mlperf-llama3-8b"].model()),
-                        StorageModel(write_bytes_per_s=10 * 2**30, kind="object"), Schedule(interval_s=3600))
+    budget = plan_burst(shape_checkpoint(PRESETS["mlperf-llama3-8b"].spec()),
+                        StoreLimits(write_bytes_per_s=10 * 2**30, kind="object"), Schedule(interval_s=3600))
     refused = admit(budget, capabilities=caps)
     assert any(r.startswith("store:") and "conditional writes" in r for r in refused.reasons)
     assert refused.capabilities is not None and refused.capabilities["conditional_create"]["ok"] is False

@@ -8,11 +8,13 @@ import pytest
 
 from ckptio.errors import ConfigError
 from ckptio.plan.units import (
+    check_range,
     format_bytes,
     format_duration,
     format_rate,
     parse_count,
     parse_duration,
+    parse_int,
     parse_interval,
     parse_rate,
     parse_size,
@@ -118,3 +120,25 @@ def test_printing() -> None:
     assert format_duration(30) == "30.0 s"
     assert format_duration(5 * 3600) == "5.0 h"
     assert format_duration(math.inf) == "never"
+
+
+def test_whole_numbers_are_read_within_their_bounds_and_huge_ones_never_overflow() -> None:
+    assert parse_int("12", what="--replicas", minimum=0, maximum=100) == 12
+    assert parse_int(0, what="--replicas", minimum=0, maximum=100) == 0
+    for bad, message in (("1.5", "whole number"), ("1e3", "whole number"), ("-1", ">= 0"), ("9" * 400, "<= 100")):
+        with pytest.raises(ConfigError, match=message) as info:
+            parse_int(bad, what="--replicas", minimum=0, maximum=100)
+        assert "--replicas" in str(info.value) and len(str(info.value)) < 120  # 400 digits are not echoed
+
+
+def test_a_value_outside_its_bounds_is_named_and_zero_can_be_allowed() -> None:
+    assert check_range(5.0, what="--mtbf", low=1.0, high=10.0) == 5.0
+    assert check_range(0.0, what="--save-cost", low=1e-6, high=10.0, zero=True) == 0.0
+    for value in (1e-320, 1e308, 0.0):
+        with pytest.raises(ConfigError, match="--mtbf"):
+            check_range(value, what="--mtbf", low=1.0, high=10.0)
+
+
+def test_an_interval_of_more_steps_than_a_float_holds_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--local-every"):
+        parse_interval("9" * 400, step_time_s=1.0, what="--local-every")

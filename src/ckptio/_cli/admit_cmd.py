@@ -13,14 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 
-from ckptio._cli.job_args import add_job_arguments, add_storage_arguments, checkpoint_model, job_from_args, schedule
-from ckptio._cli.probe_cmd import MAX_PROBE_SECONDS
+from ckptio._cli.job_args import (
+    MAX_RANKS,
+    add_job_arguments,
+    add_storage_arguments,
+    checkpoint_model,
+    duration_flag,
+    int_flag,
+    job_from_args,
+    schedule,
+)
+from ckptio._cli.probe_cmd import MAX_PROBE_SECONDS, MIN_PROBE_SECONDS
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.plan.admit import Admission, AdmissionPolicy, admit
-from ckptio.plan.budget import plan_burst
-from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
-from ckptio.plan.units import format_duration, parse_duration
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
+from ckptio.plan.units import format_duration
 from ckptio.policy.residency import Residency
 
 
@@ -58,12 +67,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+MAX_KEEP_LAST = 10**6
+"""Committed checkpoints kept: more would need more space than any store has for any real job."""
+
+
 def run(args: argparse.Namespace) -> int:
     policy = AdmissionPolicy(
-        keep_last=args.keep_last,
-        max_stall_s=parse_duration(args.max_stall, what="--max-stall") if args.max_stall else None,
-        split_volumes_above=args.split_volumes_above,
+        keep_last=int_flag(args.keep_last, "--keep-last", low=0, high=MAX_KEEP_LAST),
+        max_stall_s=duration_flag(args.max_stall, "--max-stall", zero=True) if args.max_stall else None,
+        split_volumes_above=int_flag(args.split_volumes_above, "--split-volumes-above", low=0, high=MAX_RANKS),
     )
+    # Checked whether or not --probe is given: a bad bound is never silently ignored.
+    seconds = duration_flag(args.probe_seconds, "--probe-seconds", low=MIN_PROBE_SECONDS, high=MAX_PROBE_SECONDS)
     residency = None
     if args.allowed_region or args.allow_public or args.store_private:
         residency = Residency(allowed_regions=args.allowed_region, allow_public=args.allow_public,
@@ -74,9 +89,6 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--probe needs --root: the probe measures the checkpoint root")
         checkpoint_model(args)  # a bad job flag is refused before the probe writes anything
         schedule(args, mode=args.mode)
-        seconds = parse_duration(args.probe_seconds, what="--probe-seconds")
-        if seconds > MAX_PROBE_SECONDS:
-            raise ConfigError(f"--probe-seconds {args.probe_seconds} is over a day; a probe needs minutes")
         try:  # residency before the probe writes anything
             caps = target_capabilities(args.root, residency)
         except (ResidencyError, StoreCapabilityError) as exc:

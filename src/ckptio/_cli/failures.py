@@ -1,24 +1,25 @@
 """``ckptio simulate --failures N``: failures injected into the single-level and two-level schedules of the plan.
 
 Owns the flags of the failure injection (``--failures``, ``--seed``; the two-level flags come from
-:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.failsim`'s, the schedules and
-the prediction :mod:`ckptio.plan.multilevel`'s. It must never change the burst simulation's own output.
+:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.simulation.failures`'s, the schedules
+and the prediction :mod:`ckptio.plan.costs.multilevel`'s. It must never change the burst simulation's own output.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from rich.table import Table
 
-from ckptio._cli.job_args import Job
+from ckptio._cli.job_args import Job, int_flag
 from ckptio._cli.level_args import add_level_arguments, level_args
 from ckptio.errors import ConfigError
-from ckptio.plan.budget import plan_burst
-from ckptio.plan.failsim import compare_with_plan
-from ckptio.plan.multilevel import plan_two_levels
-from ckptio.plan.units import format_duration
+from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.multilevel import plan_two_levels
+from ckptio.plan.simulation.failures import MAX_FAILURES, compare_with_plan
+from ckptio.plan.units import format_duration, quoted
 
 
 def add_failure_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,18 +32,47 @@ def add_failure_arguments(parser: argparse.ArgumentParser) -> None:
     add_level_arguments(parser, shared_with_tiered=True)
 
 
-def inject_failures(args: argparse.Namespace, job: Job) -> dict[str, Any] | None:
-    """The comparison, or None without ``--failures`` (the two-level flags are checked either way)."""
-    levels = level_args(args, step_time_s=job.schedule.step_time_s)
+@dataclass(kw_only=True, slots=True, frozen=True)
+class FailureArgs:
+    """``--failures`` and ``--seed``, checked."""
+
+    failures: int
+    """Failures to inject (1 to :data:`~ckptio.plan.simulation.failures.MAX_FAILURES`)."""
+    seed: int
+    """Random seed of the injection."""
+
+
+MAX_SEED = 2**64 - 1
+
+
+def failure_args(args: argparse.Namespace) -> FailureArgs | None:
+    """``--failures`` and ``--seed`` checked before any simulation runs (the seed even without ``--failures``, so a
+    bad one is never silently ignored); None without ``--failures``."""
+    seed = int_flag(args.seed, "--seed", low=0, high=MAX_SEED)
     if not args.failures:
         return None
-    failures, seed = _integer(args.failures, "--failures", 1), _integer(args.seed, "--seed", 0)
+    text = str(args.failures).strip()
+    if text.isdigit() and int(text) > MAX_FAILURES:
+        # A cap, not a sample: the answer is settled long before this many (MAX_FAILURES says why).
+        raise ConfigError(f"--failures {quoted(text)} is more than the simulation needs: at most {MAX_FAILURES:,} "
+                          "(its Monte-Carlo spread is then far below the model's own error)")
+    return FailureArgs(failures=int_flag(text, "--failures", low=1, high=MAX_FAILURES), seed=seed)
+
+
+def inject_failures(args: argparse.Namespace, job: Job, counts: FailureArgs | None) -> dict[str, Any] | None:
+    """The comparison, or None without ``--failures`` (the two-level flags are checked either way)."""
+    levels = level_args(args, step_time_s=job.schedule.step_time_s)
+    if counts is None:
+        return None
     budget = plan_burst(job.shape, job.storage, job.schedule)
     plan = plan_two_levels(job.shape, job.storage, job.schedule, budget, local=levels.local,
                            ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
                            job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
                            local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
-    return compare_with_plan(plan, failures=failures, seed=seed)
+    try:
+        return compare_with_plan(plan, failures=counts.failures, seed=counts.seed)
+    except ConfigError as exc:  # the simulation's budget (MAX_EVENTS): name the flag that sets the count
+        raise ConfigError(f"--failures {counts.failures:,}: {exc.message}") from None
 
 
 def failures_table(data: dict[str, Any]) -> Table:
@@ -61,13 +91,3 @@ def failures_table(data: dict[str, Any]) -> Table:
     if data["two_level"] is None:
         table.caption = "give --local-bandwidth for two levels"
     return table
-
-
-def _integer(text: str, flag: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"{flag} takes a whole number, got {text!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{flag} must be >= {minimum}, got {text!r}")
-    return value

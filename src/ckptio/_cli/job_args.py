@@ -14,20 +14,28 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ckptio.errors import ConfigError
-from ckptio.plan.budget import DEFAULT_D2H_BYTES_PER_S, S3_PUT_RATE_PER_PREFIX, Schedule, StorageModel
-from ckptio.plan.model import (
+from ckptio.plan.costs.intervals import DEFAULT_D2H_BYTES_PER_S, Schedule
+from ckptio.plan.costs.store import S3_PUT_RATE_PER_PREFIX, StoreLimits
+from ckptio.plan.job.checkpoint import (
     OPTIMIZER_BYTES_PER_PARAM,
-    PRESETS,
     WEIGHT_DTYPE_BYTES,
     Architecture,
-    CheckpointModel,
     CheckpointShape,
+    CheckpointSpec,
     Parallelism,
-    preset,
     shape_checkpoint,
 )
-from ckptio.plan.profile import StorageProfile
-from ckptio.plan.units import parse_count, parse_duration, parse_interval, parse_rate, parse_size
+from ckptio.plan.job.presets import PRESETS, preset
+from ckptio.plan.measure.profile import StorageProfile
+from ckptio.plan.units import (
+    check_range,
+    parse_count,
+    parse_duration,
+    parse_int,
+    parse_interval,
+    parse_rate,
+    parse_size,
+)
 
 T = TypeVar("T")
 _ARCH_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab")
@@ -39,6 +47,13 @@ MAX_DEGREE = 10**5
 MAX_ARCH = 10**9
 MAX_PREFIXES = 10**6
 MAX_FILES_PER_RANK = 10**6
+MAX_BYTES = float(2**60)
+"""An exbibyte: no checkpoint, file or tier is larger."""
+MAX_BYTES_PER_S = 1e15
+"""A petabyte per second: no store, tier or link is faster."""
+MAX_OPS_PER_S = 1e12
+MAX_SECONDS = 1e10
+"""About three centuries: no interval, MTBF or cost is longer."""
 # Floors for the same reason: a rate of 1e-300 B/s or a step of 1e-300 s is a typo, and the models' arithmetic
 # (flush times, event horizons) is not made to survive it.
 MIN_BYTES_PER_S = 1.0
@@ -46,6 +61,45 @@ MIN_OPS_PER_S = 1e-3
 MIN_STEP_S = 1e-6
 MIN_INTERVAL_S = 1e-3
 MIN_MTBF_S = 1.0
+MIN_SECONDS = 1e-6
+"""The shortest duration that is not 0 (a save cost, a stall budget)."""
+
+
+def size_flag(text: str, flag: str, *, low: float = 1.0, high: float = MAX_BYTES, zero: bool = False) -> float:
+    """Bytes in ``flag``'s ``text`` (``300MiB``), within ``[low, high]`` (or 0 when ``zero``)."""
+    return check_range(parse_size(text, what=flag), what=flag, low=low, high=high, unit=" B", zero=zero, given=text)
+
+
+def rate_flag(text: str, flag: str, *, zero: bool = False) -> float:
+    """Bytes per second in ``flag``'s ``text`` (``2TB/s``), within what a real store or link moves (or 0 when
+    ``zero``: a plain ``0``, or nothing, then means none)."""
+    value = 0.0 if zero and text.strip() in ("", "0") else parse_rate(text, what=flag)
+    return check_range(value, what=flag, low=MIN_BYTES_PER_S, high=MAX_BYTES_PER_S, unit=" B/s", zero=zero,
+                       given=text)
+
+
+def ops_flag(text: str, flag: str) -> float:
+    """Operations per second in ``flag``'s ``text`` (``3500``, ``4.2k``)."""
+    return check_range(parse_count(text, what=flag), what=flag, low=MIN_OPS_PER_S, high=MAX_OPS_PER_S,
+                       unit="/s", given=text)
+
+
+def duration_flag(text: str, flag: str, *, low: float = MIN_SECONDS, high: float = MAX_SECONDS,
+                  zero: bool = False) -> float:
+    """Seconds in ``flag``'s ``text`` (``90``, ``5m``), within ``[low, high]`` (or 0 when ``zero``)."""
+    return check_range(parse_duration(text, what=flag), what=flag, low=low, high=high, unit=" s", zero=zero,
+                       given=text)
+
+
+def interval_flag(text: str, flag: str, *, step_time_s: float | None) -> float:
+    """Seconds of compute in ``flag``'s ``text``, given in steps (``500``, with a step time) or as a duration."""
+    seconds = parse_interval(text, step_time_s=step_time_s, what=flag)[0]
+    return check_range(seconds, what=flag, low=MIN_INTERVAL_S, high=MAX_SECONDS, unit=" s", given=text)
+
+
+def int_flag(value: int | str, flag: str, *, low: int, high: int) -> int:
+    """A whole number for ``flag``, within ``[low, high]``."""
+    return parse_int(value, what=flag, minimum=low, maximum=high)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +146,7 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     st.add_argument("--serialize-bandwidth", help="one writer's serialize+checksum rate (profile's)")
 
 
-def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
+def checkpoint_model(args: argparse.Namespace) -> CheckpointSpec:
     """The job's checkpoint from ``--preset``, ``--params`` or the architecture flags."""
     arch_given = [n for n in _ARCH_FLAGS if getattr(args, n) is not None]
     _check_int_flags(args, arch_given)
@@ -108,31 +162,35 @@ def checkpoint_model(args: argparse.Namespace) -> CheckpointModel:
         dp=args.dp if args.dp is not None or base is None or args.ranks is not None else base.parallelism.dp,
         zero=_pick(args.zero, base.parallelism.zero if base else 0),
     )
-    model = CheckpointModel(
-        params=parse_count(args.params, what="--params") if args.params else None,
+    model = CheckpointSpec(
+        params=_params(args.params) if args.params else None,
         architecture=architecture,
         weights_dtype=_pick(args.weights_dtype, base.weights_dtype if base else "bf16"),
         optimizer=_pick(args.optimizer, base.optimizer if base else "adam-mixed"),
-        extra_bytes_per_rank=parse_size(args.extra_bytes, what="--extra-bytes"),
+        extra_bytes_per_rank=size_flag(args.extra_bytes, "--extra-bytes", zero=True),
         parallelism=parallelism,
-        file_size_bytes=parse_size(args.file_size, what="--file-size"),
-        part_size_bytes=parse_size(args.part_size, what="--part-size"),
+        file_size_bytes=size_flag(args.file_size, "--file-size", low=float(1 << 20)),
+        part_size_bytes=size_flag(args.part_size, "--part-size", low=float(1 << 20)),
     )
     _check_size(model)
     return model
 
 
 def _check_int_flags(args: argparse.Namespace, arch_given: list[str]) -> None:
-    """Integer flags within :data:`MAX_RANKS` and friends (argparse only checked that they are integers)."""
+    """Integer flags from 1 to :data:`MAX_RANKS` and friends (argparse only checked that they are integers)."""
     bounds = {"ranks": MAX_RANKS, "dp": MAX_RANKS, "tp": MAX_DEGREE, "pp": MAX_DEGREE}
     bounds.update(dict.fromkeys(arch_given, MAX_ARCH))
     for name, top in bounds.items():
         value = getattr(args, name)
-        if value is not None and value > top:
-            raise ConfigError(f"--{name.replace('_', '-')} {value} is beyond any real job (at most {top:,})")
+        if value is not None:
+            int_flag(value, f"--{name.replace('_', '-')}", low=1, high=top)
 
 
-def _check_size(model: CheckpointModel) -> None:
+def _params(text: str) -> float:
+    return check_range(parse_count(text, what="--params"), what="--params", low=1.0, high=MAX_PARAMS, given=text)
+
+
+def _check_size(model: CheckpointSpec) -> None:
     """Refuse a model too large to be real before it is shaped (shaping lists every file of a rank)."""
     if model.param_count > MAX_PARAMS:
         raise ConfigError(f"{model.param_count:.3g} parameters is beyond any real model (at most {MAX_PARAMS:.0e})")
@@ -164,24 +222,19 @@ def _architecture(args: argparse.Namespace, given: list[str]) -> Architecture | 
 
 
 def schedule(args: argparse.Namespace, *, mode: str) -> Schedule:
-    step_time = parse_duration(args.step_time, what="--step-time") if args.step_time else None
-    interval = parse_interval(args.interval, step_time_s=step_time)[0] if args.interval else None
-    sched = Schedule(
-        interval_s=interval,
+    step_time = duration_flag(args.step_time, "--step-time", low=MIN_STEP_S) if args.step_time else None
+    return Schedule(
+        interval_s=interval_flag(args.interval, "--interval", step_time_s=step_time) if args.interval else None,
         step_time_s=step_time,
-        mtbf_s=parse_duration(args.mtbf, what="--mtbf") if args.mtbf else None,
-        save_cost_s=parse_duration(args.save_cost, what="--save-cost") if args.save_cost else None,
-        d2h_bytes_per_s=_rate(args.d2h_bandwidth, "--d2h-bandwidth") or DEFAULT_D2H_BYTES_PER_S,
+        mtbf_s=duration_flag(args.mtbf, "--mtbf", low=MIN_MTBF_S) if args.mtbf else None,
+        save_cost_s=duration_flag(args.save_cost, "--save-cost", zero=True) if args.save_cost else None,
+        d2h_bytes_per_s=rate_flag(args.d2h_bandwidth, "--d2h-bandwidth") if args.d2h_bandwidth
+        else DEFAULT_D2H_BYTES_PER_S,
         mode=mode,  # type: ignore[arg-type]
     )
-    _at_least(sched.step_time_s, MIN_STEP_S, "--step-time", "s")
-    _at_least(sched.interval_s, MIN_INTERVAL_S, "--interval", "s")
-    _at_least(sched.mtbf_s, MIN_MTBF_S, "--mtbf", "s")
-    _at_least(sched.d2h_bytes_per_s, MIN_BYTES_PER_S, "--d2h-bandwidth", "B/s")
-    return sched
 
 
-def storage_model(args: argparse.Namespace, profile: StorageProfile | None = None) -> StorageModel:
+def storage_model(args: argparse.Namespace, profile: StorageProfile | None = None) -> StoreLimits:
     """The store from ``profile`` (or ``--profile``), each figure overridable by its flag."""
     if profile is None and args.profile:
         profile = StorageProfile.load(args.profile)
@@ -189,62 +242,64 @@ def storage_model(args: argparse.Namespace, profile: StorageProfile | None = Non
     if write is None and profile is None:
         raise ConfigError("give the store: --profile FILE (from `ckptio probe --out`) or --write-bandwidth")
     per_writer = _rate(args.per_writer_bandwidth, "--per-writer-bandwidth")
-    if args.prefixes > MAX_PREFIXES:
-        raise ConfigError(f"--prefixes {args.prefixes} is beyond any real store (at most {MAX_PREFIXES:,})")
-    model = StorageModel(
+    prefixes = int_flag(args.prefixes, "--prefixes", low=1, high=MAX_PREFIXES)
+    model = StoreLimits(
         write_bytes_per_s=write or (profile.write_bytes_per_s if profile else math.inf),
         per_writer_bytes_per_s=per_writer or (profile.per_writer_bytes_per_s if profile else math.inf),
         read_bytes_per_s=_rate(args.read_bandwidth, "--read-bandwidth")
         or (profile.read_bytes_per_s if profile else None),
         metadata_ops_per_s=(
-            parse_count(args.metadata_ops, what="--metadata-ops")
+            ops_flag(args.metadata_ops, "--metadata-ops")
             if args.metadata_ops
             else (profile.metadata_ops_per_s if profile else None)
         ),
         kind=args.storage_kind or (profile.kind if profile else "posix"),
         put_rate_per_prefix=(
-            parse_count(args.put_rate_per_prefix, what="--put-rate-per-prefix")
+            ops_flag(args.put_rate_per_prefix, "--put-rate-per-prefix")
             if args.put_rate_per_prefix
             else S3_PUT_RATE_PER_PREFIX
         ),
-        prefixes=args.prefixes,
+        prefixes=prefixes,
         serialize_bytes_per_s=_rate(args.serialize_bandwidth, "--serialize-bandwidth")
         or (profile.serialize_bytes_per_s if profile and profile.serialize_bytes_per_s else math.inf),
     )
-    # Checked on the model, so a figure from a profile meets the same floor as one from a flag.
-    for value, flag, floor, unit in (
-        (model.write_bytes_per_s, "--write-bandwidth", MIN_BYTES_PER_S, "B/s"),
-        (model.per_writer_bytes_per_s, "--per-writer-bandwidth", MIN_BYTES_PER_S, "B/s"),
-        (model.read_bytes_per_s, "--read-bandwidth", MIN_BYTES_PER_S, "B/s"),
-        (model.serialize_bytes_per_s, "--serialize-bandwidth", MIN_BYTES_PER_S, "B/s"),
-        (model.metadata_ops_per_s, "--metadata-ops", MIN_OPS_PER_S, "ops/s"),
-        (model.put_rate_per_prefix, "--put-rate-per-prefix", MIN_OPS_PER_S, "requests/s"),
+    # Checked on the model too, so a figure from a profile meets the same bounds as one from a flag (``inf``: a
+    # figure left out of the model, never a measurement).
+    for value, flag, floor, ceiling, unit in (
+        (model.write_bytes_per_s, "--write-bandwidth", MIN_BYTES_PER_S, MAX_BYTES_PER_S, "B/s"),
+        (model.per_writer_bytes_per_s, "--per-writer-bandwidth", MIN_BYTES_PER_S, MAX_BYTES_PER_S, "B/s"),
+        (model.read_bytes_per_s, "--read-bandwidth", MIN_BYTES_PER_S, MAX_BYTES_PER_S, "B/s"),
+        (model.serialize_bytes_per_s, "--serialize-bandwidth", MIN_BYTES_PER_S, MAX_BYTES_PER_S, "B/s"),
+        (model.metadata_ops_per_s, "--metadata-ops", MIN_OPS_PER_S, MAX_OPS_PER_S, "ops/s"),
+        (model.put_rate_per_prefix, "--put-rate-per-prefix", MIN_OPS_PER_S, MAX_OPS_PER_S, "requests/s"),
     ):
-        _at_least(value, floor, flag, unit, profile=profile is not None)
+        _within(value, floor, ceiling, flag, unit, profile=profile is not None)
     return model
 
 
-def _at_least(value: float | None, floor: float, flag: str, unit: str, *, profile: bool = False) -> None:
-    if value is not None and value < floor:
-        source = f"{flag} (or the profile's figure)" if profile else flag
-        raise ConfigError(f"{source} is {value:.3g} {unit}: below {floor:g} {unit}, which no real job or store has")
+def _within(value: float | None, floor: float, ceiling: float, flag: str, unit: str, *, profile: bool) -> None:
+    if value is None or math.isinf(value) or floor <= value <= ceiling:
+        return
+    source = f"{flag} (or the profile's figure)" if profile else flag
+    side = f"below {floor:g} {unit}" if value < floor else f"above {ceiling:g} {unit}"
+    raise ConfigError(f"{source} is {value:.3g} {unit}: {side}, which no real job or store has")
 
 
 def _rate(text: str | None, flag: str) -> float | None:
-    return parse_rate(text, what=flag) if text else None
+    return rate_flag(text, flag) if text else None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Job:
     """Everything the flags describe, built and validated."""
 
-    model: CheckpointModel
+    model: CheckpointSpec
     """The checkpoint's contents and parallelism."""
 
     shape: CheckpointShape
     """Bytes and objects per rank class."""
 
-    storage: StorageModel
+    storage: StoreLimits
     """The store's caps."""
 
     schedule: Schedule

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ckptio._cli.job_args import MIN_MTBF_S, duration_flag, int_flag, interval_flag, rate_flag
 from ckptio.errors import ConfigError
-from ckptio.plan.levels import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, LocalLevel
-from ckptio.plan.units import parse_duration, parse_interval, parse_rate
+from ckptio.plan.costs.levels import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, LocalLevel
+from ckptio.plan.units import check_range, parse_duration, quoted
 
 
 def add_level_arguments(parser: argparse.ArgumentParser, *, shared_with_tiered: bool = False) -> None:
@@ -58,35 +59,35 @@ class LevelArgs:
     """``--durable-every``."""
 
 
+MAX_REPLICAS = 1000
+"""Partner copies per node: beyond this the local level is a second durable tier, not a cache."""
+MAX_RANKS_PER_NODE = 10_000
+MAX_DURABLE_EVERY = 10**6
+MIN_DURABLE_SHARE = 1e-6
+"""A smaller share of the store's time leaves no schedule: the durable interval would outlast any job."""
+
+
 def level_args(args: argparse.Namespace, *, step_time_s: float | None) -> LevelArgs:
     """Every two-level flag checked, whether or not a local level is given."""
-    replicas = _integer(args.replicas, "--replicas", minimum=0)
-    ranks_per_node = _integer(args.ranks_per_node, "--ranks-per-node", minimum=1)
+    replicas = int_flag(args.replicas, "--replicas", low=0, high=MAX_REPLICAS)
+    ranks_per_node = int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE)
     local = None
     if args.local_bandwidth:
         local = LocalLevel(
-            bytes_per_s=parse_rate(args.local_bandwidth, what="--local-bandwidth"),
+            bytes_per_s=rate_flag(args.local_bandwidth, "--local-bandwidth"),
             read_bytes_per_s=_rate(args.local_read_bandwidth, "--local-read-bandwidth"),
             network_bytes_per_s=_rate(args.network_bandwidth, "--network-bandwidth") or DEFAULT_NETWORK_BYTES_PER_S,
             replicas=replicas,
             ranks_per_node=ranks_per_node,
         )
     share = _fraction(args.durable_share)
-    durable_every = _integer(args.durable_every, "--durable-every", minimum=1) if args.durable_every else None
-    local_every = parse_interval(args.local_every, step_time_s=step_time_s)[0] if args.local_every else None
+    durable_every = int_flag(args.durable_every, "--durable-every", low=1, high=MAX_DURABLE_EVERY) \
+        if args.durable_every else None
+    local_every = interval_flag(args.local_every, "--local-every", step_time_s=step_time_s) if args.local_every \
+        else None
     return LevelArgs(local=local, ranks_per_node=ranks_per_node, node_mtbf_s=_mtbf(args.node_mtbf, "--node-mtbf"),
                      job_loss_mtbf_s=_mtbf(args.job_loss_mtbf, "--job-loss-mtbf"), durable_share=share,
                      local_every_s=local_every, durable_every=durable_every)
-
-
-def _integer(text: str | int, flag: str, *, minimum: int) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} takes a whole number, got {text!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{flag} must be >= {minimum}, got {text!r}")
-    return value
 
 
 def _mtbf(text: str | None, flag: str) -> float | None:
@@ -94,19 +95,19 @@ def _mtbf(text: str | None, flag: str) -> float | None:
         return None
     value = parse_duration(text, what=flag)
     if not value > 0:
-        raise ConfigError(f"{flag} must be a positive duration, got {text!r}")
-    return value
+        raise ConfigError(f"{flag} must be a positive duration, got {quoted(text)}")
+    return duration_flag(text, flag, low=MIN_MTBF_S)
 
 
 def _fraction(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"--durable-share takes a fraction in (0, 1], got {text!r}") from None
+        raise ConfigError(f"--durable-share takes a fraction in (0, 1], got {quoted(text)}") from None
     if not 0 < value <= 1:
-        raise ConfigError(f"--durable-share must be within (0, 1], got {text!r}")
-    return value
+        raise ConfigError(f"--durable-share must be within (0, 1], got {quoted(text)}")
+    return check_range(value, what="--durable-share", low=MIN_DURABLE_SHARE, high=1.0, given=text)
 
 
 def _rate(text: str | None, flag: str) -> float | None:
-    return parse_rate(text, what=flag) if text else None
+    return rate_flag(text, flag) if text else None

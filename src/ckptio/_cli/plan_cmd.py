@@ -24,12 +24,13 @@ from ckptio._cli.job_args import (
 )
 from ckptio._cli.level_args import LevelArgs, add_level_arguments, level_args
 from ckptio.errors import ConfigError
-from ckptio.plan.background import MODES, HostModel
-from ckptio.plan.budget import BurstBudget, plan_burst
-from ckptio.plan.model import CheckpointModel, CheckpointShape, shape_checkpoint
-from ckptio.plan.multilevel import Loss, TwoLevelPlan, plan_two_levels
-from ckptio.plan.sizing import SizingPlan, plan_sizes
-from ckptio.plan.units import format_bytes, format_duration, format_rate
+from ckptio.plan.costs.background import MODES
+from ckptio.plan.costs.budget import BurstBudget, plan_burst
+from ckptio.plan.costs.inputs import Host
+from ckptio.plan.costs.multilevel import Loss, TwoLevelPlan, plan_two_levels
+from ckptio.plan.costs.sizing import SizingPlan, plan_sizes
+from ckptio.plan.job.checkpoint import CheckpointShape, CheckpointSpec, shape_checkpoint
+from ckptio.plan.units import check_range, format_bytes, format_duration, format_rate, quoted
 
 _VERDICT_STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red", "unknown": "bold"}
 _MODE_LABELS = {"dcp_sync": "dcp.save", "dcp_async": "dcp.async_save", "dcp_best": "DCP best", "ckptio": "ckptio"}
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    host = HostModel(cores_per_rank=_cores(args.cores_per_rank, "--cores-per-rank"),
+    host = Host(cores_per_rank=_cores(args.cores_per_rank, "--cores-per-rank"),
                      train_cores=_cores(args.train_cores, "--train-cores"))
     if not args.profile and not args.write_bandwidth:
         model = checkpoint_model(args)
@@ -101,14 +102,19 @@ def _store_free_levels(shape: CheckpointShape, levels: LevelArgs) -> dict[str, o
     }
 
 
+MIN_CORES = 0.01
+MAX_CORES = 10_000.0
+"""Cores per rank, or busy per rank: a hundredth of a core is no rank, ten thousand no host."""
+
+
 def _cores(text: str, flag: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{flag} takes a number of cores, got {text!r}") from None
+        raise ConfigError(f"{flag} takes a number of cores, got {quoted(text)}") from None
     if not value > 0 or value == float("inf"):
-        raise ConfigError(f"{flag} must be a positive number of cores, got {text!r}")
-    return value
+        raise ConfigError(f"{flag} must be a positive number of cores, got {quoted(text)}")
+    return check_range(value, what=flag, low=MIN_CORES, high=MAX_CORES, unit=" cores", given=text)
 
 
 def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
@@ -195,7 +201,7 @@ def modes_table(b: BurstBudget) -> Table:
     return table
 
 
-def print_sizing(console: Console, model: CheckpointModel, p: SizingPlan) -> None:
+def print_sizing(console: Console, model: CheckpointSpec, p: SizingPlan) -> None:
     """The store-free plan: sizes, objects, per-rank bytes, interval arithmetic, then the unknown verdict."""
     table = Table(title="ckptio plan (no store)", show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="dim")

@@ -2,7 +2,7 @@
 
 Owns the command's flags, its progress bar and its output (a table, ``--json``, ``--out profile.json``). A
 SIGTERM (a scheduler ending the job) is turned into the same clean exit as Ctrl-C, so the probe's files are
-removed either way. Measuring is :mod:`ckptio.plan.probe`'s job, not this module's.
+removed either way. Measuring is :mod:`ckptio.plan.measure.probe`'s job, not this module's.
 
 A store (``s3://``) is checked before anything is written: residency (a public bucket is refused unless
 ``--allow-public``; a store with no API to tell is refused unless ``--store-private``), then its capabilities,
@@ -21,13 +21,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ckptio._cli.job_args import duration_flag, int_flag, size_flag
 from ckptio._cli.paths import check_output
 from ckptio._proc import sigterm_as_interrupt
-from ckptio.errors import ConfigError
-from ckptio.plan.probe import ProbeConfig, probe, target_capabilities
-from ckptio.plan.probe import Progress as ProgressFn
-from ckptio.plan.profile import StorageProfile
-from ckptio.plan.units import format_duration, format_rate, parse_duration, parse_size
+from ckptio.plan.measure.clock import Progress as ProgressFn
+from ckptio.plan.measure.probe import SMALL_FILE_BYTES, ProbeConfig, probe, target_capabilities
+from ckptio.plan.measure.profile import StorageProfile
+from ckptio.plan.units import format_duration, format_rate
 from ckptio.policy.residency import Residency
 from ckptio.storage.capabilities import StoreCapabilities
 
@@ -62,24 +62,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 _MAX_WRITERS = 1024
 _MAX_FILES_PER_WRITER = 10_000
 _MAX_SMALL_FILES = 100_000
+_MAX_FILE_BYTES = float(1 << 40)
+MIN_PROBE_SECONDS = 0.1
+"""A shorter bound measures nothing: the probe's phases each need a few system calls."""
 MAX_PROBE_SECONDS = 86400.0
 
 
 def probe_config(args: argparse.Namespace) -> ProbeConfig:
-    for flag, value, top in (("--writers", args.writers, _MAX_WRITERS),
-                             ("--files-per-writer", args.files_per_writer, _MAX_FILES_PER_WRITER),
-                             ("--small-files", args.small_files, _MAX_SMALL_FILES)):
-        if value > top:
-            raise ConfigError(f"{flag} {value} is more than a probe needs (at most {top:,})")
-    max_seconds = parse_duration(args.max_seconds, what="--max-seconds")
-    if max_seconds > MAX_PROBE_SECONDS:
-        raise ConfigError(f"--max-seconds {args.max_seconds} is over a day; a probe needs minutes")
     return ProbeConfig(
-        writers=args.writers,
-        file_size_bytes=int(parse_size(args.file_size, what="--file-size")),
-        files_per_writer=args.files_per_writer,
-        small_files=args.small_files,
-        max_seconds=max_seconds,
+        writers=int_flag(args.writers, "--writers", low=1, high=_MAX_WRITERS),
+        file_size_bytes=int(size_flag(args.file_size, "--file-size", low=SMALL_FILE_BYTES, high=_MAX_FILE_BYTES)),
+        files_per_writer=int_flag(args.files_per_writer, "--files-per-writer", low=1, high=_MAX_FILES_PER_WRITER),
+        small_files=int_flag(args.small_files, "--small-files", low=1, high=_MAX_SMALL_FILES),
+        max_seconds=duration_flag(args.max_seconds, "--max-seconds", low=MIN_PROBE_SECONDS, high=MAX_PROBE_SECONDS),
         fsync=not args.no_fsync,
     )
 

@@ -2,7 +2,7 @@
 
 Owns the command's flags (those of ``plan`` plus the simulation's), its table, ``--json``, ``--events`` (the
 simulation in ckptio's event schema) and ``--out`` (the timeline picture, drawn by ``ckptio.obs.report``).
-The model is :mod:`ckptio.plan.simulate`'s.
+The model is :mod:`ckptio.plan.simulation.burst`'s.
 """
 
 from __future__ import annotations
@@ -14,13 +14,22 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ckptio._cli.failures import add_failure_arguments, failures_table, inject_failures
-from ckptio._cli.job_args import Job, add_job_arguments, add_storage_arguments, job_from_args
+from ckptio._cli.failures import add_failure_arguments, failure_args, failures_table, inject_failures
+from ckptio._cli.job_args import (
+    Job,
+    add_job_arguments,
+    add_storage_arguments,
+    int_flag,
+    job_from_args,
+    rate_flag,
+    size_flag,
+)
+from ckptio._cli.level_args import MAX_RANKS_PER_NODE
 from ckptio._cli.paths import check_output, writing
-from ckptio.plan.sim_events import simulation_events, write_events
-from ckptio.plan.sim_types import MAX_CHECKPOINTS
-from ckptio.plan.simulate import SimulationConfig, SimulationResult, simulate
-from ckptio.plan.units import format_bytes, format_duration, parse_rate, parse_size
+from ckptio.plan.simulation.burst import SimulationConfig, SimulationResult, simulate
+from ckptio.plan.simulation.burst_types import MAX_CHECKPOINTS
+from ckptio.plan.simulation.events import simulation_events, write_events
+from ckptio.plan.units import format_bytes, format_duration
 
 _SHOWN_RECORDS = 12
 
@@ -55,30 +64,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+MAX_PENDING = 1000
+"""Staging slots per rank: each holds a whole copy of the rank's state; no host has room for more."""
+
+
 def simulation_config(args: argparse.Namespace) -> SimulationConfig:
-    loader_text = args.loader_read_bandwidth.strip()
-    loader = 0.0 if loader_text in ("", "0") else parse_rate(loader_text, what="--loader-read-bandwidth")
     local_bw, local_cap = args.local_bandwidth, args.local_capacity
     return SimulationConfig(
-        checkpoints=args.checkpoints,
+        checkpoints=int_flag(args.checkpoints, "--checkpoints", low=1, high=MAX_CHECKPOINTS),
         mode=args.mode,
-        max_pending=args.max_pending,
+        max_pending=int_flag(args.max_pending, "--max-pending", low=1, high=MAX_PENDING),
         overflow=args.overflow,
-        loader_read_bytes_per_s=loader,
-        local_bytes_per_s=parse_rate(local_bw, what="--local-bandwidth") if local_bw else None,
-        local_capacity_bytes=parse_size(local_cap, what="--local-capacity") if local_cap else None,
-        ranks_per_node=args.ranks_per_node,
+        loader_read_bytes_per_s=rate_flag(args.loader_read_bandwidth, "--loader-read-bandwidth", zero=True),
+        local_bytes_per_s=rate_flag(local_bw, "--local-bandwidth") if local_bw else None,
+        local_capacity_bytes=size_flag(local_cap, "--local-capacity") if local_cap else None,
+        ranks_per_node=int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE),
     )
 
 
 def run(args: argparse.Namespace) -> int:
     config = simulation_config(args)
+    counts = failure_args(args)
     check_output(args.events, "--events")
     check_output(args.out, "--out")
     # The planner's schedule semantics: a synchronous simulation is planned as a synchronous job.
     job = job_from_args(args, mode="sync" if config.mode == "sync" else "async")
     result = simulate(job.shape, job.storage, job.schedule, config)
-    failures = inject_failures(args, job)
+    failures = inject_failures(args, job, counts)
     if args.events or args.out:
         records = simulation_events(result, job.shape, step_time_s=job.schedule.step_time_s)
         if args.events:

@@ -190,7 +190,8 @@ class RankResult:
     """Resume runs: the step restored."""
 
     trial_lost_s: float | None = None
-    """Calibrate runs: what a trial ckptio save cost this rank's steps (:func:`ckptio.plan.host.measure_save_loss`)."""
+    """Calibrate runs: what a trial ckptio save cost this rank's steps
+    (:func:`ckptio.plan.measure.training.measure_save_loss`)."""
 
     trial_bytes: int | None = None
     """Calibrate runs: the bytes this rank's trial saves staged. The ranks' shares differ: DCP's planner, which

@@ -69,7 +69,7 @@ class ModelShape:
     def state_items(self) -> int:
         """Entries of one rank's flattened state: each parameter (the embedding's local rows, a pre-norm block's 12,
         the head's 2), its Adam ``step`` and two moments, and the step. DCP's saves pay per entry as well as per
-        byte (:attr:`ckptio.plan.background.WriterCosts.dcp_items_per_s`)."""
+        byte (:attr:`ckptio.plan.costs.background.WriterCosts.dcp_items_per_s`)."""
         return 4 * (1 + 12 * self.layers + 2) + 1
 
     def state_bytes(self) -> int:

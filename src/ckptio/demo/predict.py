@@ -1,39 +1,31 @@
-"""The planner's interval and prediction for the demo job, from quick measurements taken before any rank starts.
+"""The planner's interval and prediction for the demo job, from the figures :mod:`ckptio.demo.measure` took of this
+machine and the calibrate launch's trial saves.
 
-The demo measures this machine's step time (a few steps of one rank's share of the model, in this process)
-and its copy bandwidth (the "device-to-host" copy of a CPU job is a memcpy), then asks
-:mod:`ckptio.plan.budget` two things: the save interval at which the flush keeps up with headroom
-(:func:`choose_every`), and what each of the four save modes should cost at the interval used
-(:func:`ckptio.plan.background.predict_modes`, with this host's cores and its measured per-byte costs).
-This module must never start ranks or touch the store: the prediction has to come
-before the measurement it is compared with."""
+It asks the planner two things: the save interval at which the flush keeps up with headroom (:func:`choose_every`,
+:mod:`ckptio.plan.costs.budget`), and what each of the four save modes should cost at the interval used
+(:func:`predict`, :func:`ckptio.plan.costs.background.predict_modes` with this host's cores and its measured
+per-byte costs). This module must never measure, start ranks or touch the store: the prediction has to come before
+the measurement it is compared with."""
 
 from __future__ import annotations
 
 import math
 import os
-import statistics
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
-from ckptio.demo.model import ModelShape, Trainer, TrainState
+from ckptio.demo.measure import MachineFigures
+from ckptio.demo.model import ModelShape
 from ckptio.errors import ConfigError
-from ckptio.plan.background import HostModel, ModeCost, WriterCosts, predict_modes
-from ckptio.plan.budget import BurstBudget, Schedule, StorageModel, plan_burst
-from ckptio.plan.calibration import excess_from_trial
-from ckptio.plan.disk import DiskRates, LocalDiskStore, on_local_disk
-from ckptio.plan.host import measure_fresh_copy_drag
-from ckptio.plan.model import CheckpointShape, RankClass
+from ckptio.plan.costs.background import ModeCost, predict_modes
+from ckptio.plan.costs.budget import BurstBudget, plan_burst
+from ckptio.plan.costs.calibration import excess_from_trial
+from ckptio.plan.costs.inputs import Host, StoreTiming, Workload
+from ckptio.plan.costs.intervals import Schedule
+from ckptio.plan.costs.store import StoreLimits
+from ckptio.plan.job.checkpoint import CheckpointShape, RankClass
+from ckptio.plan.measure.disk import on_local_disk
 
-_CALIBRATION_STEPS = 8
-"""Steps timed for the step time (their median), and per run of :func:`measure_fresh_copy_drag`."""
-_DRAG_REPEATS = 3
-"""Runs of :func:`measure_fresh_copy_drag`'s bracketed steps. Its default (2 runs) of 3 steps read the drag at 0–15 %
-over eight demos on one 2-vCPU VM (a step moves ±10 % on its own), and default ``async_save``'s prediction moved
-with it, 0.93–1.40 s, while what it measured moved 0.83–1.21 s; 3 runs of 8 steps cost the demo ~10 s."""
 HEADROOM = 0.5
 """The demo saves so that the planner's flush takes at most this share of the interval: twice the time the
 flush needs. The planner's own warning threshold (``flush-tight``) is 0.8; the extra margin covers what it
@@ -42,15 +34,12 @@ MIN_EVERY = 4
 """Saves at least this many steps apart, so that every interval has clean steps to measure slowdowns by."""
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class Prediction:
     """What the planner expects of the demo job."""
 
-    step_time_s: float
-    """Measured seconds per training step (one rank's share, in the launcher process)."""
-
-    copy_bytes_per_s: float
-    """Measured memcpy bandwidth: the blocking copy of an async save."""
+    machine: MachineFigures
+    """This machine's figures the prediction rests on (:func:`ckptio.demo.measure.measure_machine`)."""
 
     sync: BurstBudget
     """The plan for ``torch.distributed.checkpoint.save`` (training waits for the flush)."""
@@ -59,63 +48,21 @@ class Prediction:
     """The plan for an async save with one staging slot (ckptio): blocks for the copy only."""
 
     modes: dict[str, ModeCost]
-    """The background-cost model's cost per save of every save mode (``ckptio.plan.background``): blocking plus
+    """The background-cost model's cost per save of every save mode (``ckptio.plan.costs.background``): blocking plus
     the training time the writer's CPU takes from the step, with this host's cores and measured per-byte costs."""
-
-    fresh_copy_drag: float = 0.0
-    """Measured: the step's slowdown while a fresh copy of the state is alive (:class:`TrainingFigures`)."""
 
     trial_lost_s: float | None = None
     """Measured on the job's ranks: what a trial ckptio save cost the steps (the mean of ranks), or None."""
 
     direct_io_s_per_gib: float = 0.0
     """From the trial save: what ckptio's ``O_DIRECT`` saves cost the steps per GiB beyond what the model charges
-    from their CPU costs (:func:`ckptio.plan.calibration.excess_from_trial`)."""
-
-    costs: WriterCosts | None = None
-    """Measured: this host's per-byte CPU costs of a save's work (:func:`ckptio.plan.host.measure_writer_costs`)."""
-
-    disk: DiskRates | None = None
-    """Measured: the disk beneath the directory store (:func:`ckptio.plan.disk.measure_disk`), or None."""
+    from their CPU costs (:func:`ckptio.plan.costs.calibration.excess_from_trial`)."""
 
     bytes_per_rank: float = 0.0
     """The bytes the modes' costs are predicted for: those of the rank that saves the most (ranks in lockstep wait
     for it), as the trial saves staged them; without a trial, an equal share of the state. DCP's planner (ckptio's
-    too) writes each replicated tensor from one rank, the least loaded when it comes to it: the demo's ranks save
-    157 and 178 MB of its 335."""
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class TrainingFigures:
-    """What the planner needs to know of the demo's training step, measured on one rank's share of the model."""
-
-    step_time_s: float
-    """Median seconds per step (no collectives)."""
-
-    fresh_copy_drag: float
-    """:attr:`ckptio.plan.background.HostModel.fresh_copy_drag`: the step's slowdown while a freshly allocated
-    copy of the state is alive (default ``async_save``'s staging)."""
-
-
-def measure_training(shape: ModelShape, world: int, seed: int) -> TrainingFigures:
-    """Time a few training steps of one rank's share of the model (no collectives), then the same steps with a
-    fresh copy of its state alive."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        share = replace(shape, vocab=shape.vocab // world)
-        trainer = Trainer(share, rank=0, world=1, seed=seed)
-        trainer.train_step()  # warm-up: first-touch allocation of the Adam moments
-        times = []
-        for _ in range(_CALIBRATION_STEPS):
-            began = time.perf_counter()
-            trainer.train_step()
-            times.append(time.perf_counter() - began)
-        drag = measure_fresh_copy_drag(trainer.train_step, TrainState(trainer, None).state_dict,
-                                       steps=_CALIBRATION_STEPS, repeats=_DRAG_REPEATS)
-    finally:
-        torch.set_num_threads(threads)
-    return TrainingFigures(step_time_s=statistics.median(times), fresh_copy_drag=drag)
+    too) writes each replicated tensor from one rank, the least loaded when it comes to it, so the ranks' shares
+    differ."""
 
 
 def checkpoint_shape(checkpoint_bytes: float, world: int) -> CheckpointShape:
@@ -139,7 +86,7 @@ def plan_demo(
     schedule = Schedule(
         interval_s=every * step_time_s, step_time_s=step_time_s, d2h_bytes_per_s=copy_bytes_per_s, mode=mode
     )
-    return plan_burst(checkpoint_shape(checkpoint_bytes, world), StorageModel(write_bytes_per_s=bytes_per_s), schedule)
+    return plan_burst(checkpoint_shape(checkpoint_bytes, world), StoreLimits(write_bytes_per_s=bytes_per_s), schedule)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -234,24 +181,18 @@ def predict(
     world: int,
     bytes_per_s: float,
     every: int,
-    step_time_s: float,
-    copy_bytes_per_s: float,
-    costs: WriterCosts,
-    disk: DiskRates | None = None,
+    machine: MachineFigures,
     direct_io: bool = True,
-    fresh_copy_drag: float = 0.0,
     trial_lost_s: float | None = None,
     largest_rank_bytes: float | None = None,
 ) -> Prediction:
-    """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps. ``costs``: this
-    host's per-byte CPU costs (:func:`ckptio.plan.host.measure_writer_costs`); ``disk``: the disk beneath the
-    directory store (:func:`ckptio.plan.disk.measure_disk`): the store is a budget on it, so each writer takes the
-    longer of its booking and its real write, and a buffered file below the kernel's write-back threshold is
-    serialized before its fsync moves a byte; ``direct_io``: ckptio's writer writes around the page cache (the
-    directory store; not the embedded S3 server); ``fresh_copy_drag``: :attr:`TrainingFigures.fresh_copy_drag`;
-    ``trial_lost_s``: a trial ckptio save's cost, measured on the job's ranks (:attr:`Prediction.trial_lost_s`);
-    ``largest_rank_bytes``: the bytes of the rank that saves the most (:attr:`Prediction.bytes_per_rank`), from
-    the trial saves; None: an equal share of the state."""
+    """Plan the demo job's saves on a store of ``bytes_per_s``, saving every ``every`` steps, on ``machine``. With
+    :attr:`MachineFigures.disk` the store is a budget on that disk, so each writer takes the longer of its booking
+    and its real write, and a buffered file below the kernel's write-back threshold is serialized before its fsync
+    moves a byte; ``direct_io``: ckptio's writer writes around the page cache (the directory store; not the embedded
+    S3 server); ``trial_lost_s``: a trial ckptio save's cost, measured on the job's ranks
+    (:attr:`Prediction.trial_lost_s`); ``largest_rank_bytes``: the bytes of the rank that saves the most
+    (:attr:`Prediction.bytes_per_rank`), from the trial saves; None: an equal share of the state."""
 
     def plan(mode: Literal["sync", "async"]) -> BurstBudget:
         return plan_demo(
@@ -259,8 +200,8 @@ def predict(
             world=world,
             bytes_per_s=bytes_per_s,
             every=every,
-            step_time_s=step_time_s,
-            copy_bytes_per_s=copy_bytes_per_s,
+            step_time_s=machine.step_time_s,
+            copy_bytes_per_s=machine.copy_bytes_per_s,
             mode=mode,
         )
 
@@ -270,25 +211,21 @@ def predict(
     bytes_per_rank = state_bytes / world if largest_rank_bytes is None else float(largest_rank_bytes)
     booked_s = state_bytes / bytes_per_s
     # The budget on this host's disk: the disk itself may bind.
-    store = LocalDiskStore(store_s=booked_s, writeback_store_s=None, paced_store_s=None,
-                           dirty_background_bytes=None) if disk is None \
-        else on_local_disk(disk, job_bytes=state_bytes, ranks=world, booked_s=booked_s)
+    store = StoreTiming(store_s=booked_s, direct_io=direct_io) if machine.disk is None \
+        else on_local_disk(machine.disk, job_bytes=state_bytes, ranks=world, booked_s=booked_s, direct_io=direct_io)
+    workload = Workload(bytes_per_rank=bytes_per_rank, interval_s=every * machine.step_time_s,
+                        dtensor_share=min(1.0, shape.sharded_bytes() / world / bytes_per_rank),
+                        lockstep_ranks=world, items_per_rank=shape.state_items())
 
     def model(direct_io_s_per_gib: float) -> dict[str, ModeCost]:
-        host = HostModel(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=fresh_copy_drag,
-                         direct_io_s_per_gib=direct_io_s_per_gib)
-        return predict_modes(bytes_per_rank=bytes_per_rank, host=host, costs=costs,
-                             interval_s=every * step_time_s, direct_io=direct_io,
-                             dtensor_share=min(1.0, shape.sharded_bytes() / world / bytes_per_rank),
-                             lockstep_ranks=world,
-                             items_per_rank=shape.state_items(), **store)
+        host = Host(cores_per_rank=max((os.cpu_count() or 1) / world, 0.1), fresh_copy_drag=machine.fresh_copy_drag,
+                    direct_io_s_per_gib=direct_io_s_per_gib)
+        return predict_modes(workload, store, host=host, costs=machine.costs)
 
     modes = model(0.0)
     direct_io_s_per_gib = 0.0
     if trial_lost_s is not None and direct_io:
         direct_io_s_per_gib = excess_from_trial(trial_lost_s, modes["ckptio"], bytes_per_rank)
         modes = model(direct_io_s_per_gib)
-    return Prediction(step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s, sync=plan("sync"),
-                      staged=plan("async"), modes=modes, fresh_copy_drag=fresh_copy_drag,
-                      trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib, costs=costs, disk=disk,
-                      bytes_per_rank=bytes_per_rank)
+    return Prediction(machine=machine, sync=plan("sync"), staged=plan("async"), modes=modes,
+                      trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib, bytes_per_rank=bytes_per_rank)

@@ -34,7 +34,7 @@ from ckptio.demo.savers import (
 )
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
-from ckptio.plan.host import any_rank, measure_save_loss
+from ckptio.plan.measure.training import any_rank, measure_save_loss
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 
@@ -205,8 +205,8 @@ def run_resume(job: RankJob, rank: int) -> RankResult:
 
 
 def run_calibration(job: RankJob, rank: int) -> RankResult:
-    """What a save of ckptio's own writer costs this job's steps, every rank saving its share into a store of its
-    own at once (:func:`ckptio.plan.host.measure_save_loss`): the planner's measure of what its model cannot derive
+    """What a save of ckptio's own writer costs this job's steps, every rank saving its share into a store of its own at
+    once (:func:`ckptio.plan.measure.training.measure_save_loss`): the planner's measure of what its model cannot derive
     from per-byte CPU costs, taken before any run. Its checkpoints are removed at the end."""
     began = time.monotonic()
     result = RankResult(mode="calibrate", rank=rank)

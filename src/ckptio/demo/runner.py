@@ -1,13 +1,15 @@
 """``ckptio demo``: plan the interval, run the same job four ways, resume, and show what it cost.
 
-Phases, each announced on the console: a quick measurement of this machine (step time, copy bandwidth) and
-the planner's interval — the shortest at which ckptio's flush keeps up with headroom, unless ``--every``
-says otherwise — and prediction; a run with ``dcp.save``, one with default ``dcp.async_save``, one with
-DCP's best async path (DCP-best) and one with ckptio, every run a fresh process group on the same emulated
-store with the same save steps; then a resume of the newest ckptio step in another fresh process group,
-whose losses must equal the uninterrupted run's bit for bit. Finally the table (the first save of each mode
-apart, the steady saves as medians), the reports rendered from the events, and one verdict line. This
-module must never measure anything itself: ranks measure, :mod:`ckptio.demo.steady` summarizes."""
+Phases, each announced on the console: a quick measurement of this machine (:mod:`ckptio.demo.measure`: per-byte
+costs, the disk, step time, copy bandwidth); the planner's interval — the shortest at which ckptio's flush keeps up
+with headroom, unless ``--every`` says otherwise; a trial ckptio save on the job's own ranks (the calibrate launch);
+the prediction; a run with ``dcp.save``, one with default ``dcp.async_save``, one with DCP's best async path
+(DCP-best) and one with ckptio, every run a fresh process group on the same emulated store with the same save steps;
+then a resume of the newest ckptio step in another fresh process group, whose losses must equal the uninterrupted
+run's bit for bit. Finally the table (the first save of each mode apart, the steady saves as medians), the reports
+rendered from the events, and one verdict line. This module only sequences and prints, and must never measure
+anything itself: :mod:`ckptio.demo.measure` measures the machine, the ranks measure the saves,
+:mod:`ckptio.demo.steady` summarizes."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec, save_steps
 from ckptio.demo.launcher import run_ranks
+from ckptio.demo.measure import measure_machine
 from ckptio.demo.model import ModelShape
-from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, measure_training, predict
+from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, predict
 from ckptio.demo.savers import prune_older_steps
 from ckptio.demo.space import check_store_space, store_bytes_needed
 from ckptio.demo.steady import RunRow, run_row
@@ -44,17 +47,14 @@ from ckptio.demo.table import (
     verdict_line,
 )
 from ckptio.errors import CkptError, ConfigError
-from ckptio.plan.background import WriterCosts
-from ckptio.plan.disk import measure_disk
-from ckptio.plan.host import measure_copy_bandwidth, measure_writer_costs
 from ckptio.plan.units import format_bytes
 from ckptio.testing.moto_s3 import BUCKET, embedded_s3
 
 RUN_MODES: tuple[Mode, ...] = ("dcp-sync", "dcp-async", "dcp-best", "ckptio")
 _CKPTIO_FIRST: tuple[Mode, ...] = ("ckptio", *(m for m in RUN_MODES if m != "ckptio"))
 """The order the runs go in. ckptio first, right after the trial save that calibrates its prediction, on ranks
-that have seen only that trial, as a job starts right after its plan: run after the three DCP modes, whose
-checkpoints fill the page cache, it lost more than its trial did (bench/bench_planner.py, ``run_order``)."""
+that have seen only that trial, as a job starts right after its plan: after the three DCP modes, whose checkpoints
+fill the page cache, it meets a host its trial did not (bench/bench_planner.py, ``run_order``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -273,18 +273,13 @@ def _intro(console: Console, config: DemoConfig, s3_endpoint: str | None) -> Non
 def _plan(
     console: Console, config: DemoConfig, paths: _Layout, s3_endpoint: str | None
 ) -> tuple[DemoConfig, IntervalChoice, Prediction]:
-    """Measure this machine, let the planner pick (or judge) the interval, and predict the saves' cost."""
+    """Have this machine measured, let the planner pick (or judge) the interval, have the ranks try a save, and
+    predict the saves' cost."""
     console.print("[dim]· measuring step time, per-byte costs and the disk for the planner…[/]")
-    # The writers' per-byte costs first: the training measurement below frees fresh copies of the state, the disk
-    # probe deletes its files and the trial save's ranks exit, and on a VM pages freed a moment ago make page-cache
-    # writes several times cheaper than the runs' saves meet them (their new files go to pages never touched:
-    # DCP-best's demo prediction read 0.30 s against 0.55 measured with the costs taken after the trial).
-    costs = WriterCosts(**measure_writer_costs(directory=paths.store))
     direct_io = config.store == "posix"
-    disk = measure_disk(paths.store) if direct_io else None
-    training = measure_training(config.shape, config.ranks, config.seed)
-    step_time_s = training.step_time_s
-    copy_bytes_per_s = measure_copy_bandwidth()
+    machine = measure_machine(config.shape, world=config.ranks, seed=config.seed, store_dir=paths.store,
+                              disk=direct_io)
+    step_time_s, copy_bytes_per_s = machine.step_time_s, machine.copy_bytes_per_s
     world, bandwidth, state = config.ranks, config.store_bandwidth, config.shape.state_bytes()
     if config.every is None:
         choice = choose_every(
@@ -319,12 +314,8 @@ def _plan(
         world=world,
         bytes_per_s=bandwidth,
         every=choice.every,
-        step_time_s=step_time_s,
-        copy_bytes_per_s=copy_bytes_per_s,
-        costs=costs,
-        disk=disk,
+        machine=machine,
         direct_io=direct_io,
-        fresh_copy_drag=training.fresh_copy_drag,
         trial_lost_s=statistics.fmean(trials) if trials else None,
         largest_rank_bytes=largest,
     )

@@ -21,9 +21,8 @@ from typing import Any, Protocol, cast
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from ckptio.demo.dcp_best import DcpBest
 from ckptio.demo.job import StoreSpec
 from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
 from ckptio.errors import WriterDiedError
@@ -131,6 +130,15 @@ class _DcpSaver:
             interval_s=interval,
         )
 
+    def _on_done(
+        self, step: int, requested: float, returned: float, interval: float | None
+    ) -> Callable[[Future[Any]], None]:
+        def done(future: Future[Any]) -> None:
+            if future.exception() is None:
+                self._durable(step, requested, returned, interval)
+
+        return done
+
     def lags(self) -> dict[int, float]:
         with self._lock:
             return dict(self._lags)
@@ -178,15 +186,6 @@ class DcpAsyncSaver(_DcpSaver):
         future.add_done_callback(self._on_done(step, requested, returned, interval))
         self.pending = future
 
-    def _on_done(
-        self, step: int, requested: float, returned: float, interval: float | None
-    ) -> Callable[[Future[Any]], None]:
-        def done(future: Future[Any]) -> None:
-            if future.exception() is None:
-                self._durable(step, requested, returned, interval)
-
-        return done
-
     def drain(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None
@@ -199,50 +198,34 @@ class DcpAsyncSaver(_DcpSaver):
             self.group = None
 
 
-class DcpBestSaver(DcpAsyncSaver):
-    """DCP's strongest async path in torch 2.13 on CPU: a checkpoint process, staging on a thread into shared
-    memory (pinned memory and non-blocking copies need an accelerator).
-
-    As that path is meant to be used, the caller waits on ``staging_completion`` before the next optimizer
-    step (:meth:`before_update`), and on the previous ``upload_completion`` before the next save. The first
-    save spawns DCP's checkpoint process (a fresh interpreter that imports torch) and sets up its gloo group.
-    """
+class DcpBestSaver(_DcpSaver):
+    """DCP-best (:class:`~ckptio.demo.dcp_best.DcpBest`, the benchmarks' own) on a gloo group of its own, writing
+    through the run's throttled writer. The caller waits on its staging before the next optimizer step
+    (:meth:`before_update`); each save waits for the previous one to be durable."""
 
     def __init__(self, spec: StoreSpec, events: EventLog, bytes_per_save: int) -> None:
         super().__init__(spec, events, bytes_per_save)
-        options = StagingOptions(
-            use_pinned_memory=False, use_shared_memory=True, use_async_staging=True, use_non_blocking_copy=False
-        )
-        self.stager = DefaultStager(options)
-        self.staging: Future[Any] | None = None
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.best = DcpBest(process_group=self.group)
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         requested, interval = self._requested(step)
-        self.drain()
-        response: Any = dcp.async_save(
-            state,
-            storage_writer=self._writer(step),
-            process_group=self.group,
-            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-            async_stager=self.stager,
-        )
+        response = self.best.save(state, self._writer(step))
         returned = self._returned(step, requested)
         response.upload_completion.add_done_callback(self._on_done(step, requested, returned, interval))
-        self.pending = response.upload_completion
-        self.staging = response.staging_completion
 
     def before_update(self) -> float:
-        if self.staging is None:
-            return 0.0
-        began = time.monotonic()
-        staging, self.staging = self.staging, None
-        staging.result()
-        return time.monotonic() - began
+        return self.best.wait_staged()
+
+    def drain(self) -> None:
+        self.best.wait()
 
     def close(self) -> None:
-        self.before_update()
-        super().close()
-        self.stager.close()
+        self.best.wait()
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+        self.best.close()
 
 
 class CkptioSaver:

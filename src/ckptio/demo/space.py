@@ -15,7 +15,7 @@ from ckptio.errors import ConfigError, StorageFullError
 from ckptio.plan.units import format_bytes
 
 TRIAL_SAVES = 9
-"""Saves of the calibrate launch's trial (a warm-up and :func:`ckptio.plan.host.measure_save_loss`'s eight
+"""Saves of the calibrate launch's trial (a warm-up and :func:`ckptio.plan.measure.training.measure_save_loss`'s eight
 repeats), kept until it ends, then removed: they never sit beside the runs' checkpoints."""
 
 _MARGIN = 1.05

@@ -7,9 +7,8 @@ each steady figure as a median over saves. A save's stall and flush lag are the 
 lockstep: the others wait for it at the next collective); its time lost is the mean over ranks, as in the
 benchmarks: within a step, lockstep ranks run ahead of or behind each other, and over one save's flush steps
 that offset moves by up to a step and moves back later, so one rank's sum over those steps is high by what
-another's is low, and their maximum takes the high side at every save (measured in two demos on a 2-vCPU VM:
-rank 1 lost 0.2 s per save more than rank 0 in each of the three async modes, with equal clean steps; the
-maximum 0.1–0.2 s above the mean). The mean is the job's loss; a rank's stall is in it once per rank, its own
+another's is low, and their maximum takes the high side at every save (docs/planning-measurements.md). The mean
+is the job's loss; a rank's stall is in it once per rank, its own
 in ``save()`` and the others' as their wait at the next collective.
 
 Per save, with the step kinds of :mod:`ckptio.obs.report` (``staging``, ``flush``, ``clean``):

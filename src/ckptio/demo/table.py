@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ckptio.demo.predict import Prediction
 from ckptio.demo.steady import RunRow
-from ckptio.plan.calibration import prediction_error
+from ckptio.plan.costs.calibration import prediction_error
 from ckptio.plan.units import format_bytes, format_rate
 
 _DEMO_FINDINGS = ("flush-behind", "flush-tight", "stall")
@@ -115,23 +115,22 @@ def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) ->
 
 
 def prediction_heading(prediction: Prediction, *, bandwidth: float) -> str:
-    sync = prediction.sync
+    sync, machine = prediction.sync, prediction.machine
     return (
         f"[bold]Planner prediction[/]: {format_bytes(sync.checkpoint_bytes)} per checkpoint over "
         f"{sync.ranks} ranks on a {mib_per_s(bandwidth)} store, a save every {sync.interval_steps} steps "
-        f"(measured here: {prediction.step_time_s:.2f} s/step, {prediction.fresh_copy_drag:+.0%} with a fresh copy "
+        f"(measured here: {machine.step_time_s:.2f} s/step, {machine.fresh_copy_drag:+.0%} with a fresh copy "
         f"of the state alive, {_trial(prediction)}; copy "
-        f"{format_rate(prediction.copy_bytes_per_s)}{_writers(prediction)})"
+        f"{format_rate(machine.copy_bytes_per_s)}{_writers(prediction)})"
     )
 
 
 def _writers(prediction: Prediction) -> str:
-    parts = []
-    if prediction.costs is not None:
-        parts.append(f"torch.save + fsync {format_rate(prediction.costs.torch_save_bytes_per_s)} per core")
-    if prediction.disk is not None:
-        parts.append(f"the disk under the store {format_rate(prediction.disk.direct_bytes_per_s)} O_DIRECT, "
-                     f"{format_rate(prediction.disk.writeback_bytes_per_s)} write-back")
+    machine = prediction.machine
+    parts = [f"torch.save + fsync {format_rate(machine.costs.torch_save_bytes_per_s)} per core"]
+    if machine.disk is not None:
+        parts.append(f"the disk under the store {format_rate(machine.disk.direct_bytes_per_s)} O_DIRECT, "
+                     f"{format_rate(machine.disk.writeback_bytes_per_s)} write-back")
     return "".join(f"; {part}" for part in parts)
 
 
@@ -143,7 +142,7 @@ def _trial(prediction: Prediction) -> str:
 
 
 MODEL_KEYS = {"dcp-sync": "dcp_sync", "dcp-async": "dcp_async", "dcp-best": "dcp_best", "ckptio": "ckptio"}
-"""The demo's runs → :data:`ckptio.plan.background.MODES`."""
+"""The demo's runs → :data:`ckptio.plan.costs.background.MODES`."""
 
 
 def prediction_table(prediction: Prediction) -> Table:
@@ -168,7 +167,7 @@ def prediction_table(prediction: Prediction) -> Table:
 
 def prediction_check_lines(rows: list[RunRow], prediction: Prediction) -> list[str]:
     """Predicted against measured time lost per save, per run: the ratio, and the difference in percentage points
-    of the training time between saves (issue 12's bar: within 20 % or 3 points)."""
+    of the training time between saves (the planner's bar: within 20 % or 3 points)."""
     lines = ["[bold]Planner against measurement[/], time lost per save (predicted ÷ measured; predicted − measured "
              "in points of the time between saves):"]
     for row in rows:

@@ -13,7 +13,7 @@ Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one lin
 * the store lacks a capability the job needs (:mod:`ckptio.storage.capabilities`: conditional writes unless
   ``commit="lease"``, multipart uploads, ranged reads), when its capabilities are known (``--probe``).
 
-It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.probe`, which checks
+It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.measure.probe`, which checks
 residency first and cleans up).
 """
 
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ckptio.errors import AdmissionError, ConfigError, ResidencyError, StoreCapabilityError
-from ckptio.plan.budget import BurstBudget
+from ckptio.plan.costs.budget import BurstBudget
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.policy.volumes import check_volumes, volume_of

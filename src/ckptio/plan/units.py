@@ -46,7 +46,7 @@ def parse_size(text: str | float | int, *, what: str = "size") -> float:
         return _non_negative(_float(text, what), what, text)
     match = _SIZE_RE.match(_text(text, what))
     if not match:
-        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 300MiB, 1.5GB, 2TiB or a number "
+        raise ConfigError(f"cannot read {what} {quoted(text)}{_hint(text)}: use e.g. 300MiB, 1.5GB, 2TiB or a number "
                           "of bytes")
     number, prefix = float(match.group(1)), (match.group(2) or "").lower()
     scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
@@ -59,7 +59,7 @@ def parse_rate(text: str | float | int, *, what: str = "rate") -> float:
         return _positive(_float(text, what), what, text)
     stripped = _RATE_SUFFIX_RE.sub("", _text(text, what))
     if not _SIZE_RE.match(stripped):
-        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 2TB/s, 300MiB/s, 1.2GBps or a "
+        raise ConfigError(f"cannot read {what} {quoted(text)}{_hint(text)}: use e.g. 2TB/s, 300MiB/s, 1.2GBps or a "
                           "number of bytes per second")
     return _positive(parse_size(stripped, what=what), what, text)
 
@@ -77,11 +77,11 @@ def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
             break
         unit = match.group(2).lower()
         if unit not in _DURATION_UNITS and unit != "":
-            raise ConfigError(f"cannot read {what} {text!r}: unknown unit {unit!r} (use ms, s, m, h, d)")
+            raise ConfigError(f"cannot read {what} {quoted(text)}: unknown unit {quoted(unit)} (use ms, s, m, h, d)")
         total += float(match.group(1)) * _DURATION_UNITS.get(unit, 1.0)
         pos = match.end()
     if pos != len(compact):
-        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 90, 90s, 5m, 24h or 1h30m")
+        raise ConfigError(f"cannot read {what} {quoted(text)}{_hint(text)}: use e.g. 90, 90s, 5m, 24h or 1h30m")
     return _non_negative(total, what, text)
 
 
@@ -91,11 +91,11 @@ def parse_count(text: str | float | int, *, what: str = "count") -> float:
         return _positive(_float(text, what), what, text)
     match = _COUNT_RE.match(_text(text, what))
     if not match:
-        raise ConfigError(f"cannot read {what} {text!r}{_hint(text)}: use e.g. 8e9, 8B, 405.9B or 1.2T")
+        raise ConfigError(f"cannot read {what} {quoted(text)}{_hint(text)}: use e.g. 8e9, 8B, 405.9B or 1.2T")
     return _positive(float(match.group(1)) * _COUNT_UNITS[match.group(2).lower()], what, text)
 
 
-def parse_interval(text: str, *, step_time_s: float | None) -> tuple[float, int | None]:
+def parse_interval(text: str, *, step_time_s: float | None, what: str = "interval") -> tuple[float, int | None]:
     """An interval given in steps (``500``, ``500steps``) or as a duration (``30m``).
 
     Returns ``(seconds, steps)``; ``steps`` is None for a duration. Steps need ``step_time_s``.
@@ -104,16 +104,47 @@ def parse_interval(text: str, *, step_time_s: float | None) -> tuple[float, int 
     if steps_match:
         steps = int(steps_match.group(1))
         if steps < 1:
-            raise ConfigError(f"interval must be at least one step, got {text!r}")
+            raise ConfigError(f"{what} must be at least one step, got {quoted(text)}")
         if step_time_s is None:
             raise ConfigError(
-                f"interval {text!r} is in steps: give --step-time too, or the interval as a duration (30m)"
+                f"{what} {quoted(text)} is in steps: give --step-time too, or the interval as a duration (30m)"
             )
-        return steps * step_time_s, steps
-    seconds = parse_duration(text, what="interval")
+        return _non_negative(_float(steps, what) * step_time_s, what, text), steps
+    seconds = parse_duration(text, what=what)
     if seconds <= 0:
-        raise ConfigError(f"interval must be positive, got {text!r}")
+        raise ConfigError(f"{what} must be positive, got {quoted(text)}")
     return seconds, None
+
+
+def parse_int(text: str | int, *, what: str, minimum: int, maximum: int) -> int:
+    """A whole number within ``[minimum, maximum]``: ``12``, ``-1``. Anything else — a fraction, a unit, ``1e3``, a
+    number beyond the bounds (hundreds of digits included) — is a ConfigError naming ``what``, never an overflow
+    further on."""
+    try:
+        value = int(text) if isinstance(text, int) and not isinstance(text, bool) else int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{what} takes a whole number, got {quoted(text)}") from None
+    if value < minimum:
+        raise ConfigError(f"{what} must be >= {minimum:,}, got {quoted(text)}")
+    if value > maximum:
+        raise ConfigError(f"{what} must be <= {maximum:,}, got {quoted(text)}")
+    return value
+
+
+def check_range(value: float, *, what: str, low: float, high: float, unit: str = "", zero: bool = False,
+                given: object = None) -> float:
+    """``value`` when ``low <= value <= high`` (or exactly 0 when ``zero``), else a ConfigError naming ``what``.
+
+    The parsers above only promise a finite number; the bounds say what a real job can mean. A value outside them
+    is a typo (an extra zero, ``1e308``, a denormal ``1e-320``), and the models' arithmetic is not made to survive
+    it: a rate of 1e-320 B/s makes every time infinite and every share NaN.
+    """
+    if (zero and value == 0) or low <= value <= high:
+        return value
+    shown = quoted(value if given is None else given)
+    side = f"below {low:g}{unit}" if value < low else f"above {high:g}{unit}"
+    zero_too = " (or 0)" if zero else ""
+    raise ConfigError(f"{what} {shown} is {side}: give {low:g}{unit}{zero_too} to {high:g}{unit}, as a real job has")
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
@@ -145,14 +176,20 @@ def _hint(text: object) -> str:
 
 def _non_negative(value: float, what: str, given: object) -> float:
     if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{what} must be a finite number >= 0, got {given!r}")
+        raise ConfigError(f"{what} must be a finite number >= 0, got {quoted(given)}")
     return value
 
 
 def _positive(value: float, what: str, given: object) -> float:
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{what} must be a finite number > 0, got {given!r}")
+        raise ConfigError(f"{what} must be a finite number > 0, got {quoted(given)}")
     return value
+
+
+def quoted(given: object) -> str:
+    """``given`` as a message shows it: its repr, cut to 40 characters (a number of 400 digits is not a message)."""
+    text = repr(given)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 # ---- printing ----------------------------------------------------------------------------------------------

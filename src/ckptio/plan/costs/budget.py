@@ -1,0 +1,292 @@
+"""The burst budget: what one checkpoint of a job costs on a given store, in closed form, and the verdict.
+
+Owns the planner's answer (:class:`BurstBudget`) — blocking time of an async save, stall of a synchronous one, flush
+time of the burst with every rank writing at once, whether the flush finishes before the next save, the overhead,
+Young's and Daly's optimal intervals, the work lost per failure, each save mode's cost to the step — and the findings
+its verdict rests on, each saying what to change. It composes :mod:`~ckptio.plan.costs.store` (the flush),
+:mod:`~ckptio.plan.costs.intervals` (when saves happen) and :mod:`~ckptio.plan.costs.background` (each mode's cost).
+It must never touch storage (profiles come from :mod:`ckptio.plan.measure.probe`) and never simulate time step by
+step (that is :mod:`ckptio.plan.simulation`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ckptio.plan.costs.background import predict_modes
+from ckptio.plan.costs.inputs import Host, StoreTiming, Workload, WriterCosts
+from ckptio.plan.costs.intervals import PlannedInterval, Schedule, daly_interval_s, planned_interval, young_interval_s
+from ckptio.plan.costs.store import FlushTimes, StoreLimits, bottleneck, flush_times, restore_s, serialize_s
+from ckptio.plan.job.checkpoint import CheckpointShape
+from ckptio.plan.units import format_duration, format_rate
+
+OVERHEAD_WARN_FRACTION = 0.05
+FLUSH_HEADROOM_WARN = 0.8
+INTERVAL_WASTE_WARN = 0.01
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class BurstBudget:
+    """The planner's answer for one job on one store (``ckptio plan --json`` prints exactly these keys), built once by
+    :func:`plan_burst` with its verdict."""
+
+    params: float
+    """Model parameters."""
+    ranks: int
+    """Ranks in the job."""
+    writers: int
+    """Ranks that write model or optimizer bytes."""
+    checkpoint_bytes: float
+    """Bytes of one checkpoint, all ranks together."""
+    bytes_per_rank_max: float
+    """Bytes the largest rank writes (it gates blocking and flush)."""
+    objects_per_checkpoint: int
+    """Files or objects one checkpoint creates."""
+    requests_per_checkpoint: int
+    """PUT-class requests one checkpoint costs on an object store (multipart parts included)."""
+    mode: str
+    """async or sync."""
+    blocking_s: float
+    """Time an async save blocks the training loop (device-to-host copy of the largest rank)."""
+    sync_stall_s: float
+    """Time a synchronous save stalls training (copy + flush)."""
+    flush_s: float
+    """Time for the whole burst to reach storage, all ranks writing at once."""
+    flush_data_s: float
+    """Flush time from bandwidth alone."""
+    flush_metadata_s: float
+    """Flush time from metadata operations (POSIX) alone."""
+    flush_requests_s: float
+    """Flush time from the request-rate limit (object stores) alone."""
+    bottleneck: str
+    """What sets the flush time."""
+    interval_s: float
+    """Compute time between saves used for this plan."""
+    interval_steps: int | None
+    """The interval in steps, when a step time is known."""
+    interval_source: str
+    """``given`` or ``daly`` (no interval given: planned at the optimum)."""
+    keeps_up: bool
+    """The flush finishes before the next save (always true for sync saves: training waits)."""
+    stall_s_per_checkpoint: float
+    """Training time lost per checkpoint in steady state (blocking, plus waiting for a slot when behind)."""
+    overhead_fraction: float
+    """Share of wall time lost to checkpoint stalls."""
+    checkpoint_cost_s: float
+    """δ of Young and Daly: the per-checkpoint stall (or ``--save-cost``)."""
+    mtbf_s: float
+    """Mean time between interruptions used."""
+    young_interval_s: float
+    """Young's optimal interval."""
+    optimal_interval_s: float
+    """Daly's optimal interval."""
+    expected_lost_work_s: float
+    """Expected wall time redone after one failure (back to the newest committed checkpoint)."""
+    waste_fraction: float
+    """Checkpoint overhead plus expected rework, as a share of wall time."""
+    gpu_hours_lost_per_day: float
+    """``waste_fraction`` × ranks × 24 h."""
+    storage_kind: str
+    """posix or object."""
+    put_requests_per_s: float
+    """PUT-class requests per second the burst needs to flush at bandwidth speed (object stores)."""
+    put_rate_limit: float
+    """Request rate the prefixes sustain."""
+    restore_s: dict[str, float | None]
+    """Seconds to read one checkpoint back, per level, every rank reading at once (``durable``: None when the read
+    bandwidth is unknown). Levels other than ``durable`` join as they are planned."""
+    modes: dict[str, dict[str, Any]]
+    """Per save mode (:data:`ckptio.plan.costs.background.MODES`): ``blocking_s``, ``background_cpu_s``, ``stolen_s``,
+    ``flush_s``, ``step_inflation`` (None for a synchronous save) and ``lost_per_save_s``."""
+    verdict: str
+    """``ok``, ``warn`` (works, with a cost worth fixing) or ``fail`` (the store cannot take the burst)."""
+    reasons: list[str] = field(default_factory=list)
+    """Each finding behind the verdict, with what to change."""
+    reason_codes: list[str] = field(default_factory=list)
+    """A stable name per reason: flush-behind, flush-tight, stall, put-rate, interval."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_burst(
+    shape: CheckpointShape,
+    storage: StoreLimits,
+    schedule: Schedule,
+    *,
+    host: Host | None = None,
+    costs: WriterCosts | None = None,
+) -> BurstBudget:
+    """The closed-form budget of ``shape``'s checkpoints on ``storage`` under ``schedule``; ``host`` and ``costs``
+    feed the per-mode background cost (defaults: :class:`Host`, :class:`WriterCosts` with the store's measured
+    serialize rate as ckptio's checksum rate)."""
+    blocking = schedule.blocking_s(shape.bytes_per_rank_max)
+    flush = flush_times(shape, storage)
+    sync_stall = blocking + flush.total_s
+    mtbf = schedule.mtbf_for(shape.ranks)
+    # δ for Young/Daly: what one checkpoint costs the loop when the flush keeps up.
+    cost = blocking if schedule.mode == "async" else sync_stall
+    optimal = daly_interval_s(cost, mtbf) if cost > 0 else mtbf
+    interval = planned_interval(schedule, optimal)
+    state = _steady_state(interval.seconds, blocking, flush.total_s, schedule.mode, mtbf)
+    at_optimum = _steady_state(optimal, blocking, flush.total_s, schedule.mode, mtbf)
+    limit = bottleneck(shape, storage, flush)
+    put_requests_per_s = shape.requests / max(flush.data_s, flush.metadata_s, 1e-9)
+    findings = _findings(_Findings(
+        shape=shape, storage=storage, mode=schedule.mode, flush_s=flush.total_s, bottleneck=limit, interval=interval,
+        state=state, optimal_interval_s=optimal, cost_s=cost, mtbf_s=mtbf, put_requests_per_s=put_requests_per_s,
+        extra_waste=state.waste_fraction - at_optimum.waste_fraction,
+    ))
+    reasons = [message for _, message in findings]
+    return BurstBudget(
+        params=shape.params,
+        ranks=shape.ranks,
+        writers=shape.writers,
+        checkpoint_bytes=shape.total_bytes,
+        bytes_per_rank_max=shape.bytes_per_rank_max,
+        objects_per_checkpoint=shape.objects,
+        requests_per_checkpoint=shape.requests,
+        mode=schedule.mode,
+        blocking_s=blocking,
+        sync_stall_s=sync_stall,
+        flush_s=flush.total_s,
+        flush_data_s=flush.data_s,
+        flush_metadata_s=flush.metadata_s,
+        flush_requests_s=flush.requests_s,
+        bottleneck=limit,
+        interval_s=interval.seconds,
+        interval_steps=interval.steps,
+        interval_source=interval.source,
+        keeps_up=state.keeps_up,
+        stall_s_per_checkpoint=state.stall_s,
+        overhead_fraction=state.overhead_fraction,
+        checkpoint_cost_s=cost,
+        mtbf_s=mtbf,
+        young_interval_s=young_interval_s(cost, mtbf),
+        optimal_interval_s=optimal,
+        expected_lost_work_s=state.lost_s,
+        waste_fraction=state.waste_fraction,
+        gpu_hours_lost_per_day=state.waste_fraction * shape.ranks * 24.0,
+        storage_kind=storage.kind,
+        put_requests_per_s=put_requests_per_s,
+        put_rate_limit=storage.request_rate_limit,
+        restore_s={"durable": restore_s(shape, storage)},
+        modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds, host=host,
+                          costs=costs),
+        verdict="fail" if not state.keeps_up else ("warn" if reasons else "ok"),
+        reasons=reasons,
+        reason_codes=[code for code, _ in findings],
+    )
+
+
+def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes, *, blocking_s: float,
+                interval_s: float, host: Host | None, costs: WriterCosts | None) -> dict[str, dict[str, Any]]:
+    """The background model's per-mode costs for the largest rank, its device copy ``blocking_s``."""
+    if costs is None:
+        costs = WriterCosts()
+        if math.isfinite(storage.serialize_bytes_per_s):  # the probe's figure: ckptio's framing + crc32c
+            costs = replace(costs, checksum_bytes_per_s=storage.serialize_bytes_per_s)
+    # The store's own part of the flush: the writers' CPU is the background model's to place.
+    store = StoreTiming(store_s=max(flush.data_s - serialize_s(shape, storage), flush.metadata_s, flush.requests_s))
+    workload = Workload(bytes_per_rank=shape.bytes_per_rank_max, interval_s=interval_s, device_copy_s=blocking_s,
+                        dtensor_share=shape.dtensor_share, lockstep_ranks=max(1, shape.ranks))
+    modes = predict_modes(workload, store, host=host, costs=costs)
+    return {name: cost.to_json() for name, cost in modes.items()}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class _SteadyState:
+    stall_s: float
+    keeps_up: bool
+    lost_s: float
+    overhead_fraction: float
+    waste_fraction: float
+
+
+def _steady_state(interval: float, blocking: float, flush: float, mode: str, mtbf: float) -> _SteadyState:
+    """Per-cycle cost of saving every ``interval`` seconds of compute."""
+    if mode == "sync":
+        stall, keeps_up, commit_delay = blocking + flush, True, blocking + flush
+    else:
+        # With one staging slot, a save that finds the previous flush still running waits for it.
+        stall, keeps_up, commit_delay = (
+            blocking + max(0.0, flush - interval),
+            flush <= interval,
+            blocking + flush,
+        )
+    cycle = interval + stall
+    # Failure time is uniform over a cycle; until the newest save commits, the one before it is what restarts.
+    lost = cycle / 2.0 + min(commit_delay, cycle)
+    overhead = stall / cycle
+    return _SteadyState(
+        stall_s=stall,
+        keeps_up=keeps_up,
+        lost_s=lost,
+        overhead_fraction=overhead,
+        waste_fraction=min(overhead + lost / mtbf, 1.0),
+    )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class _Findings:
+    """What the findings read, before the budget that reports them exists."""
+
+    shape: CheckpointShape
+    storage: StoreLimits
+    mode: str
+    flush_s: float
+    bottleneck: str
+    interval: PlannedInterval
+    state: _SteadyState
+    optimal_interval_s: float
+    cost_s: float
+    mtbf_s: float
+    put_requests_per_s: float
+    extra_waste: float
+    """Waste at the planned interval beyond the waste at Daly's optimum."""
+
+
+def _findings(f: _Findings) -> list[tuple[str, str]]:
+    """Every problem of the plan as ``(code, message)``, each message saying what to change."""
+    out: list[tuple[str, str]] = []
+    flush_s, interval_s, state = f.flush_s, f.interval.seconds, f.state
+    if not state.keeps_up:
+        need = f.shape.total_bytes / interval_s
+        out.append((
+            "flush-behind",
+            f"flush takes {format_duration(flush_s)} but saves come every {format_duration(interval_s)}: "
+            f"the {f.bottleneck} limits it; give the store at least {format_rate(need)} of write bandwidth "
+            f"or save at least {format_duration(flush_s)} apart",
+        ))
+    elif f.mode == "async" and flush_s > FLUSH_HEADROOM_WARN * interval_s:
+        out.append((
+            "flush-tight",
+            f"flush uses {flush_s / interval_s:.0%} of the interval ({format_duration(flush_s)} of "
+            f"{format_duration(interval_s)}): one slow save and the next one waits; keep it under "
+            f"{FLUSH_HEADROOM_WARN:.0%} with a longer interval or more bandwidth",
+        ))
+    if state.keeps_up and state.overhead_fraction > OVERHEAD_WARN_FRACTION:
+        fix = "use async saves (ckptio)" if f.mode == "sync" else "lengthen the interval or speed up the copy"
+        out.append((
+            "stall",
+            f"checkpoints stall training {format_duration(state.stall_s)} per save, "
+            f"{state.overhead_fraction:.1%} of wall time: {fix}",
+        ))
+    limit = f.storage.request_rate_limit
+    if f.storage.kind == "object" and f.put_requests_per_s > limit:
+        out.append((
+            "put-rate",
+            f"the burst needs {f.put_requests_per_s:,.0f} PUT/s against {limit:,.0f}/s for "
+            f"{f.storage.prefixes} prefix(es): spread ranks over more prefixes or use larger files and parts",
+        ))
+    if f.interval.source == "given" and f.extra_waste > INTERVAL_WASTE_WARN:
+        side = "longer" if interval_s > f.optimal_interval_s else "shorter"
+        out.append((
+            "interval",
+            f"the interval wastes {f.extra_waste:.1%} more GPU time than Daly's optimum of "
+            f"{format_duration(f.optimal_interval_s)} (cost {format_duration(f.cost_s)}, "
+            f"MTBF {format_duration(f.mtbf_s)}): save {side} apart",
+        ))
+    return out
