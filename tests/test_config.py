@@ -61,8 +61,13 @@ def test_a_non_finite_float_option_is_refused_by_name(tmp_path, cls, name, value
 @pytest.mark.parametrize(("cls", "name"), CASES, ids=[f"{cls.__name__}.{name}" for cls, name in CASES])
 def test_a_finite_value_still_passes(tmp_path, cls, name):
     # The finiteness rule must not refuse what the range checks accept (an int counts as a float option).
-    build(cls, tmp_path, **{name: 30})
-    build(cls, tmp_path, **{name: np.float64(45.5)})
+    whole, fraction = FINITE_VALUES.get(name, (30, np.float64(45.5)))
+    build(cls, tmp_path, **{name: whole})
+    build(cls, tmp_path, **{name: fraction})
+
+
+# Options whose range a whole number of seconds does not fit.
+FINITE_VALUES = {"flush_pace_fraction": (1, np.float64(0.25))}
 
 
 def test_checkpointer_with_a_nan_lease_refuses_before_writing_anything(tmp_path):

@@ -46,6 +46,7 @@ TORCH_API_SINCE: dict[tuple[str, str], str] = {
     ("torch.distributed.checkpoint.planner", "LoadItemType"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "LoadPlan"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "LoadPlanner"): OLDEST_READ,
+    ("torch.distributed.checkpoint.planner", "ReadItem"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "SavePlan"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "SavePlanner"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "WriteItem"): OLDEST_READ,

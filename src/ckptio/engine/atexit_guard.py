@@ -30,11 +30,23 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ckptio.engine.checkpointer import Checkpointer
+    from ckptio.config import CheckpointerConfig
     from ckptio.engine.handle import SaveHandle
+    from ckptio.engine.pending import SaveTracker
+    from ckptio.storage import Storage
+
+
+class Checkpointer(Protocol):
+    """What the exit hook needs of a ``Checkpointer`` (named by shape: the Checkpointer imports this module)."""
+
+    config: CheckpointerConfig
+    storage: Storage
+    _tracker: SaveTracker
+
+    def close(self) -> None: ...
 
 # token -> (pid that built it, the Checkpointer). No lock: single dict operations are atomic, and a weakref callback
 # (which may run inside any allocation, on any thread) could never wait for one.

@@ -30,10 +30,8 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 from ckptio.errors import (
-    AlreadyExistsError,
     ConfigError,
     NotFoundError,
-    PreconditionError,
     StorageError,
 )
 from ckptio.storage import s3_read
@@ -55,6 +53,7 @@ from ckptio.storage.base import (
 )
 from ckptio.storage.root import S3Root, parse_root
 from ckptio.storage.s3_bucket import read_exposure, read_region
+from ckptio.storage.s3_conditions import condition_lost, lost_condition_error
 from ckptio.storage.s3_options import S3Options, is_transient, make_client, status_code
 from ckptio.storage.s3_parts import FileSlice, MiB, SegmentReader, choose_part_size, split_parts
 
@@ -328,19 +327,10 @@ class S3Storage(Storage):
     def _settle_conflict(
         self, key: str, exc: StorageError, token: str, mode: PutMode, attempts: list[int]
     ) -> ObjectInfo:
-        """Turn a lost condition into AlreadyExists/Precondition, unless the object is our own earlier write.
-
-        Lost conditions: 412; 404 on If-Match (the object is gone); NoSuchUpload on a retried Complete (an
-        earlier attempt completed it). After a retry the stored write token decides whether the winner was us.
-        """
-        status, code = status_code(exc.__cause__)
-        retried, swap = len(attempts) > 1, isinstance(mode, IfMatch)
-        lost = (
-            status == 412
-            or (swap and status == 404 and code != "NoSuchBucket")
-            or (code == "NoSuchUpload" and retried)
-        )
-        if not lost:
+        """Turn a lost condition into AlreadyExists/Precondition (``s3_conditions``), unless the object is our own
+        earlier write: after a retry, the stored write token decides whether the winner was us."""
+        retried = len(attempts) > 1
+        if not condition_lost(exc, mode, retried=retried):
             raise exc
         if retried:
             try:
@@ -349,13 +339,10 @@ class S3Storage(Storage):
                 info, stored_token = None, None
             if info is not None and stored_token == token:
                 return info
-        if not swap and status == 412:
-            raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=exc.path) from None
-        if not swap:  # NoSuchUpload on an unconditional write we cannot attribute: not ours
+        error = lost_condition_error(exc, key, mode, root=self.url)
+        if error is exc:
             raise exc
-        raise PreconditionError(
-            f"{key!r} changed since it was read (If-Match lost)", root=self.url, path=exc.path
-        ) from None
+        raise error from None
 
     def _head_with_token(self, key: str) -> tuple[ObjectInfo, str | None]:
         full = self._full(key)

@@ -35,6 +35,7 @@ from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, Pacer, PutM
 from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
 from ckptio.storage.posix import PosixStorage
 from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
+from ckptio.testing.paced_write_tests import PacedWriteTests
 from ckptio.testing.ranged_read_tests import RangedReadTests
 from ckptio.testing.spawned import aws_env, create_at, put_through, warm_up, write_and_read
 
@@ -44,19 +45,7 @@ CONCURRENT_CREATORS = 6
 # Each spawned worker imports torch (through ckptio) once; on a 2-core machine four is what the suite affords.
 CONCURRENT_PROCESSES = 4
 
-class _CountingPacer:
-    """A pacer that lets everything through at once and remembers what it was asked for."""
-
-    def __init__(self) -> None:
-        self.taken: list[int] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> None:
-        with self._lock:  # parts of one object may be sent from several threads
-            self.taken.append(nbytes)
-
-
-class StoreTests(CapabilityTests, RangedReadTests):
+class StoreTests(CapabilityTests, RangedReadTests, PacedWriteTests):
     """Subclass and define a ``storage`` fixture returning an empty storage (function scope)."""
 
     # Sizes large enough to take a backend's multi-part path when the subclass configures a small threshold.
@@ -302,20 +291,6 @@ class StoreTests(CapabilityTests, RangedReadTests):
             info = storage.put_file(f"files/{name}", str(path))
             assert info.size == size
             assert storage.get(f"files/{name}") == payload
-
-    def test_a_paced_write_asks_for_every_byte_before_it_is_sent(self, storage: Storage, tmp_path: Any) -> None:
-        """``pacer.take`` sees the whole object, in pieces, before the write returns (and the bytes are intact)."""
-        payload = os.urandom(self.large_size + 3)
-        for how in ("put", "put_file"):
-            pacer = _CountingPacer()
-            if how == "put":
-                storage.put(f"paced/{how}", [payload[:1000], payload[1000:]], pacer=pacer)
-            else:
-                path = tmp_path / "paced"
-                path.write_bytes(payload)
-                storage.put_file(f"paced/{how}", str(path), pacer=pacer)
-            assert sum(pacer.taken) == len(payload), (how, pacer.taken)
-            assert storage.get(f"paced/{how}") == payload
 
     @requires_capability(CONDITIONAL_CREATE)
     def test_put_file_create_only(self, storage: Storage, tmp_path: Any) -> None:
