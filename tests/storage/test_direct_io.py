@@ -63,8 +63,8 @@ def test_the_default_uses_o_direct_only_for_large_objects_on_an_fsynced_tier(tmp
     calls: list[int] = []
     real = direct_io.write_direct
 
-    def counting(path: str, parts, *, fsync: bool = True) -> int:  # type: ignore[no-untyped-def]
-        size = real(path, parts, fsync=fsync)
+    def counting(path: str, parts, *, fsync: bool = True, pacer=None) -> int:  # type: ignore[no-untyped-def]
+        size = real(path, parts, fsync=fsync, pacer=pacer)
         calls.append(size)
         return size
 
