@@ -1,0 +1,266 @@
+"""Paced flushes against a data loader on the same disk: what each save mode costs the loader, and the training.
+
+A loader process reads a large file on the filesystem of the durable root with ``O_DIRECT`` and 8 MiB reads in a
+loop (as a data loader streaming its dataset does), sampling its throughput every 100 ms. Meanwhile a 2-rank gloo
+job trains (a CPU matmul step) and saves ``--mib`` MiB per rank every ``--every`` steps, in rounds that interleave
+the modes (order rotating per round): ``none`` (no save: the loader's and the step's baseline), DCP-best
+(``ckptio.demo.dcp_best.DcpBest``), ckptio unpaced, and ckptio with ``flush_pace="auto"``.
+
+Figures, per mode (medians over its saves):
+
+* **loader loss**: 1 − (the loader's worst 0.5 s window of throughput during the mode's save intervals ÷ its
+  median throughput in ``none``) — the dip a save burst carves into the loader.
+* **time lost per save**: the save call and the wait for staging, plus the interval's steps beyond as many clean
+  steps (the median step of ``none``).
+* every save committed, none skipped; ckptio's blocking, so a pace never makes a save wait.
+* the paced rate: the job's achieved rate (``flush_paced`` events, summed over ranks) against the planner's paced
+  demand (the job's bytes over ``flush_pace_fraction`` of the measured interval).
+
+    .venv/bin/python bench/bench_pace.py [--mib 256] [--every 40] [--rounds 3] [--saves 3] [--dir DIR]
+
+Ends with ``RATIOS loader_loss_paced_vs_dcp_best=… loader_loss_paced_vs_unpaced=… lost_paced_vs_dcp_best=…
+paced_rate_predicted_vs_measured=…`` (goals: ≤ 0.3, ≤ 0.3, ≤ 0.5, within 0.8–1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import MiB, ratio_line, scratch_dir, verdict
+
+MODES = ("none", "dcp_best", "ckptio", "ckptio_auto")
+SAMPLE_S = 0.1
+WINDOW_S = 0.5
+READ = 8 * MiB
+
+
+# ---- the loader (its own process) -------------------------------------------------------------------------------
+def loader_main(path: str, out: str) -> None:
+    """Read ``path`` with O_DIRECT in 8 MiB pieces, round and round, until SIGTERM; write (mono, bytes) samples."""
+    stop = False
+
+    def on_term(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    size = os.fstat(fd).st_size
+    buf = mmap.mmap(-1, READ)  # page-aligned, as O_DIRECT needs
+    samples: list[tuple[float, int]] = []
+    offset, got, tick = 0, 0, time.monotonic() + SAMPLE_S
+    while not stop:
+        n = os.preadv(fd, [buf], offset)
+        got += n
+        offset = offset + n if n and offset + n < size else 0
+        now = time.monotonic()
+        if now >= tick:
+            samples.append((now, got))
+            got, tick = 0, tick + SAMPLE_S
+    os.close(fd)
+    Path(out).write_text(json.dumps(samples))
+
+
+def start_loader(directory: Path, gib: float) -> tuple[subprocess.Popen[bytes], Path]:
+    data = directory / "dataset.bin"
+    with open(data, "wb") as f:  # incompressible bytes, written once (not part of any measurement)
+        for _ in range(int(gib * 1024 // 64)):
+            f.write(os.urandom(64 * MiB))
+        os.fsync(f.fileno())
+    out = directory / "loader.json"
+    proc = subprocess.Popen([sys.executable, __file__, "--loader", str(data), str(out)])
+    return proc, out
+
+
+# ---- the job (2 gloo ranks) -----------------------------------------------------------------------------------------
+def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    import ckptio
+    from ckptio.demo.dcp_best import DcpBest
+    from ckptio.format import committed_steps
+    from ckptio.storage import open_storage
+
+    torch.set_num_threads(1)
+    root = Path(spec["dir"])
+    state = {f"w{rank}": torch.randn(spec["mib"] * MiB // 4 // 4, 4)}  # a key per rank: no DCP de-duplication
+    a = torch.randn(spec["width"], spec["width"])
+    options = {"lease_s": 0, "volume_check": "off", "events_path": str(root / "events" / "ev.jsonl")}
+    savers: dict[str, Any] = {
+        "ckptio": ckptio.Checkpointer(str(root / "ckptio"), **options | {"events_path": str(root / "ev-u.jsonl")}),
+        "ckptio_auto": ckptio.Checkpointer(str(root / "ckptio_auto"), flush_pace="auto",
+                                           **options | {"events_path": str(root / "ev-p.jsonl")}),
+        "dcp_best": DcpBest(process_group=dist.new_group(backend="gloo")),
+    }
+    for ck in (savers["ckptio"], savers["ckptio_auto"]):
+        ck.writer_ready(120)
+    records: list[dict[str, Any]] = []
+    step = 0
+
+    def train(n: int, mode: str, save_at: int | None) -> None:
+        nonlocal step
+        for i in range(n):
+            step += 1
+            t0 = time.monotonic()
+            waited = 0.0
+            if i == save_at:
+                waited = save(mode)
+            a.mul_(0.999).add_(a @ a * 1e-6)  # the step: a matmul on one thread
+            dist.all_reduce(a[0, :8])  # lockstep, as data-parallel training is
+            records.append({"mode": mode, "step": step, "t": t0, "s": time.monotonic() - t0, "save": i == save_at,
+                            "waited": waited})
+
+    def save(mode: str) -> float:
+        t0 = time.monotonic()
+        if mode == "dcp_best":
+            savers[mode].save(state, FileSystemWriter(str(root / "dcp_best" / f"step-{step}")))
+            savers[mode].wait_staged()
+        else:
+            handle = savers[mode].save(step, state)
+            savers[mode].wait_staged()
+            records.append({"mode": mode, "handle_step": step, "blocking": handle.blocking_s,
+                            "skipped": handle.skipped})
+        return time.monotonic() - t0
+
+    train(spec["every"], "none", None)  # warm-up: first saves plan, allocate slots, boot checkpoint processes
+    for mode in MODES[1:]:
+        train(spec["every"], mode, 0)
+    for r in range(spec["rounds"]):
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            for _ in range(spec["saves"]):
+                train(spec["every"], mode, None if mode == "none" else 0)
+    savers["dcp_best"].close()
+    committed = {}
+    for mode in ("ckptio", "ckptio_auto"):
+        savers[mode].close()
+        committed[mode] = committed_steps(open_storage(str(root / mode)))
+    Path(root / f"rank{rank}.json").write_text(json.dumps({"records": records, "committed": committed}))
+
+
+# ---- analysis -------------------------------------------------------------------------------------------------------
+def windows(records: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per mode, each save interval: from the step that saved to the start of the next interval's first step."""
+    out: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    starts = [r for r in records if "t" in r and (r["save"] or r["mode"] == "none")]
+    steps = [r for r in records if "t" in r]
+    for i, r in enumerate(starts):
+        end = starts[i + 1]["t"] if i + 1 < len(starts) else steps[-1]["t"] + steps[-1]["s"]
+        out[r["mode"]].append((r["t"], end))
+    return out
+
+
+def loader_figures(samples: list[tuple[float, int]], spans: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    rates = [(t, n / SAMPLE_S) for t, n in samples]
+    k = round(WINDOW_S / SAMPLE_S)
+
+    def inside(spans_of: list[tuple[float, float]]) -> list[list[float]]:
+        return [[r for t, r in rates if a <= t < b] for a, b in spans_of]
+
+    alone = statistics.median([r for span in inside(spans["none"]) for r in span])
+    out = {"alone_Bps": alone}
+    for mode in MODES[1:]:
+        worst = []
+        for span in inside(spans[mode]):
+            if len(span) >= k:
+                worst.append(min(statistics.fmean(span[i:i + k]) for i in range(len(span) - k + 1)))
+        out[mode] = max(0.0, 1.0 - statistics.median(worst) / alone) if worst else float("nan")
+    return out
+
+
+def lost_per_save(records: list[dict[str, Any]], spans: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    steps = [r for r in records if "t" in r]
+    clean = statistics.median(r["s"] for r in steps if r["mode"] == "none")
+    out = {}
+    for mode in MODES[1:]:
+        lost = []
+        for a, b in spans[mode]:
+            inside = [r for r in steps if a <= r["t"] < b]
+            lost.append(sum(r["s"] for r in inside) - clean * len(inside))
+        out[mode] = statistics.median(lost)
+    return out
+
+
+def paced_rates(directory: Path, ranks: int) -> list[float]:
+    """Per paced save, the job's achieved rate: the sum over ranks of each rank's ``flush_paced`` rate."""
+    from ckptio.obs.events import rank_path
+
+    by_step: dict[int, float] = {}
+    for rank in range(ranks):
+        for line in Path(rank_path(str(directory / "ev-p.jsonl"), rank)).read_text().splitlines():
+            r = json.loads(line)
+            if r["event"] == "flush_paced" and r.get("tier") == "durable" and not r.get("hurried"):
+                by_step[r["step"]] = by_step.get(r["step"], 0.0) + float(r["achieved_bytes_per_s"])
+    return list(by_step.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=256, help="MiB saved per rank")
+    parser.add_argument("--every", type=int, default=40, help="steps between saves")
+    parser.add_argument("--width", type=int, default=640, help="the step's matmul size")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--saves", type=int, default=3, help="saves per mode per round")
+    parser.add_argument("--loader-gib", type=float, default=1.0)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--loader", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.loader:
+        loader_main(*args.loader)
+        return
+    from ckptio.plan.costs.pace import paced_demand
+
+    from ckptio.testing.ranks import run_ranks
+
+    ranks = 2
+    with scratch_dir(args.dir, "ckptio-bench-pace-") as directory:
+        loader, out = start_loader(directory, args.loader_gib)
+        try:
+            spec = {"dir": str(directory), "mib": args.mib, "every": args.every, "width": args.width,
+                    "rounds": args.rounds, "saves": args.saves}
+            run_ranks(ranks, rank_main, spec)
+        finally:
+            loader.send_signal(signal.SIGTERM)
+            loader.wait(60)
+        samples = json.loads(out.read_text())
+        per_rank = [json.loads((directory / f"rank{r}.json").read_text()) for r in range(ranks)]
+        records = per_rank[0]["records"]
+        spans = windows(records)
+        loss = loader_figures(samples, spans)
+        lost = lost_per_save(records, spans)
+        saves = [r for p in per_rank for r in p["records"] if "handle_step" in r]
+        achieved = paced_rates(directory, ranks)
+        interval = statistics.median(b - a for a, b in spans["ckptio_auto"])
+        predicted = paced_demand(ranks * args.mib * MiB, interval_s=interval, fraction=0.5)
+        committed = {m: min(len(p["committed"][m]) for p in per_rank) for m in ("ckptio", "ckptio_auto")}
+    print(f"loader alone {loss['alone_Bps'] / MiB:.0f} MiB/s; save interval {interval:.2f} s; "
+          f"{args.mib} MiB per rank x {ranks} ranks")
+    for mode in MODES[1:]:
+        print(f"  {mode:12s} loader loss {loss[mode]:.2f}   time lost per save {lost[mode] * 1000:.0f} ms")
+    print(f"ckptio saves: {len(saves)}, skipped {sum(s['skipped'] for s in saves)}, max blocking "
+          f"{max(s['blocking'] for s in saves) * 1000:.1f} ms; committed per mode {committed}")
+    print(f"paced rate: achieved {statistics.median(achieved) / MiB:.0f} MiB/s (median of {len(achieved)} saves), "
+          f"planner {predicted / MiB:.0f} MiB/s")
+    ratios = {
+        "loader_loss_paced_vs_dcp_best": loss["ckptio_auto"] / loss["dcp_best"] if loss["dcp_best"] else float("nan"),
+        "loader_loss_paced_vs_unpaced": loss["ckptio_auto"] / loss["ckptio"] if loss["ckptio"] else float("nan"),
+        "lost_paced_vs_dcp_best": lost["ckptio_auto"] / lost["dcp_best"] if lost["dcp_best"] > 0 else float("nan"),
+        "paced_rate_predicted_vs_measured": predicted / statistics.median(achieved) if achieved else float("nan"),
+    }
+    print(verdict(ratios["loader_loss_paced_vs_dcp_best"], 0.3, at_most=True), "(loader, paced vs DCP-best)")
+    print(ratio_line(**ratios))
+
+
+if __name__ == "__main__":
+    main()
