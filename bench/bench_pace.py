@@ -220,7 +220,6 @@ def main() -> None:
         loader_main(*args.loader)
         return
     from ckptio.plan.costs.pace import paced_demand
-
     from ckptio.testing.ranks import run_ranks
 
     ranks = 2
