@@ -251,6 +251,11 @@ def _number_cases(f: dict[str, str]) -> dict[str, tuple[list[str], str]]:
         "admit --probe-seconds nan": ([*admit, "--probe-seconds=nan"], "--probe-seconds"),
         "admit --keep-last huge int": ([*admit, "--root", f["dir"], f"--keep-last={_HUGE_INT}"], "--keep-last"),
         "admit --max-stall 1e-320": ([*admit, "--max-stall=1e-320"], "--max-stall"),
+        "plan --flush-pace 1e-320": ([*plan, "--flush-pace=1e-320"], "--flush-pace"),
+        "plan --flush-pace-fraction 1e-320": ([*plan, "--flush-pace-fraction=1e-320"], "--flush-pace-fraction"),
+        "admit --store-share 1e-320": ([*admit, "--store-share=1e-320"], "--store-share"),
+        "admit --ranks-per-node huge int": ([*admit, f"--ranks-per-node={_HUGE_INT}"], "--ranks-per-node"),
+        "simulate --flush-pace nan": ([*sim, "--flush-pace=nan"], "--flush-pace"),
         # exit 2 before, without the flag in the message
         "plan --step-time 1e308": ([*plan, "--step-time=1e308"], "--step-time"),
         "plan --mtbf 1e308": ([*plan, "--mtbf=1e308"], "--mtbf"),

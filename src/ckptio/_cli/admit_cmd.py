@@ -23,11 +23,13 @@ from ckptio._cli.job_args import (
     job_from_args,
     schedule,
 )
+from ckptio._cli.pace_args import add_pace_arguments, flush_pace, store_share
 from ckptio._cli.probe_cmd import MAX_PROBE_SECONDS, MIN_PROBE_SECONDS
 from ckptio._proc import sigterm_as_interrupt
 from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.plan.admit import Admission, AdmissionPolicy, admit
 from ckptio.plan.costs.budget import plan_burst
+from ckptio.plan.costs.pace import plan_pace
 from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.units import format_duration
 from ckptio.policy.residency import Residency
@@ -40,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="admission gate: may this job start on this store? (exit 0 admit, 1 refuse, 2 usage)",
         description="Refuse a job whose store cannot finish a save within the interval, whose stall is over "
         "budget, whose root lacks space for keep_last + 1 checkpoints, whose burst exceeds the PUT rate, "
-        "that checkpoints onto the dataset volume above --split-volumes-above ranks, under $HOME, or into a "
-        "public bucket or a region outside --allowed-region.",
+        "that checkpoints onto the dataset volume above --split-volumes-above ranks, under $HOME, into a "
+        "public bucket or a region outside --allowed-region, or that asks more of the store than --store-share "
+        "(its burst, or with --flush-pace its paced demand).",
     )
     add_job_arguments(parser)
     add_storage_arguments(parser)
@@ -63,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--commit", choices=("conditional", "lease"), default="conditional",
                         help="the job's commit mode: lease accepts a store without conditional writes (docs/s3.md)")
     parser.add_argument("--root-region", help="the region label of a POSIX root, for --allowed-region")
+    add_pace_arguments(parser, ranks_per_node=True, store_share=True)
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.set_defaults(func=run)
 
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         max_stall_s=duration_flag(args.max_stall, "--max-stall", zero=True) if args.max_stall else None,
         split_volumes_above=int_flag(args.split_volumes_above, "--split-volumes-above", low=0, high=MAX_RANKS),
     )
+    pace, share = flush_pace(args), store_share(args)
     # Checked whether or not --probe is given: a bad bound is never silently ignored.
     seconds = duration_flag(args.probe_seconds, "--probe-seconds", low=MIN_PROBE_SECONDS, high=MAX_PROBE_SECONDS)
     residency = None
@@ -100,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     job = job_from_args(args, mode=args.mode, profile=profile)
     budget = plan_burst(job.shape, job.storage, job.schedule)
     result = admit(budget, root=args.root, data_dirs=args.data_dir, policy=policy, residency=residency,
-                   root_region=args.root_region, capabilities=caps, commit=args.commit)
+                   root_region=args.root_region, capabilities=caps, commit=args.commit,
+                   pace=plan_pace(job.shape, job.storage, budget, pace, store_share=share))
     summary = (f"{budget.ranks:,} ranks, flush {format_duration(budget.flush_s)} every "
                f"{format_duration(budget.interval_s)}")
     return _report(args, result, summary)
@@ -116,6 +122,8 @@ def _report(args: argparse.Namespace, result: Admission, summary: str) -> int:
             print(f"refuse: {reason}")
         for warning in result.warnings:
             print(f"warn: {warning}")
+        for note in result.notes:
+            print(f"note: {note}")
         for name, check in (result.capabilities or {}).items():
             if isinstance(check, dict):
                 verdict = {True: "yes", False: "NO", None: "unknown"}[check["ok"]]

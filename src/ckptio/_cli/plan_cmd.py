@@ -23,11 +23,13 @@ from ckptio._cli.job_args import (
     schedule,
 )
 from ckptio._cli.level_args import LevelArgs, add_level_arguments, level_args
+from ckptio._cli.pace_args import add_pace_arguments, flush_pace, pace_rows, recommendation, store_share
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.background import MODES
 from ckptio.plan.costs.budget import BurstBudget, plan_burst
 from ckptio.plan.costs.inputs import Host
 from ckptio.plan.costs.multilevel import Loss, TwoLevelPlan, plan_two_levels
+from ckptio.plan.costs.pace import PacePlan, plan_pace
 from ckptio.plan.costs.sizing import SizingPlan, plan_sizes
 from ckptio.plan.job.checkpoint import CheckpointShape, CheckpointSpec, shape_checkpoint
 from ckptio.plan.units import check_range, format_bytes, format_duration, format_rate, quoted
@@ -54,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     host.add_argument("--train-cores", default="1",
                       help="cores training keeps busy per rank (1: a GPU job's Python thread)")
     add_level_arguments(parser)
+    add_pace_arguments(parser, store_share=True)
     parser.add_argument("--mode", choices=("async", "sync"), default="async", help="how the job saves")
     parser.add_argument("--json", action="store_true", help="print the budget as JSON")
     parser.set_defaults(func=run)
@@ -68,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
         levels = level_args(args, step_time_s=plan.step_time_s)
         shape = shape_checkpoint(model)
         sizing = plan_sizes(shape, plan)
+        given = flush_pace(args)  # the pace flags are checked without a store too
+        echo = {"flush_pace": given.pace, "flush_pace_fraction": given.fraction, "store_share": store_share(args)}
         if args.json:
-            print(json.dumps({**sizing.to_json(), **_store_free_levels(shape, levels)}, indent=2))
+            print(json.dumps({**sizing.to_json(), **_store_free_levels(shape, levels), **_STORE_FREE_PACE, **echo},
+                             indent=2))
         else:
             print_sizing(Console(file=sys.stdout), model, sizing)
         return 0
@@ -80,14 +86,21 @@ def run(args: argparse.Namespace) -> int:
                           ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
                           job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
                           local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
+    pace = plan_pace(job.shape, job.storage, budget, flush_pace(args), store_share=store_share(args))
     if args.json:
-        print(json.dumps({**budget.to_json(), **two.to_json()}, indent=2))
+        print(json.dumps({**budget.to_json(), **pace.to_json(), **two.to_json()}, indent=2))
     else:
         console = Console(file=sys.stdout)
-        print_budget(console, job, budget)
+        print_budget(console, job, budget, pace)
         console.print()
         console.print(levels_table(two))
     return 0
+
+
+_STORE_FREE_PACE = dict.fromkeys(
+    ("peak_demand_bytes_per_s", "paced_demand_bytes_per_s", "auto_demand_bytes_per_s", "unpaced_lag_s",
+     "paced_lag_s", "store_share_bytes_per_s", "recommended_flush_pace"))
+"""The pace keys without a store: each needs the store's bandwidth or the flush."""
 
 
 def _store_free_levels(shape: CheckpointShape, levels: LevelArgs) -> dict[str, object]:
@@ -117,8 +130,8 @@ def _cores(text: str, flag: str) -> float:
     return check_range(value, what=flag, low=MIN_CORES, high=MAX_CORES, unit=" cores", given=text)
 
 
-def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
-    """The budget as a rich table followed by the verdict paragraph."""
+def print_budget(console: Console, job: Job, b: BurstBudget, pace: PacePlan) -> None:
+    """The budget as a rich table followed by the verdict paragraph and a recommended pace."""
     table = Table(title="ckptio plan", show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="dim")
     table.add_column(justify="right")
@@ -130,9 +143,10 @@ def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
         ("checkpoint", format_bytes(b.checkpoint_bytes), f"{b.objects_per_checkpoint:,} objects"),
         ("largest rank", format_bytes(b.bytes_per_rank_max), f"{len(job.shape.classes)} rank classes"),
         ("store", format_rate(job.storage.write_bytes_per_s), _store_note(job)),
-        ("blocking (async)", format_duration(b.blocking_s), "device-to-host copy of the largest rank"),
+        ("copy (async)", format_duration(b.blocking_s), "device-to-host, largest rank (δ)"),
         ("sync stall", format_duration(b.sync_stall_s), "copy + flush, training waits"),
         ("flush", format_duration(b.flush_s), f"limited by {b.bottleneck}"),
+        *pace_rows(pace),
         ("interval", format_duration(b.interval_s), _interval_note(b)),
         ("keeps up", "yes" if b.keeps_up else "NO", f"flush takes {b.flush_s / b.interval_s:.0%} of it"),
         ("overhead", f"{b.overhead_fraction:.2%}", f"{format_duration(b.stall_s_per_checkpoint)} per save"),
@@ -151,6 +165,9 @@ def print_budget(console: Console, job: Job, b: BurstBudget) -> None:
     console.print()
     style = _VERDICT_STYLE[b.verdict]
     console.print(f"[{style}]verdict: {b.verdict}[/]  {verdict_paragraph(b)}", highlight=False)
+    advice = recommendation(pace)
+    if advice:
+        console.print(f"[bold]{advice}[/]", highlight=False)
 
 
 def levels_table(p: TwoLevelPlan) -> Table:
@@ -198,6 +215,11 @@ def modes_table(b: BurstBudget) -> Table:
         inflation = "training waits" if m["step_inflation"] is None else f"×{m['step_inflation']:.3f}"
         table.add_row(_MODE_LABELS[name], format_duration(m["blocking_s"]), format_duration(m["background_cpu_s"]),
                       inflation, format_duration(m["lost_per_save_s"]), f"{m['lost_per_save_s'] / b.interval_s:.2%}")
+    waits = {_MODE_LABELS[name]: b.modes[name].get("staging_wait_s") or 0.0 for name in MODES}
+    if any(waits.values()):
+        table.caption = "the optimizer step waits for the device copy's rest after the next forward and backward: " \
+            + ", ".join(f"{label} {format_duration(s)}" for label, s in waits.items() if s)
+        table.caption_justify = "left"
     return table
 
 
@@ -258,8 +280,11 @@ def _interval_note(b: BurstBudget) -> str:
 def verdict_paragraph(b: BurstBudget) -> str:
     """A few sentences: what the numbers mean and what to change."""
     if b.verdict == "ok":
+        ckptio = b.modes["ckptio"]
         return (
-            f"The store takes the burst: each save blocks training {format_duration(b.blocking_s)} and its "
-            f"flush ends {format_duration(b.interval_s - b.flush_s)} before the next save."
+            f"The store takes the burst: each save copies its state off the device in "
+            f"{format_duration(b.blocking_s)}, which costs ckptio's training "
+            f"{format_duration(ckptio['lost_per_save_s'])} (the copy runs beside the next forward and backward), "
+            f"and its flush ends {format_duration(b.interval_s - b.flush_s)} before the next save."
         )
     return " ".join(f"{reason[0].upper()}{reason[1:]}." for reason in b.reasons)

@@ -25,11 +25,12 @@ from ckptio._cli.job_args import (
     size_flag,
 )
 from ckptio._cli.level_args import MAX_RANKS_PER_NODE
+from ckptio._cli.pace_args import add_pace_arguments, flush_pace
 from ckptio._cli.paths import check_output, writing
 from ckptio.plan.simulation.burst import SimulationConfig, SimulationResult, simulate
 from ckptio.plan.simulation.burst_types import MAX_CHECKPOINTS
 from ckptio.plan.simulation.events import simulation_events, write_events
-from ckptio.plan.units import format_bytes, format_duration
+from ckptio.plan.units import format_bytes, format_duration, format_rate
 
 _SHOWN_RECORDS = 12
 
@@ -56,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sim.add_argument("--local-bandwidth", help="tiered: one node's local tier write bandwidth")
     sim.add_argument("--local-capacity", help="tiered: one node's local tier capacity")
     sim.add_argument("--ranks-per-node", type=int, default=8, help="ranks sharing a local tier (8)")
+    add_pace_arguments(parser)
     add_failure_arguments(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the result as JSON (with per-save records)")
@@ -70,6 +72,7 @@ MAX_PENDING = 1000
 
 def simulation_config(args: argparse.Namespace) -> SimulationConfig:
     local_bw, local_cap = args.local_bandwidth, args.local_capacity
+    pace = flush_pace(args)
     return SimulationConfig(
         checkpoints=int_flag(args.checkpoints, "--checkpoints", low=1, high=MAX_CHECKPOINTS),
         mode=args.mode,
@@ -79,6 +82,7 @@ def simulation_config(args: argparse.Namespace) -> SimulationConfig:
         local_bytes_per_s=rate_flag(local_bw, "--local-bandwidth") if local_bw else None,
         local_capacity_bytes=size_flag(local_cap, "--local-capacity") if local_cap else None,
         ranks_per_node=int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE),
+        pace=pace if pace.pace is not None else None,
     )
 
 
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**result.to_json(), **({"failures": failures} if failures else {})}, indent=2))
     else:
-        print_result(Console(file=sys.stdout), job, result)
+        print_result(Console(file=sys.stdout), job, result, config)
         if failures:
             Console(file=sys.stdout).print(failures_table(failures))
         for path in (args.events, args.out):
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_result(console: Console, job: Job, r: SimulationResult) -> None:
+def print_result(console: Console, job: Job, r: SimulationResult, config: SimulationConfig) -> None:
     summary = Table(title=f"ckptio simulate ({r.mode})", show_header=False, title_justify="left", box=None)
     summary.add_column(style="dim")
     summary.add_column(justify="right")
@@ -143,6 +147,8 @@ def print_result(console: Console, job: Job, r: SimulationResult) -> None:
         ("GPU idle", f"{r.gpu_idle_fraction:.2%}", f"{r.gpu_idle_hours_per_day:,.1f} GPU-hours/day"),
         ("loader slowdown", f"{r.loader_slowdown_fraction:.2%}", "compute lost to the flush's reads share"),
         ("store", f"{r.storage_utilization:.1%} utilized", f"busy {r.store_busy_fraction:.1%} of the time"),
+        ("store peak", format_rate(r.peak_store_demand_bytes_per_s),
+         "writers at once" + (f", flush_pace={config.pace.label()}" if config.pace else "")),
         ("host staging", format_bytes(r.host_staging_bytes_per_rank), "peak per rank"),
     ]
     for row in rows:

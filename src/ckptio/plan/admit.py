@@ -6,6 +6,9 @@ Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one lin
 * the per-checkpoint stall is above the budget (``max_stall_s``, default a tenth of the interval);
 * the root's free space is below ``keep_last + 1`` checkpoints (retention deletes only after a commit);
 * the burst needs more PUT requests per second than the prefixes sustain (object stores);
+* the job asks more of the store than its share (a :class:`~ckptio.plan.costs.pace.PacePlan` judged against
+  ``--store-share``): unpaced, its burst (the refusal says whether ``flush_pace="auto"`` would fit); paced, its
+  paced demand. A paced job whose burst alone would not fit is admitted with a note naming both figures;
 * checkpoints share the dataset's volume and the gang is larger than ``split_volumes_above`` ranks;
 * the root is under $HOME;
 * the root breaks residency (:mod:`ckptio.policy.residency`: a public bucket, a region outside the list), or its
@@ -25,6 +28,7 @@ from typing import Any, Literal
 
 from ckptio.errors import AdmissionError, ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.plan.costs.budget import BurstBudget
+from ckptio.plan.costs.pace import PacePlan
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.policy.volumes import check_volumes, volume_of
@@ -81,8 +85,14 @@ class Admission:
     fs_type: str | None = None
     """Filesystem type of the root."""
 
+    notes: list[str] = field(default_factory=list)
+    """Why a rule that could have refused did not (a paced job whose burst alone exceeds the store share)."""
+
     plan: BurstBudget | None = None
     """The planner's budget the decision rests on."""
+
+    pace: PacePlan | None = None
+    """The burst and the paced demand the store-share rule judged, when a share was given."""
 
     capabilities: dict[str, Any] | None = None
     """What the store honours (:meth:`StoreCapabilities.to_json`), when it was probed (``--probe``)."""
@@ -107,16 +117,21 @@ def admit(
     root_region: str | None = None,
     capabilities: StoreCapabilities | None = None,
     commit: Literal["conditional", "lease"] = "conditional",
+    pace: PacePlan | None = None,
 ) -> Admission:
     """Decide whether the job ``budget`` describes may start with its checkpoints at ``root``.
 
     ``residency`` is checked against the root (an ``s3://`` root always: by default a public bucket is
     refused); ``root_region`` labels a POSIX root for an ``allowed_regions`` rule. ``capabilities`` (from the
-    probe) refuse a store that lacks what the job's ``commit`` mode needs.
+    probe) refuse a store that lacks what the job's ``commit`` mode needs. ``pace`` (with a store share) refuses a
+    job that asks more of the store than its share.
     """
     policy = policy or AdmissionPolicy()
     result = Admission(admitted=True, root=root, plan=budget)
     result.reasons.extend(_burst_reasons(budget, policy))
+    if pace is not None and pace.store_share is not None:
+        result.pace = pace
+        _share_rule(result, pace)
     if capabilities is not None:
         result.capabilities = capabilities.to_json()
         result.reasons.extend(f"store: {problem}" for problem in capability_problems(capabilities, commit=commit))
@@ -158,6 +173,38 @@ def _burst_reasons(b: BurstBudget, policy: AdmissionPolicy) -> list[str]:
             f"the prefixes take {b.put_rate_limit:,.0f}/s; spread over more prefixes or use larger files"
         )
     return out
+
+
+def _share_rule(result: Admission, p: PacePlan) -> None:
+    """The store-share rule: the job's demand as set against ``store_share`` × the store's write bandwidth."""
+    assert p.store_share_bytes_per_s is not None
+    share = f"{p.store_share:g} × the store's write bandwidth = {format_rate(p.store_share_bytes_per_s)}"
+    burst = f"burst of {format_rate(p.peak_demand_bytes_per_s)} (every rank writing at full speed)"
+    fits = p.store_share_bytes_per_s
+    if not p.paced:
+        if p.peak_demand_bytes_per_s <= fits:
+            return
+        auto = (f'flush_pace="auto" would spread it to {format_rate(p.auto_demand_bytes_per_s)} over '
+                f"{p.flush_pace_fraction:g} of the interval")
+        fix = (f"{auto}, within the share: pace the flushes "
+               '(Checkpointer(flush_pace="auto")) and admit with --flush-pace auto'
+               if p.auto_demand_bytes_per_s <= fits else f"even {auto}: lengthen the interval or raise the share")
+        result.reasons.append(f"store share: {burst} is above {share}; {fix}")
+        return
+    paced = f"paced demand of {format_rate(p.paced_demand_bytes_per_s)} (flush_pace={_label(p)})"
+    if p.paced_demand_bytes_per_s > fits:
+        result.reasons.append(f"store share: {paced} is above {share} (its {burst}); lengthen the interval, lower "
+                              "the pace or raise the share")
+    elif p.peak_demand_bytes_per_s > fits:
+        result.notes.append(f"store share: {burst} is above {share}, but the job paces its flushes: {paced} fits "
+                            f"(durable {format_duration(p.paced_lag_s)} after each save instead of "
+                            f"{format_duration(p.unpaced_lag_s)})")
+
+
+def _label(p: PacePlan) -> str:
+    if p.flush_pace == "auto":
+        return f'"auto", fraction {p.flush_pace_fraction:g}'
+    return f"{format_rate(float(p.flush_pace or 0.0))} a node"
 
 
 def _check_residency(result: Admission, root: RootSpec, residency: Residency, region: str | None) -> None:

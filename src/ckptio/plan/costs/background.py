@@ -24,6 +24,12 @@ The modes:
   ``writer_nice`` checksums (crc32c) and writes the slot's bytes, with ``O_DIRECT`` through a small bounce buffer on
   a durable POSIX tier (no page-cache allocation), through the page cache or a socket elsewhere.
 
+A state on an accelerator (:attr:`~ckptio.plan.costs.inputs.Workload.device_copy_s`) ckptio and DCP-best stage
+alike: the copy goes on a side CUDA stream into pinned memory and runs beside the next forward and backward;
+``save()`` returns at once and only the optimizer step waits, for what remains of the copy after them
+(:attr:`~ckptio.plan.costs.inputs.Workload.overlap_s`; ``ModeCost.staging_wait_s``). Default ``async_save`` blocks
+for its copy, and ``dcp.save`` for everything.
+
 On a durable POSIX tier the device's I/O may cost the steps more than the writers' CPU: every background mode is
 charged :attr:`~ckptio.plan.costs.inputs.Host.direct_io_s_per_gib` for its bytes (DCP's,
 :attr:`~ckptio.plan.costs.inputs.Host.buffered_io_s_per_gib` where a trial of their own writer measured it).
@@ -68,8 +74,12 @@ class ModeCost:
     """Step time while the flush runs ÷ step time without one; None when training waits (synchronous)."""
 
     lost_per_save_s: float
-    """Training time lost per save: blocking + stolen (+ waiting for the one slot when a flush runs past the next
-    save)."""
+    """Training time lost per save: blocking + staging wait + stolen (+ waiting for the one slot when a flush runs
+    past the next save)."""
+
+    staging_wait_s: float = 0.0
+    """Seconds training waits, after ``save()`` returned, for a device copy to end before its first mutation: what
+    remains of a side-stream copy after the next forward and backward (ckptio, DCP-best; 0 off a device)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +126,9 @@ def predict_modes(workload: Workload, store: StoreTiming, *, host: Host | None =
     dcp_staging = (1.0 + 2.0 * workload.dtensor_share) * fresh_copy if device_copy_s is None \
         else device_copy_s + workload.dtensor_share * fresh_copy
     staging_cpu = b / costs.copy_bytes_per_s if device_copy_s is None else 0.0
+    # A device copy on a side stream into a pinned slot (ckptio's stager; DCP-best's stager) runs beside the next
+    # forward and backward: save() returns at once and the optimizer step waits for what remains of the copy.
+    side_wait = 0.0 if device_copy_s is None else max(0.0, device_copy_s - (workload.overlap_s or 0.0))
     write_rate = costs.direct_write_bytes_per_s if store.direct_io else costs.page_cache_bytes_per_s
     # The device's I/O costs the steps of every writer that moves these bytes to it while training runs, DCP's
     # write-back as much as ckptio's O_DIRECT writes (Host.direct_io_s_per_gib); dcp.save's lands while training
@@ -131,19 +144,19 @@ def predict_modes(workload: Workload, store: StoreTiming, *, host: Host | None =
             work=_Background(cpu_s=torch_save, nice=0, serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=ranks,
         ), host.fresh_copy_drag), dcp_io),
-        "dcp_best": _with_extra(_background(
+        "dcp_best": _with_wait(_with_extra(_background(
             blocking_s=0.0,
             work=_Background(cpu_s=staging_cpu + torch_save + workload.items_per_rank / costs.dcp_items_per_s,
                              nice=0, serial=dcp_serial),
             store_s=buffered_s, paced_s=paced, host=host, interval_s=interval_s, ranks=ranks,
-        ), dcp_io),
-        "ckptio": _with_extra(_background(
-            blocking_s=copy,
+        ), dcp_io), side_wait),
+        "ckptio": _with_wait(_with_extra(_background(
+            blocking_s=copy if device_copy_s is None else 0.0,
             work=_Background(cpu_s=b / costs.checksum_bytes_per_s + b / write_rate, nice=host.writer_nice,
                              serial=ckptio_serial, chunked=store.direct_io),
             store_s=store.store_s if store.direct_io else buffered_s, paced_s=paced, host=host,
             interval_s=interval_s, ranks=ranks,
-        ), device_io),
+        ), device_io), side_wait),
     }
 
 
@@ -211,6 +224,12 @@ def _with_drag(cost: ModeCost, drag: float) -> ModeCost:
     """``cost`` with training's own steps ``drag`` slower for as long as the flush keeps its fresh copy alive
     (:attr:`Host.fresh_copy_drag`): time the job loses on top of the writer's theft."""
     return _with_extra(cost, drag * cost.flush_s)
+
+
+def _with_wait(cost: ModeCost, wait_s: float) -> ModeCost:
+    """``cost`` with training waiting ``wait_s`` for its staging copy before the first mutation."""
+    return replace(cost, staging_wait_s=wait_s, lost_per_save_s=cost.lost_per_save_s + wait_s) if wait_s > 0 \
+        else cost
 
 
 def _with_extra(cost: ModeCost, extra_s: float) -> ModeCost:

@@ -173,8 +173,8 @@ def plan_burst(
         put_requests_per_s=put_requests_per_s,
         put_rate_limit=storage.request_rate_limit,
         restore_s={"durable": restore_s(shape, storage)},
-        modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds, host=host,
-                          costs=costs),
+        modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds,
+                          overlap_s=schedule.overlap_s, host=host, costs=costs),
         verdict="fail" if not state.keeps_up else ("warn" if reasons else "ok"),
         reasons=reasons,
         reason_codes=[code for code, _ in findings],
@@ -182,8 +182,10 @@ def plan_burst(
 
 
 def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes, *, blocking_s: float,
-                interval_s: float, host: Host | None, costs: WriterCosts | None) -> dict[str, dict[str, Any]]:
-    """The background model's per-mode costs for the largest rank, its device copy ``blocking_s``."""
+                interval_s: float, overlap_s: float | None, host: Host | None,
+                costs: WriterCosts | None) -> dict[str, dict[str, Any]]:
+    """The background model's per-mode costs for the largest rank, its device copy ``blocking_s``, a side-stream
+    copy running beside ``overlap_s`` of the next step."""
     if costs is None:
         costs = WriterCosts()
         if math.isfinite(storage.serialize_bytes_per_s):  # the probe's figure: ckptio's framing + crc32c
@@ -191,7 +193,7 @@ def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes,
     # The store's own part of the flush: the writers' CPU is the background model's to place.
     store = StoreTiming(store_s=max(flush.data_s - serialize_s(shape, storage), flush.metadata_s, flush.requests_s))
     workload = Workload(bytes_per_rank=shape.bytes_per_rank_max, interval_s=interval_s, device_copy_s=blocking_s,
-                        dtensor_share=shape.dtensor_share, lockstep_ranks=max(1, shape.ranks))
+                        overlap_s=overlap_s, dtensor_share=shape.dtensor_share, lockstep_ranks=max(1, shape.ranks))
     modes = predict_modes(workload, store, host=host, costs=costs)
     return {name: cost.to_json() for name, cost in modes.items()}
 

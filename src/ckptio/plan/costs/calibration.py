@@ -22,8 +22,8 @@ def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: f
     of ckptio's own writer (DCP-best's) cost the job's steps (:func:`ckptio.plan.measure.training.measure_save_loss`,
     the mean over ranks), less what the model charges that save without the term (``modelled``:
     :func:`~ckptio.plan.costs.background.predict_modes`' ``ckptio`` (``dcp_best``) cost with the term 0; its blocking
-    copy and its writer's CPU theft, not a wait for the previous save, which a trial save never has), per GiB of
-    ``bytes_per_rank``; 0 where the model already charges as much.
+    copy (or its wait for a device copy) and its writer's CPU theft, not a wait for the previous save, which a trial
+    save never has), per GiB of ``bytes_per_rank``; 0 where the model already charges as much.
 
     The term is the one part of ckptio's cost the model does not derive from per-byte CPU costs, and the trial runs
     the writer itself: a stand-in that writes the same bytes through the same ``O_DIRECT`` path does not cost what
@@ -32,7 +32,8 @@ def excess_from_trial(trial_lost_s: float, modelled: ModeCost, bytes_per_rank: f
     if not (math.isfinite(trial_lost_s) and bytes_per_rank > 0):
         raise ConfigError(f"a trial save needs a finite loss and bytes > 0, got {trial_lost_s!r} and "
                           f"{bytes_per_rank!r}")
-    return max(0.0, trial_lost_s - modelled.blocking_s - modelled.stolen_s) / (bytes_per_rank / GIB)
+    modelled_s = modelled.blocking_s + modelled.staging_wait_s + modelled.stolen_s
+    return max(0.0, trial_lost_s - modelled_s) / (bytes_per_rank / GIB)
 
 
 class PredictionError(NamedTuple):

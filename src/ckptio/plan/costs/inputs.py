@@ -43,6 +43,12 @@ class Workload:
     """Seconds to copy the rank's state off the accelerator: a DMA, which blocks (or for DCP-best overlaps) but costs
     the host's cores nothing. None for a CPU job, whose copies are memcpys at :class:`WriterCosts`' rates."""
 
+    overlap_s: float | None = None
+    """Seconds of training a device copy launched on a side stream runs beside before the state is first mutated:
+    the next step's forward and backward. ckptio (``save()`` enqueues the copy into a pinned slot on a side CUDA
+    stream; its guard orders only the optimizer step after it) and DCP-best (``staging_completion`` awaited before
+    ``optimizer.step``) wait for what remains of the copy after them. None: unknown, the whole copy is charged."""
+
     dtensor_share: float = 0.0
     """Share of the state's bytes held in DTensors (FSDP2 and tensor parallelism: 1) when default ``async_save`` is
     given a ``FileSystemWriter`` as ``storage_writer`` (the pattern of DCP's own example). It then stages with the
@@ -62,7 +68,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         _at_least_zero("workload", "bytes_per_rank", self.bytes_per_rank)
-        for name in ("interval_s", "device_copy_s"):
+        for name in ("interval_s", "device_copy_s", "overlap_s"):
             _at_least_zero("workload", name, getattr(self, name), optional=True)
         if not (isinstance(self.dtensor_share, (int, float)) and 0.0 <= self.dtensor_share <= 1.0):
             raise ConfigError(f"dtensor_share must be within [0, 1], got {self.dtensor_share!r}")

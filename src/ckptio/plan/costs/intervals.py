@@ -22,6 +22,12 @@ job holds."""
 DEFAULT_D2H_BYTES_PER_S = 20e9
 """Pinned device-to-host copy over PCIe 4.0 x16 runs at about 20–25 GB/s; 20 GB/s is the cautious default."""
 
+FORWARD_BACKWARD_SHARE = 0.9
+"""Share of a training step a device copy launched by ``save()`` runs beside before the optimizer step waits for it:
+the next forward and backward. The rest is the optimizer step (an elementwise pass over the rank's shard of the
+state, memory-bound) and the step's host work, a few percent of a large model's step; a tenth leaves them room.
+An assumption, not a measurement: bench/gpu_check.py is where a GPU checks it (docs/planning.md)."""
+
 
 def default_mtbf_s(ranks: int) -> float:
     """Mean time between job interruptions for ``ranks`` GPUs, scaled from Llama 3 405B's observed rate."""
@@ -78,6 +84,14 @@ class Schedule:
     def blocking_s(self, bytes_per_rank: float) -> float:
         """Seconds an async save holds the loop: ``save_cost_s`` when given, else the copy of ``bytes_per_rank``."""
         return self.save_cost_s if self.save_cost_s is not None else bytes_per_rank / self.d2h_bytes_per_s
+
+    @property
+    def overlap_s(self) -> float | None:
+        """Seconds of the next step a side-stream device copy runs beside (:data:`FORWARD_BACKWARD_SHARE` of the step
+        time); None when the step time is unknown, or when ``save_cost_s`` gives a measured stall instead of a copy."""
+        if self.step_time_s is None or self.save_cost_s is not None:
+            return None
+        return FORWARD_BACKWARD_SHARE * self.step_time_s
 
     def mtbf_for(self, ranks: int) -> float:
         """``mtbf_s``, or the default for ``ranks`` GPUs."""

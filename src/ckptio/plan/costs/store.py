@@ -102,6 +102,18 @@ def flush_times(shape: CheckpointShape, storage: StoreLimits) -> FlushTimes:
     return FlushTimes(data_s=data_s, metadata_s=metadata_s, requests_s=requests_s)
 
 
+def checkpoint_traffic_cap(shape: CheckpointShape, storage: StoreLimits) -> float:
+    """Aggregate bytes a second the checkpoint's traffic can reach under the request rate (object stores) or the
+    metadata rate (POSIX, when known): its bytes per operation × operations a second; ``inf`` when neither binds."""
+    if storage.kind == "object":
+        ops, limit = shape.requests, storage.request_rate_limit
+    elif storage.metadata_ops_per_s:
+        ops, limit = shape.objects * METADATA_OPS_PER_OBJECT, storage.metadata_ops_per_s
+    else:
+        return math.inf
+    return shape.total_bytes * limit / ops
+
+
 def serialize_s(shape: CheckpointShape, storage: StoreLimits) -> float:
     """Time the largest rank's writer spends serializing before its first byte reaches the store."""
     return shape.bytes_per_rank_max / storage.serialize_bytes_per_s

@@ -20,6 +20,10 @@ The model (documented assumptions, each a choice that can be argued with):
   time. ``async``: a staging slot is held from the copy until the rank's flush is durable. ``tiered``: the
   slot is held until the rank's local write is done; the local copy is held until drained to the store; a
   full local tier holds the slot too. ``sync``: training waits for the copy and the whole flush.
+* A paced job (``SimulationConfig.pace``, ``Checkpointer(flush_pace=)``) holds each writer's upload to its paced
+  rate (:meth:`~ckptio.plan.costs.pace.FlushPace.rank_rate`) until the next save is requested, which sends the
+  flush in progress to full speed, as the engine's writer does; the peak the store sees falls to the paced demand
+  of :mod:`ckptio.plan.costs.pace`.
 * A checkpoint commits when the last class's flush of it is durable (manifest and index writes are small and
   ignored).
 * Stages of successive saves may overlap (save k+1 serializes or lands on the local tier while save k
@@ -41,7 +45,7 @@ from ckptio.obs.events import Phase
 from ckptio.plan.costs.budget import plan_burst
 from ckptio.plan.costs.fairshare import max_min_rates
 from ckptio.plan.costs.intervals import Schedule
-from ckptio.plan.costs.store import METADATA_OPS_PER_OBJECT, StoreLimits
+from ckptio.plan.costs.store import StoreLimits, checkpoint_traffic_cap
 from ckptio.plan.job.checkpoint import CheckpointShape
 from ckptio.plan.simulation.burst_types import CheckpointRecord, SimulationConfig, SimulationResult
 
@@ -101,7 +105,7 @@ class _Simulator:
             _ClassState(i, c.count, c.bytes, [deque() for _ in self.stages])
             for i, c in enumerate(shape.classes)
         ]
-        self.ckpt_cap = self._checkpoint_traffic_cap()
+        self.ckpt_cap = checkpoint_traffic_cap(shape, storage)
         self.local_slots = self._local_capacity()
         self.loader_per_rank = config.loader_read_bytes_per_s / shape.ranks
         self.t = 0.0
@@ -113,20 +117,10 @@ class _Simulator:
         self.idle_s = self.slow_s = self.busy_s = self.bytes_written = 0.0
         self.wall_s = 0.0
         self.peak_slots = 0
+        self.peak_demand = 0.0
         self.compute_segments: list[tuple[float, float, float]] = []
 
     # ---- set-up --------------------------------------------------------------------------------------------
-    def _checkpoint_traffic_cap(self) -> float:
-        """Aggregate bytes/s the request or metadata limit lets checkpoint traffic reach."""
-        st = self.storage
-        if st.kind == "object":
-            ops, limit = self.shape.requests, st.request_rate_limit
-        elif st.metadata_ops_per_s:
-            ops, limit = self.shape.objects * METADATA_OPS_PER_OBJECT, st.metadata_ops_per_s
-        else:
-            return math.inf
-        return self.shape.total_bytes * limit / ops
-
     def _stages(self) -> list[str]:
         """The writer's stages for one save: serialize (when modelled), local write (tiered), upload."""
         stages = [SERIALIZE] if math.isfinite(self.storage.serialize_bytes_per_s) else []
@@ -169,7 +163,7 @@ class _Simulator:
         """Per-rank upload rate of each class (0 when idle) and the loaders' aggregate read rate."""
         active = [c for c in self.classes if c.queues[-1]]
         loader_on = self.phase == "compute" and self.loader_per_rank > 0
-        flows = [(c.count, self.storage.per_writer_bytes_per_s) for c in active]
+        flows = [(c.count, self._writer_cap(c)) for c in active]
         if loader_on:
             flows.append((self.shape.ranks, self.loader_per_rank))
         shares = max_min_rates(self.storage.write_bytes_per_s, flows)
@@ -185,6 +179,14 @@ class _Simulator:
         for c, r in zip(active, shares, strict=False):
             rates[c.index] = r
         return rates, loader_total
+
+    def _writer_cap(self, c: _ClassState) -> float:
+        """One rank's upload cap: the store's per-writer cap, held to its paced rate while its flush is the newest
+        save's (a later request sends it to full speed, as the engine's ``hurry``)."""
+        cap, pace = self.storage.per_writer_bytes_per_s, self.config.pace
+        if pace is None or self.config.mode == "sync" or c.queues[-1][0].ckpt < len(self.records) - 1:
+            return cap
+        return min(cap, pace.rank_rate(c.bytes, self.interval_s))
 
     def _compute_rate(self, loader_total: float) -> float:
         if self.phase != "compute":
@@ -230,6 +232,9 @@ class _Simulator:
             job.remaining -= moved
             if self.stages[stage] == UPLOAD:
                 self.bytes_written += moved * c.count
+        if dt > 0:
+            demand = sum(upload_rates[c.index] * c.count for c in self.classes)
+            self.peak_demand = max(self.peak_demand, demand)
         if any(c.queues[-1] for c in self.classes):
             self.busy_s += dt if self._counting() else 0.0
         if self.phase == "compute":
@@ -389,6 +394,7 @@ class _Simulator:
             host_staging_bytes_per_rank=self.peak_slots * self.shape.bytes_per_rank_max,
             wall_s=wall,
             plan_flush_s=plan_flush_s,
+            peak_store_demand_bytes_per_s=self.peak_demand,
             records=self.records,
             compute_segments=self.compute_segments,
         )

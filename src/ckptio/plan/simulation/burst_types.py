@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ckptio.errors import ConfigError
+from ckptio.plan.costs.pace import FlushPace
 
 __all__ = ["MAX_CHECKPOINTS", "CheckpointRecord", "SimulationConfig", "SimulationResult"]
 
@@ -48,6 +49,11 @@ class SimulationConfig:
 
     ranks_per_node: int = 8
     """Ranks sharing one node's local tier."""
+
+    pace: FlushPace | None = None
+    """The job's ``flush_pace`` (async and tiered: the upload to the store; a ``sync`` save is never paced, as
+    training waits for it): each writer's rate is capped at its paced rate until a later save is requested, which
+    sends it to full speed as the engine's does. None: full speed."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.checkpoints <= MAX_CHECKPOINTS:
@@ -143,6 +149,8 @@ class SimulationResult:
     """Simulated wall time of the requests (to the last one's return)."""
     plan_flush_s: float
     """The planner's closed-form flush time, for comparison."""
+    peak_store_demand_bytes_per_s: float
+    """The most checkpoint bytes a second the writers moved to the store at any moment: the burst the store saw."""
     records: list[CheckpointRecord] = field(default_factory=list)
     """One record per save request."""
     compute_segments: list[tuple[float, float, float]] = field(default_factory=list)
