@@ -215,3 +215,24 @@ def test_a_store_that_refuses_checksum_headers_gets_none(
     (single,) = [h for m, q, h in sent if m == "PUT" and "partNumber" not in q]
     assert single["x-amz-content-sha256"] == hashlib.sha256(b"rank index").hexdigest()
     assert store.get("big") == payload
+
+
+def test_a_pacer_is_asked_for_every_part_before_it_goes(s3_bucket: str, tmp_path: Path) -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.taken: list[int] = []
+
+        def take(self, nbytes: int) -> None:
+            self.taken.append(nbytes)
+
+    store = S3Storage(s3_bucket, "paced", part_size=5 * MiB, multipart_threshold=5 * MiB)
+    payload = os.urandom(12 * MiB)
+    path = tmp_path / "data.bin"
+    path.write_bytes(payload)
+    buffers, file, single = Recorder(), Recorder(), Recorder()
+    store.put("big", payload, pacer=buffers)
+    store.put_file("file", str(path), pacer=file)
+    store.put("small", b"rank index", pacer=single)
+    assert sorted(buffers.taken) == sorted(file.taken) == [2 * MiB, 5 * MiB, 5 * MiB]
+    assert single.taken == [len(b"rank index")]
+    assert store.get("big") == store.get("file") == payload
