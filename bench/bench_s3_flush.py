@@ -114,6 +114,8 @@ def main() -> int:
         path.write_bytes(os.urandom(args.mib * MiB))
         paths.append(path)
     payloads = [p.read_bytes() for p in paths]
+    # Written back now, not during the first uploader's reps (moto spills every part to temporary files too).
+    os.sync()
     nbytes = args.mib * MiB * args.files
     print(f"server {url}; {args.files} file(s) x {args.mib} MiB; concurrency {args.concurrency}")
 
