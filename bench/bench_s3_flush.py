@@ -1,9 +1,11 @@
 """S3 flush throughput: ckptio's S3Storage vs boto3 ``upload_fileobj`` and ``s5cmd cp`` on one local server.
 
 All three upload the same bytes to the same moto server started by this script (its own process,
-127.0.0.1), so the server bounds the absolute numbers and only the ratios mean something. Median of
-``--reps`` after one warm-up. Also counts objects and requests per rank for 2,000 tiny tensors coalesced
-into one file.
+127.0.0.1), so the server bounds the absolute numbers and only the ratios mean something. After one warm-up
+each, the uploaders take turns, rep by rep (the order rotated each rep), so a change of load on a shared
+host falls on all of them alike; median of ``--reps`` with the range. Beside each rate: the client's CPU and
+the server's CPU per GiB sent (on a small host they share the cores, so a client's CPU is the server's loss).
+Also counts objects and requests per rank for 2,000 tiny tensors coalesced into one file.
 
     .venv/bin/python bench/bench_s3_flush.py --mib 256 --files 2 --reps 3
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -48,16 +51,44 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
     return server, url
 
 
-def median_rate(label: str, nbytes: int, run: Callable[[int], None], reps: int) -> float:
-    run(-1)  # warm-up: clients, connection pools, server-side bucket state
-    times = []
+def _process_cpu(pid: int) -> float:
+    """CPU-seconds (user + system) of a live process, from /proc (the moto server)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _client_cpu() -> float:
+    """CPU-seconds of this process and its finished children (s5cmd runs as one)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def interleaved_rates(
+    uploaders: dict[str, Callable[[int], None]], nbytes: int, reps: int, server_pid: int
+) -> dict[str, float]:
+    """Median MiB/s of each uploader, reps taken in turns; prints each with its range and CPU per GiB."""
+    for run in uploaders.values():
+        run(-1)  # warm-up: clients, connection pools, server-side bucket state
+    names = list(uploaders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for rep in range(reps):
-        start = time.perf_counter()
-        run(rep)
-        times.append(time.perf_counter() - start)
-    rate = nbytes / statistics.median(times) / MiB
-    print(f"{label:<28} {rate:8.1f} MiB/s   (median of {reps}: {statistics.median(times):.3f} s)")
-    return rate
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            client0, server0, start = _client_cpu(), _process_cpu(server_pid), time.perf_counter()
+            uploaders[name](rep)
+            times[name].append(time.perf_counter() - start)
+            cpu[name].append((_client_cpu() - client0, _process_cpu(server_pid) - server0))
+    gib = nbytes / (1 << 30)
+    rates = {}
+    for name in names:
+        each = sorted(nbytes / t / MiB for t in times[name])
+        rates[name] = statistics.median(each)
+        client = statistics.median(c for c, _ in cpu[name]) / gib
+        server = statistics.median(s for _, s in cpu[name]) / gib
+        print(f"{name:<24} {rates[name]:7.1f} MiB/s [{each[0]:.0f}-{each[-1]:.0f}]   "
+              f"client {client:5.2f} CPU-s/GiB   server {server:5.2f} CPU-s/GiB")
+    return rates
 
 
 def main() -> int:
@@ -83,6 +114,8 @@ def main() -> int:
         path.write_bytes(os.urandom(args.mib * MiB))
         paths.append(path)
     payloads = [p.read_bytes() for p in paths]
+    # Written back now, not during the first uploader's reps (moto spills every part to temporary files too).
+    os.sync()
     nbytes = args.mib * MiB * args.files
     print(f"server {url}; {args.files} file(s) x {args.mib} MiB; concurrency {args.concurrency}")
 
@@ -120,16 +153,17 @@ def main() -> int:
             capture_output=True,
         )
 
-    rates = {
-        "ckptio put (buffers)": median_rate("ckptio put (buffers)", nbytes, ckptio_put, args.reps),
-        "ckptio put_file": median_rate("ckptio put_file", nbytes, ckptio_put_file, args.reps),
-        "boto3 upload_fileobj": median_rate("boto3 upload_fileobj", nbytes, boto3_upload, args.reps),
+    uploaders = {
+        "ckptio put (buffers)": ckptio_put,
+        "ckptio put_file": ckptio_put_file,
+        "boto3 upload_fileobj": boto3_upload,
     }
     if os.path.exists(s5cmd):
-        rates["s5cmd cp"] = median_rate("s5cmd cp", nbytes, s5cmd_cp, args.reps)
+        uploaders["s5cmd cp"] = s5cmd_cp
     obstore_put = _obstore_uploader(url, paths, args.concurrency)
     if obstore_put is not None:  # the alternative client considered for S3Storage (not a dependency)
-        rates["obstore put"] = median_rate("obstore put (file)", nbytes, obstore_put, args.reps)
+        uploaders["obstore put"] = obstore_put
+    rates = interleaved_rates(uploaders, nbytes, args.reps, server.pid)
 
     objects, requests = tiny_tensor_layout(store)
     print(f"2,000 tiny tensors coalesced: {objects} object(s), {requests} request(s) per rank for the data")
@@ -142,6 +176,11 @@ def main() -> int:
             f"put/s5cmd={rates['ckptio put (buffers)'] / rates['s5cmd cp']:.2f}",
             f"put_file/s5cmd={rates['ckptio put_file'] / rates['s5cmd cp']:.2f}",
         ]
+    best = max(rates["boto3 upload_fileobj"], rates.get("s5cmd cp", 0.0))
+    ratios += [
+        f"put/best={rates['ckptio put (buffers)'] / best:.2f}",
+        f"put_file/best={rates['ckptio put_file'] / best:.2f}",
+    ]
     if "obstore put" in rates:
         ratios.append(f"put_file/obstore={rates['ckptio put_file'] / rates['obstore put']:.2f}")
     print("RATIOS " + " ".join(ratios))

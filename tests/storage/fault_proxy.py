@@ -1,13 +1,18 @@
 """A fault-injecting HTTP proxy for S3 tests: sits on 127.0.0.1 in front of the moto server.
 
 It forwards requests unchanged (SigV4 signatures cover the Host header, which moto does not check) and,
-by rule, answers 503 SlowDown / 500 / 409 instead, drops the connection halfway through a request body, or
+by rule, answers 503 SlowDown / 500 / 409 instead, drops the connection halfway through a request body,
 forwards the request and then drops the connection before the client sees the answer (the ambiguous case:
-the write happened but the client cannot know). It never alters bytes it forwards.
+the write happened but the client cannot know), or flips one byte of a request body in flight.
+
+It checks what moto does not: a body that carries ``x-amz-checksum-crc32c`` must match it, or the answer is
+S3's 400 BadDigest and nothing is forwarded. So a corrupted body reaches moto only when the client sent no
+checksum, and a test can tell the two apart.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import socket
@@ -17,13 +22,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlparse
 
-FaultKind = Literal["slowdown", "error500", "conflict409", "drop_request", "drop_response", "truncate_response"]
+import crc32c
+
+FaultKind = Literal["slowdown", "error500", "conflict409", "drop_request", "drop_response", "truncate_response",
+                    "corrupt_body"]
 
 _ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "error500": (500, "InternalError", "We encountered an internal error. Please try again."),
     "conflict409": (409, "ConditionalRequestConflict", "A conflicting conditional operation is in progress."),
 }
+_BAD_DIGEST = (400, "BadDigest", "The CRC32C you specified did not match the calculated checksum.")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "expect", "upgrade", "te"}
 
 
@@ -110,6 +119,12 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else b""
             if kind in _ERRORS:
                 self._answer_error(*_ERRORS[kind])
+                return
+            if kind == "corrupt_body" and body:
+                body = body[:-1] + bytes([body[-1] ^ 0x01])
+            sent = self.headers.get("x-amz-checksum-crc32c")
+            if sent is not None and sent != base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode():
+                self._answer_error(*_BAD_DIGEST)
                 return
             status, headers, payload = self._forward(body)
             if kind == "drop_response":

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
 import pickle
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+import crc32c
 import pytest
 
 from ckptio.errors import ConfigError, NotFoundError, StorageError
 from ckptio.storage import Storage, open_storage
 from ckptio.storage.s3 import MiB, S3Storage, choose_part_size, hashed_key
+from ckptio.storage.s3_parts import FileSlice, SegmentReader, encode_crc32c
 from ckptio.testing.conformance import StoreTests
 
 pytestmark = pytest.mark.s3
@@ -131,3 +137,105 @@ def test_hashed_key_spreads_ranks() -> None:
     assert all(k.startswith("h-") and k.endswith(f"__{r}_0.distcp") for r, k in enumerate(keys))
     assert len({k.split("/", 1)[0] for k in keys}) > 32
     assert hashed_key("a/b") == hashed_key("a/b")
+
+
+def _sent_requests(store: S3Storage) -> list[tuple[str, dict[str, list[str]], dict[str, str]]]:
+    """(method, query, headers) of every request the store's client sends from now on."""
+    sent: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        sent.append((request.method, parse_qs(urlsplit(request.url).query, keep_blank_values=True), headers))
+
+    store.client.meta.events.register("before-send.s3", record)
+    return sent
+
+
+def test_uploads_carry_their_crc32c_and_skip_the_payload_hash(s3_bucket: str, s3_client: Any) -> None:
+    # Each body goes out with the CRC32C of exactly its bytes (S3 verifies it before storing them) and
+    # unsigned: no SHA-256 pass over the body, which botocore would otherwise make over plain http.
+    store = S3Storage(s3_bucket, "crc", part_size=5 * MiB, multipart_threshold=5 * MiB)
+    sent = _sent_requests(store)
+    payload = os.urandom(12 * MiB)
+    store.put("big", [memoryview(payload)[:100], memoryview(payload)[100:]], mode="create")
+    store.put("small", b"rank index")
+    create = [h for m, q, h in sent if m == "POST" and "uploads" in q]
+    parts = {int(q["partNumber"][0]): h for m, q, h in sent if m == "PUT" and "partNumber" in q}
+    single = [h for m, q, h in sent if m == "PUT" and "partNumber" not in q]
+    assert [h["x-amz-checksum-algorithm"] for h in create] == ["CRC32C"]  # the parts' checksums are declared
+    assert sorted(parts) == [1, 2, 3]
+    for number, headers in parts.items():
+        expected = payload[(number - 1) * 5 * MiB : number * 5 * MiB]
+        assert headers["x-amz-checksum-crc32c"] == encode_crc32c(crc32c.crc32c(expected))
+    assert single[0]["x-amz-checksum-crc32c"] == encode_crc32c(crc32c.crc32c(b"rank index"))
+    assert {h["x-amz-content-sha256"] for h in [*parts.values(), *single]} == {"UNSIGNED-PAYLOAD"}
+    # The store keeps the checksums: the single PUT's as sent, the multipart one built from its parts'.
+    head = s3_client.head_object(Bucket=s3_bucket, Key="crc/small", ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32C"] == encode_crc32c(crc32c.crc32c(b"rank index"))
+    attrs = s3_client.get_object_attributes(Bucket=s3_bucket, Key="crc/big", ObjectAttributes=["Checksum"])
+    assert "ChecksumCRC32C" in attrs["Checksum"]
+    assert store.get("big") == payload
+
+
+def test_sign_payload_hashes_the_body_into_the_signature(s3_bucket: str) -> None:
+    store = S3Storage(s3_bucket, "signed", sign_payload=True)
+    sent = _sent_requests(store)
+    store.put("small", b"rank index")
+    (headers,) = [h for m, _, h in sent if m == "PUT"]
+    assert headers["x-amz-content-sha256"] == hashlib.sha256(b"rank index").hexdigest()
+    assert headers["x-amz-checksum-crc32c"] == encode_crc32c(crc32c.crc32c(b"rank index"))
+    assert store.get("small") == b"rank index"
+
+
+def test_part_readers_checksum_their_own_bytes(tmp_path: Path) -> None:
+    data = os.urandom(3 * MiB + 5)
+    view = memoryview(data)
+    segments = SegmentReader([view[:10], view[10 : 2 * MiB], view[2 * MiB :]])
+    segments.read(100)  # the checksum covers every byte, wherever the reader stands
+    assert segments.crc32c() == crc32c.crc32c(data)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert FileSlice(fd, MiB, 2 * MiB + 1).crc32c() == crc32c.crc32c(data[MiB : 3 * MiB + 1])
+        with pytest.raises(StorageError, match="short"):  # the file shrank under its upload
+            FileSlice(fd, 3 * MiB, MiB).crc32c()
+    finally:
+        os.close(fd)
+
+
+def test_a_store_that_refuses_checksum_headers_gets_none(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The AWS chain's setting for such stores: ckptio sends no CRC32C then, and signs each body as botocore would.
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    store = S3Storage(s3_bucket, "plain", part_size=5 * MiB, multipart_threshold=5 * MiB)
+    sent = _sent_requests(store)
+    payload = os.urandom(11 * MiB)
+    store.put("big", payload)
+    store.put("small", b"rank index")
+    assert not [h for _, _, h in sent if any(k.startswith("x-amz-checksum") for k in h)]
+    (single,) = [h for m, q, h in sent if m == "PUT" and "partNumber" not in q]
+    assert single["x-amz-content-sha256"] == hashlib.sha256(b"rank index").hexdigest()
+    assert store.get("big") == payload
+
+
+def test_a_pacer_is_asked_for_every_part_before_it_goes(s3_bucket: str, tmp_path: Path) -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.taken: list[int] = []
+
+        def take(self, nbytes: int) -> None:
+            self.taken.append(nbytes)
+
+    store = S3Storage(s3_bucket, "paced", part_size=5 * MiB, multipart_threshold=5 * MiB)
+    payload = os.urandom(12 * MiB)
+    path = tmp_path / "data.bin"
+    path.write_bytes(payload)
+    buffers, file, single = Recorder(), Recorder(), Recorder()
+    store.put("big", payload, pacer=buffers)
+    store.put_file("file", str(path), pacer=file)
+    store.put("small", b"rank index", pacer=single)
+    assert sorted(buffers.taken) == sorted(file.taken) == [2 * MiB, 5 * MiB, 5 * MiB]
+    assert single.taken == [len(b"rank index")]
+    assert store.get("big") == store.get("file") == payload

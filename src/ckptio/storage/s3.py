@@ -18,7 +18,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import io
 import os
 import random
 import secrets
@@ -54,8 +53,8 @@ from ckptio.storage.base import (
 from ckptio.storage.root import S3Root, parse_root
 from ckptio.storage.s3_bucket import read_exposure, read_region
 from ckptio.storage.s3_conditions import condition_lost, lost_condition_error
-from ckptio.storage.s3_options import S3Options, is_transient, make_client, status_code
-from ckptio.storage.s3_parts import FileSlice, MiB, SegmentReader, choose_part_size, split_parts
+from ckptio.storage.s3_options import S3Options, is_transient, make_client, sends_checksums, status_code
+from ckptio.storage.s3_parts import CHECKSUM_ALGORITHM, FileSlice, MiB, SegmentReader, choose_part_size, split_parts
 
 # HASHED_DIR_PREFIX, hashed_key and MiB are re-exported: callers imported them from here before.
 __all__ = ["HASHED_DIR_PREFIX", "MiB", "S3Options", "S3Storage", "hashed_key"]
@@ -65,6 +64,7 @@ __all__ = ["HASHED_DIR_PREFIX", "MiB", "S3Options", "S3Storage", "hashed_key"]
 _TOKEN_META = "ckptio-write"
 
 _T = TypeVar("_T")
+_Body = Callable[[], SegmentReader | FileSlice]  # a fresh reader per attempt: botocore may have read the last
 
 
 class S3Storage(Storage):
@@ -197,8 +197,7 @@ class S3Storage(Storage):
                 pacer.take(total)
             return self._put_single(key, lambda: SegmentReader(buffers), total, mode)
         part = choose_part_size(total, self.options.part_size)
-        slices = split_parts(buffers, part)
-        bodies = [functools.partial(SegmentReader, s) for s in slices]
+        bodies = [functools.partial(SegmentReader, s) for s in split_parts(buffers, part)]
         return self._put_multipart(key, bodies, total, mode, pacer)
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
@@ -229,22 +228,22 @@ class S3Storage(Storage):
             return {"IfMatch": f'"{mode.etag.strip(chr(34))}"'}
         return {"IfNoneMatch": "*"} if mode == "create" else {}
 
-    def _put_single(
-        self, key: str, body: Callable[[], io.RawIOBase], size: int, mode: PutMode
-    ) -> ObjectInfo:
+    def _checksum(self, body: SegmentReader | FileSlice | None) -> dict[str, str]:
+        """CRC32C arguments of an upload request (of CreateMultipartUpload: the declaration), unless turned off."""
+        if not sends_checksums(self.client):
+            return {}
+        return {"ChecksumAlgorithm": CHECKSUM_ALGORITHM} if body is None else body.checksum_args()
+
+    def _put_single(self, key: str, body: _Body, size: int, mode: PutMode) -> ObjectInfo:
         full, token = self._full(key), secrets.token_hex(8)
         attempts: list[int] = []
-        extra = self._conditions(mode)
+        extra = {**self._conditions(mode), **self._checksum(body())}
         try:
             resp = self._call(
                 key,
                 lambda: self.client.put_object(
-                    Bucket=self.bucket,
-                    Key=full,
-                    Body=body(),
-                    ContentLength=size,
-                    Metadata={_TOKEN_META: token},
-                    **extra,
+                    Bucket=self.bucket, Key=full, Body=body(), ContentLength=size,
+                    Metadata={_TOKEN_META: token}, **extra,
                 ),
                 attempts_seen=attempts,
             )
@@ -255,7 +254,7 @@ class S3Storage(Storage):
     def _put_multipart(
         self,
         key: str,
-        bodies: Sequence[Callable[[], io.RawIOBase]],
+        bodies: Sequence[_Body],
         size: int,
         mode: PutMode,
         pacer: Pacer | None = None,
@@ -265,12 +264,11 @@ class S3Storage(Storage):
         upload_id = self._call(
             key,
             lambda: self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=full, Metadata={_TOKEN_META: token}
+                Bucket=self.bucket, Key=full, Metadata={_TOKEN_META: token}, **self._checksum(None)
             ),
         )["UploadId"]
         try:
-            etags = self._upload_parts(key, full, upload_id, bodies, pacer)
-            parts = [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, start=1)]
+            parts = self._upload_parts(key, full, upload_id, bodies, pacer)
             attempts: list[int] = []
             try:
                 resp = self._call(
@@ -292,20 +290,23 @@ class S3Storage(Storage):
         return ObjectInfo(key=join_key(key), size=size, etag=_etag(resp["ETag"]))
 
     def _upload_parts(
-        self, key: str, full: str, upload_id: str, bodies: Sequence[Callable[[], io.RawIOBase]],
+        self, key: str, full: str, upload_id: str, bodies: Sequence[_Body],
         pacer: Pacer | None = None,
-    ) -> list[str]:
-        def upload(number: int) -> str:
+    ) -> list[dict[str, Any]]:
+        """Each part's entry of CompleteMultipartUpload: number, ETag and the CRC32C S3 verified on receipt."""
+        def upload(number: int) -> dict[str, Any]:
             body = bodies[number - 1]
             if pacer is not None:
-                pacer.take(len(body()))  # type: ignore[arg-type]  # the part readers are sized
+                pacer.take(len(body()))
+            checksum = self._checksum(body())  # once: every attempt sends the bytes this was computed over
             resp = self._call(
                 key,
                 lambda: self.client.upload_part(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body()
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body(), **checksum
                 ),
             )
-            return str(resp["ETag"])
+            entry = {"PartNumber": number, "ETag": str(resp["ETag"])}
+            return entry | ({"ChecksumCRC32C": checksum["ChecksumCRC32C"]} if checksum else {})
 
         workers = min(self.options.max_concurrency, len(bodies))
         with ThreadPoolExecutor(workers, thread_name_prefix="ckptio-s3-part") as pool:

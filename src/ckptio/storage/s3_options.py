@@ -28,6 +28,11 @@ _RETRYABLE_CODES = frozenset(
         "ConditionalRequestConflict",
         "RequestTimeTooSkewed",
         "OperationAborted",
+        # The body S3 received does not match the checksum (or signed SHA-256) we sent: corrupted in flight.
+        # Each attempt re-sends it from memory or the file, so a retry is worth it; a body whose bytes changed
+        # under the upload fails every attempt and raises.
+        "BadDigest",
+        "XAmzContentSHA256Mismatch",
     }
 )
 
@@ -80,6 +85,13 @@ class S3Options:
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     """Bucket addressing: ``path`` for servers without wildcard DNS (botocore picks it for IP endpoints)."""
 
+    sign_payload: bool = False
+    """SHA-256 every request body into its SigV4 signature. Off, a body goes out as ``UNSIGNED-PAYLOAD`` with
+    its CRC32C, which S3 checks before it stores the bytes: integrity for one hardware CRC pass instead of the
+    SHA-256 pass botocore makes over plain http. What off gives up, on plain http only, is SigV4's
+    authentication of the body, which reads over plain http never had. On: for a store that refuses unsigned
+    payloads."""
+
     hash_prefix: bool = False
     """Ask the engine to put per-rank data under a short hash directory (:meth:`S3Storage.data_key`): spreads
     the burst over S3 partitions."""
@@ -121,18 +133,29 @@ def make_client(opts: S3Options) -> Any:
         session = _SESSIONS.get(opts.profile)
         if session is None:
             session = _SESSIONS[opts.profile] = boto3.session.Session(profile_name=opts.profile)
+    # Without our CRC32C (see sends_checksums) the body is signed, as botocore would sign it.
+    plain = session._session.get_config_variable("request_checksum_calculation") == "when_required"
     config = Config(
         connect_timeout=opts.connect_timeout_s,
         read_timeout=opts.read_timeout_s,
         retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves: see ckptio.storage.s3
         max_pool_connections=max(10, 2 * opts.max_concurrency),
-        s3={"addressing_style": opts.addressing_style},
+        # Explicit either way: botocore signs the body of a request that carries our own checksum header even
+        # over https (it looks only for Content-MD5 or a checksum it computed itself).
+        s3={"addressing_style": opts.addressing_style, "payload_signing_enabled": opts.sign_payload or plain},
         tcp_keepalive=True,
     )
     with _SESSIONS_LOCK:  # client creation from a shared session is not thread-safe
         return session.client(
             "s3", endpoint_url=opts.endpoint_url, region_name=opts.region, config=config
         )
+
+
+def sends_checksums(client: Any) -> bool:
+    """Whether uploads carry ckptio's CRC32C: unless the AWS chain sets ``request_checksum_calculation`` to
+    ``when_required`` (``AWS_REQUEST_CHECKSUM_CALCULATION``, or the profile), the setting that keeps checksum
+    headers away from a store that refuses them; botocore then sends none on uploads either."""
+    return bool(client.meta.config.request_checksum_calculation != "when_required")
 
 
 def status_code(exc: BaseException | None) -> tuple[int | None, str | None]:
