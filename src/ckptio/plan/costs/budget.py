@@ -184,11 +184,6 @@ def plan_burst(
     )
 
 
-def _restore_s(shape: CheckpointShape, storage: StoreLimits, network: Network) -> float | None:
-    restore = durable_restore(shape, storage, network)
-    return restore.total_s if restore else None
-
-
 def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes, *, blocking_s: float,
                 interval_s: float, host: Host | None, costs: WriterCosts | None) -> dict[str, dict[str, Any]]:
     """The background model's per-mode costs for the largest rank, its device copy ``blocking_s``."""
@@ -298,3 +293,8 @@ def _findings(f: _Findings) -> list[tuple[str, str]]:
             f"MTBF {format_duration(f.mtbf_s)}): save {side} apart",
         ))
     return out
+
+
+def _restore_s(shape: CheckpointShape, storage: StoreLimits, network: Network) -> float | None:
+    restore = durable_restore(shape, storage, network)
+    return restore.total_s if restore else None
