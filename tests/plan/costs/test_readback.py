@@ -111,3 +111,11 @@ def test_a_group_beyond_the_modelled_size_is_priced_close_to_the_exact_assignmen
     assert scaled.read_s == pytest.approx(exact.read_s, rel=0.05)
     assert scaled.exchange_s == pytest.approx(exact.exchange_s, rel=0.05)
     assert scaled.exchange_s == pytest.approx(8.0 * 63 / 64, rel=0.05)  # each rank receives 63/64 of 8 GiB
+    # Read only where a copy is (the local level's two holders), the holders' sends grow with the group.
+    monkeypatch.setattr(model, "MAX_GROUP_RANKS", 1 << 20)
+    holders = ReadSource(bytes_per_s=64 * GIB, per_node=True, readers=2)
+    exact = restore_time(shape, holders, network)
+    monkeypatch.setattr(model, "MAX_GROUP_RANKS", 16)
+    scaled = restore_time(shape, holders, network)
+    assert scaled.node_read_bytes == pytest.approx(exact.node_read_bytes, rel=0.05) == 4 * GIB
+    assert scaled.exchange_s == pytest.approx(exact.exchange_s, rel=0.05) == 4.0 * 63

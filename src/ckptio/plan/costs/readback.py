@@ -109,10 +109,11 @@ def _shares(group: ReplicaGroup, readers: int | None) -> _GroupShares:
         shares = group_shares(group, readers=readers)
         exchanged = [float(max(s, r)) for s, r in zip(shares.sent, shares.received, strict=True)]
         return _GroupShares(read=[float(b) for b in shares.read], exchanged=exchanged, weight=group.count)
-    # Priced at MAX_GROUP_RANKS ranks reading the same bytes each: the shared bytes shrink with the group, what a
-    # rank sends grows with its receivers, and every rank receives all the shared bytes it did not read.
-    small = ReplicaGroup(count=1, ranks=MAX_GROUP_RANKS, shared_bytes=group.shared_bytes * MAX_GROUP_RANKS / n,
-                         own_bytes=group.own_bytes)
+    # Priced at MAX_GROUP_RANKS ranks reading the same bytes each: spread over any rank, the shared bytes shrink
+    # with the group (over a few holders, they stay whole); what a rank sends grows with its receivers, and every
+    # rank receives all the shared bytes it did not read.
+    shared = group.shared_bytes if readers is not None else group.shared_bytes * MAX_GROUP_RANKS / n
+    small = ReplicaGroup(count=1, ranks=MAX_GROUP_RANKS, shared_bytes=shared, own_bytes=group.own_bytes)
     shares = group_shares(small, readers=readers)
     grow = (n - 1) / (MAX_GROUP_RANKS - 1)
     exchanged = [max(s * grow, r + group.shared_bytes - small.shared_bytes)
