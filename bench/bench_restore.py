@@ -6,6 +6,9 @@ client, and peak memory — each ratio from one run, its anchor measured in the 
    root, else ``posix_fadvise(DONTNEED)`` on every file read; the header says which) before each of: fio reading
    a file of the same size (``--rw=read --direct=1 --ioengine=libaio --iodepth=8``, the best of ``--fio-bs``),
    ``Checkpointer.restore`` and ``dcp.load`` of the dcp.save copy. Reps rotate the order. Medians of ``--reps``.
+   The planner's line: ``plan --json``'s ``restore_s.durable`` for this job (one rank, the state's bytes) on a store
+   that reads at fio's bandwidth (``ckptio.plan.costs.readback``), against the measured restore (the bar: within
+   20 %).
 2. **Replicated, 2 and 4 ranks.** Every rank holds the same ``--ranks-mib`` MiB; saved by that many ranks (DCP
    writes each tensor once), restored by as many. Store bytes ÷ checkpoint bytes, summed over ranks: ckptio's as
    counted by a storage wrapper and by ``/proc/self/io`` rchar (gloo's socket receives are not in rchar: the
@@ -19,7 +22,7 @@ client, and peak memory — each ratio from one run, its anchor measured in the 
 
     .venv/bin/python bench/bench_restore.py [--mib 512] [--reps 3] [--dir DIR] [--skip s3,memory]
 
-Ends with ``RATIOS restore_vs_fio= restore_vs_dcp_load= replicated_read_amplification_2=
+Ends with ``RATIOS restore_vs_fio= restore_vs_dcp_load= restore_predicted_vs_measured= replicated_read_amplification_2=
 replicated_read_amplification_4= reshard_read_amplification= s3_vs_best_client= memory_extra_mib=``.
 """
 
@@ -40,26 +43,7 @@ from pathlib import Path
 
 import _restore_ranks as ranks
 from _common import MiB, device_of, fmt_times, make_state, quiet_dcp, ratio_line, scratch_dir, state_bytes, verdict
-
-DROP = "/proc/sys/vm/drop_caches"
-
-
-def drop_cache(paths: list[str]) -> str:
-    """Evict ``paths`` from the page cache: the whole cache when allowed (root), else per file."""
-    try:
-        os.sync()
-        with open(DROP, "w") as f:
-            f.write("1")
-        return "drop_caches"
-    except OSError:
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        return "fadvise"
+from ckptio.plan.measure.disk import drop_page_cache
 
 
 def files_under(*dirs: str) -> list[str]:
@@ -74,7 +58,7 @@ def fio_read(path: str, nbytes: int, bs: str) -> float:
     return nbytes / float(doc["jobs"][0]["read"]["bw_bytes"])
 
 
-def posix_one_process(args: argparse.Namespace, base: Path) -> tuple[float, float]:
+def posix_one_process(args: argparse.Namespace, base: Path) -> tuple[float, float, float]:
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -95,7 +79,7 @@ def posix_one_process(args: argparse.Namespace, base: Path) -> tuple[float, floa
     with ckptio.Checkpointer(ck_root) as ck:
         def run(which: str) -> float:
             nonlocal how
-            how = drop_cache([*files_under(ck_root, dcp_dir), fio_file])
+            how = drop_page_cache([*files_under(ck_root, dcp_dir), fio_file])
             if which == "fio":
                 return min(fio_read(fio_file, nbytes, bs) for bs in args.fio_bs.split(","))
             t0 = time.perf_counter()
@@ -118,7 +102,27 @@ def posix_one_process(args: argparse.Namespace, base: Path) -> tuple[float, floa
     vs_fio, vs_dcp = med["fio"] / med["ckptio"], med["ckptio"] / med["dcp.load"]
     print(f"  restore bandwidth ÷ fio's = {vs_fio:.2f} ({verdict(vs_fio, 0.9, at_most=False)}); "
           f"restore time ÷ dcp.load's = {vs_dcp:.2f} ({verdict(vs_dcp, 0.7, at_most=True)})")
-    return vs_fio, vs_dcp
+    predicted = planned_restore_s(nbytes, ranks=1, read_bytes_per_s=nbytes / med["fio"])
+    vs_plan = predicted / med["ckptio"]
+    print(f"  planner: restore_s.durable {predicted:.3f} s (fio's {nbytes / med['fio'] / MiB:.0f} MiB/s as the "
+          f"store's read bandwidth), measured {med['ckptio']:.3f} s: predicted ÷ measured = {vs_plan:.2f} "
+          f"({'within' if abs(vs_plan - 1) <= 0.2 else 'MISSES the bar of'} 20 %)")
+    return vs_fio, vs_dcp, vs_plan
+
+
+def planned_restore_s(nbytes: int, *, ranks: int, read_bytes_per_s: float) -> float:
+    """``plan --json``'s ``restore_s.durable`` for ``ranks`` ranks of ``nbytes`` each on a store that reads at
+    ``read_bytes_per_s`` (the write bandwidth plays no part in it)."""
+    from ckptio.plan.costs.budget import plan_burst
+    from ckptio.plan.costs.intervals import Schedule
+    from ckptio.plan.costs.store import StoreLimits
+    from ckptio.plan.job.checkpoint import uniform_shape
+
+    shape = uniform_shape(ranks=ranks, bytes_per_rank=float(nbytes))
+    storage = StoreLimits(write_bytes_per_s=read_bytes_per_s, read_bytes_per_s=read_bytes_per_s)
+    restore = plan_burst(shape, storage, Schedule(interval_s=3600.0)).restore_s["durable"]
+    assert restore is not None  # a read bandwidth is given
+    return restore
 
 
 def multi_rank(args: argparse.Namespace, base: Path) -> dict[str, float]:
@@ -270,7 +274,8 @@ def main() -> None:
     with scratch_dir(args.dir, "bench-restore-") as base:
         print(f"scratch {base} on {device_of(base)}")
         if "posix" not in skip:
-            ratios["restore_vs_fio"], ratios["restore_vs_dcp_load"] = posix_one_process(args, base)
+            posix = posix_one_process(args, base)
+            ratios["restore_vs_fio"], ratios["restore_vs_dcp_load"], ratios["restore_predicted_vs_measured"] = posix
         if "ranks" not in skip:
             found = multi_rank(args, base)
             ratios.update({k: v for k, v in found.items() if k != "reshard"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -77,7 +78,17 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     finished = {m: (results / f"{m}.rank0.json").stat().st_mtime_ns for m in ("ckptio", "dcp-sync", "dcp-best")}
     assert finished["ckptio"] < finished["dcp-sync"] < finished["dcp-best"], finished
     assert not outcome.choice.chosen and outcome.choice.every == 3
+    # The restore, timed against plain dcp.load of dcp.save's copy of the same step, each from a cold page cache.
+    resume = outcome.resume
+    assert resume.restore_s is not None and resume.restore_s > 0
+    assert resume.dcp_load_s is not None and resume.dcp_load_s > 0
+    assert resume.page_cache in ("drop_caches", "fadvise")
+    resumed = [RankResult.load(str(results / f"resume.rank{r}.json")) for r in range(config.ranks)]
+    assert resume.restore_s == max(r.restore_s or 0.0 for r in resumed)
     assert "Verdict" in outcome.verdict and "bit-exact" in outcome.verdict
+    ratio = f"{resume.restore_s / resume.dcp_load_s:.2f}"
+    assert re.search(rf"resume \S*bit-exact\S*, restore {resume.restore_s:.2f} s = {ratio}x dcp\.load; planner",
+                      outcome.verdict), outcome.verdict
 
 
 @pytest.mark.slow

@@ -96,3 +96,40 @@ def test_read_shares_prices_a_layout_for_the_planner():
     assert sharded.read == [8 * MiB] * 4 and sharded.sent == [0] * 4
     alone = read_shares([(64 * MiB, frozenset({0, 1}))], 2, exchange=False)
     assert alone.read == [64 * MiB, 64 * MiB]
+
+
+def _shares_one_chunk_at_a_time(regions, world, *, exchange, chunk, readers):  # type: ignore[no-untyped-def]
+    """read_shares as first written: every chunk picked with ``_Load.pick``, every receiver counted one by one."""
+    from ckptio.engine.readplan import _Load
+
+    load = _Load([0] * world)
+    read, sent, received = [0] * world, [0] * world, [0] * world
+    for i, (nbytes, needers) in enumerate(regions):
+        for start in range(0, nbytes, chunk):
+            length = min(chunk, nbytes - start)
+            for owners in ([set(needers)] if exchange else [{r} for r in sorted(needers)]):
+                reader = load.pick(owners, readers.get(i) if readers and exchange else None)
+                load.bytes[reader] += length
+                read[reader] += length
+                for r in owners - {reader}:
+                    sent[reader] += length
+                    received[r] += length
+    return read, sent, received
+
+
+def test_read_shares_picks_the_readers_plan_reads_picks_one_chunk_at_a_time():
+    """The heap is an optimization only: on random layouts (uneven regions, overlapping needers, limited readers)
+    every rank's read, sent and received bytes equal a chunk-by-chunk walk with the engine's own pick."""
+    import random
+
+    rng = random.Random(7)
+    for case in range(200):
+        world = rng.randint(1, 9)
+        regions = [(rng.choice([0, 1, 5, 16, 17, 40, 64]) * MiB + rng.randint(0, 3),
+                    frozenset(rng.sample(range(world), rng.randint(1, world)))) for _ in range(rng.randint(1, 12))]
+        readers = {i: sorted(rng.sample(range(world), rng.randint(1, world)))
+                   for i in range(len(regions)) if rng.random() < 0.3}
+        for exchange in (True, False):
+            got = read_shares(regions, world, exchange=exchange, chunk=16 * MiB, readers=readers)
+            want = _shares_one_chunk_at_a_time(regions, world, exchange=exchange, chunk=16 * MiB, readers=readers)
+            assert (got.read, got.sent, got.received) == want, (case, exchange, regions, readers)

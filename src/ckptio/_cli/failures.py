@@ -64,11 +64,12 @@ def inject_failures(args: argparse.Namespace, job: Job, counts: FailureArgs | No
     levels = level_args(args, step_time_s=job.schedule.step_time_s)
     if counts is None:
         return None
-    budget = plan_burst(job.shape, job.storage, job.schedule)
+    budget = plan_burst(job.shape, job.storage, job.schedule, network=levels.network)
     plan = plan_two_levels(job.shape, job.storage, job.schedule, budget, local=levels.local,
                            ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
                            job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
-                           local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
+                           local_interval_s=levels.local_every_s, durable_every=levels.durable_every,
+                           network=levels.network)
     try:
         return compare_with_plan(plan, failures=counts.failures, seed=counts.seed)
     except ConfigError as exc:  # the simulation's budget (MAX_EVENTS): name the flag that sets the count

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from ckptio._cli.job_args import MIN_MTBF_S, duration_flag, int_flag, interval_flag, rate_flag
 from ckptio.errors import ConfigError
-from ckptio.plan.costs.levels import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, LocalLevel
+from ckptio.plan.costs.inputs import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, Network
+from ckptio.plan.costs.levels import LocalLevel
 from ckptio.plan.units import check_range, parse_duration, quoted
 
 
@@ -27,7 +28,8 @@ def add_level_arguments(parser: argparse.ArgumentParser, *, shared_with_tiered: 
                        help=f"ranks sharing a node's local tier and NIC ({DEFAULT_RANKS_PER_NODE})")
     g.add_argument("--local-read-bandwidth", help="one node's local tier read bandwidth (--local-bandwidth)")
     g.add_argument("--network-bandwidth",
-                   help=f"one node's network bandwidth for partner copies ({DEFAULT_NETWORK_BYTES_PER_S / 1e9:g}GB/s)")
+                   help="one node's network bandwidth, each direction: partner copies, and restore's exchange between "
+                   f"ranks at every level ({DEFAULT_NETWORK_BYTES_PER_S / 1e9:g}GB/s)")
     g.add_argument("--replicas", default="1", help="partner nodes holding a copy of each node's shards (1)")
     g.add_argument("--node-mtbf", help="mean time between losses of one node with its local copy "
                    "(default: 78%% of the job's interruptions, Llama 3's hardware share)")
@@ -45,6 +47,8 @@ class LevelArgs:
 
     local: LocalLevel | None
     """The local level; None without ``--local-bandwidth``."""
+    network: Network
+    """``--network-bandwidth`` and ``--ranks-per-node``: what a restore's exchange between ranks crosses."""
     ranks_per_node: int
     """Ranks per node (also without a local level: node losses scale with nodes)."""
     node_mtbf_s: float | None
@@ -71,12 +75,14 @@ def level_args(args: argparse.Namespace, *, step_time_s: float | None) -> LevelA
     """Every two-level flag checked, whether or not a local level is given."""
     replicas = int_flag(args.replicas, "--replicas", low=0, high=MAX_REPLICAS)
     ranks_per_node = int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE)
+    network = Network(bytes_per_s=_rate(args.network_bandwidth, "--network-bandwidth") or DEFAULT_NETWORK_BYTES_PER_S,
+                      ranks_per_node=ranks_per_node)
     local = None
     if args.local_bandwidth:
         local = LocalLevel(
             bytes_per_s=rate_flag(args.local_bandwidth, "--local-bandwidth"),
             read_bytes_per_s=_rate(args.local_read_bandwidth, "--local-read-bandwidth"),
-            network_bytes_per_s=_rate(args.network_bandwidth, "--network-bandwidth") or DEFAULT_NETWORK_BYTES_PER_S,
+            network_bytes_per_s=network.bytes_per_s,
             replicas=replicas,
             ranks_per_node=ranks_per_node,
         )
@@ -85,7 +91,8 @@ def level_args(args: argparse.Namespace, *, step_time_s: float | None) -> LevelA
         if args.durable_every else None
     local_every = interval_flag(args.local_every, "--local-every", step_time_s=step_time_s) if args.local_every \
         else None
-    return LevelArgs(local=local, ranks_per_node=ranks_per_node, node_mtbf_s=_mtbf(args.node_mtbf, "--node-mtbf"),
+    return LevelArgs(local=local, network=network, ranks_per_node=ranks_per_node,
+                     node_mtbf_s=_mtbf(args.node_mtbf, "--node-mtbf"),
                      job_loss_mtbf_s=_mtbf(args.job_loss_mtbf, "--job-loss-mtbf"), durable_share=share,
                      local_every_s=local_every, durable_every=durable_every)
 

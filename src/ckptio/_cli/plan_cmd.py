@@ -81,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     job = job_from_args(args, mode=args.mode)
     levels = level_args(args, step_time_s=job.schedule.step_time_s)
-    budget = plan_burst(job.shape, job.storage, job.schedule, host=host)
+    budget = plan_burst(job.shape, job.storage, job.schedule, host=host, network=levels.network)
     two = plan_two_levels(job.shape, job.storage, job.schedule, budget, local=levels.local,
                           ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
                           job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
-                          local_interval_s=levels.local_every_s, durable_every=levels.durable_every)
+                          local_interval_s=levels.local_every_s, durable_every=levels.durable_every,
+                          network=levels.network)
     pace = plan_pace(job.shape, job.storage, budget, flush_pace(args), store_share=store_share(args))
     if args.json:
         print(json.dumps({**budget.to_json(), **pace.to_json(), **two.to_json()}, indent=2))
@@ -156,7 +157,8 @@ def print_budget(console: Console, job: Job, b: BurstBudget, pace: PacePlan) -> 
         ("GPU-hours lost/day", f"{b.gpu_hours_lost_per_day:,.1f}", f"{b.waste_fraction:.2%} of the job"),
     ]
     if b.restore_s.get("durable") is not None:
-        rows.append(("restore (durable)", format_duration(b.restore_s["durable"] or 0.0), "all ranks reading at once"))
+        rows.append(("restore (durable)", format_duration(b.restore_s["durable"] or 0.0),
+                     "each byte read once, shared over the network"))
     for row in rows:
         table.add_row(*row)
     console.print(table)

@@ -86,6 +86,10 @@ class RankJob:
     progress_path: str
     """Rank 0 overwrites this file with the run and step it is on, for the launcher's progress bar."""
 
+    dcp_copy_root: str | None = None
+    """Resume runs: the ``dcp.save`` run's directory store, whose checkpoint of the restored step (the same state,
+    saved by DCP) plain ``dcp.load`` reads for the restore comparison; None: no comparison."""
+
     def __post_init__(self) -> None:
         unknown = [run for run in self.runs if run not in MODES or run not in self.stores]
         if not self.runs or unknown:
@@ -188,6 +192,17 @@ class RankResult:
 
     restored_step: int | None = None
     """Resume runs: the step restored."""
+
+    restore_s: float | None = None
+    """Resume runs: ckptio's ``restore`` on this rank, every rank starting together from a cold page cache."""
+
+    dcp_load_s: float | None = None
+    """Resume runs: plain ``dcp.load`` of the ``dcp.save`` copy of the same step into a second model on this rank,
+    every rank starting together from a cold page cache; None without such a copy."""
+
+    page_cache: str | None = None
+    """Resume runs, rank 0: how the page cache was emptied before each timed read (``drop_caches``, ``fadvise``),
+    or why it was not."""
 
     trial_lost_s: float | None = None
     """Calibrate runs: what a trial ckptio save cost this rank's steps

@@ -19,6 +19,7 @@ from datetime import timedelta
 import psutil
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ckptio import Checkpointer
@@ -31,9 +32,11 @@ from ckptio.demo.savers import (
     DcpSyncSaver,
     Saver,
     open_demo_storage,
+    step_dir,
 )
 from ckptio.obs.events import EventLog
 from ckptio.obs.steps import StepTimer
+from ckptio.plan.measure.disk import drop_page_cache
 from ckptio.plan.measure.training import any_rank, measure_save_loss
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
@@ -125,16 +128,45 @@ def train(job: RankJob, rank: int, *, saver: Saver, events: EventLog, trainer: T
 
 
 def resume(job: RankJob, rank: int, checkpointer: Checkpointer, trainer: Trainer, result: RankResult) -> None:
-    """Restore the newest ckptio step in this fresh process group, then train on to ``job.steps``."""
-    state = {"app": TrainState(trainer, _mesh(job))}
+    """Restore the newest ckptio step in this fresh process group, time it against plain ``dcp.load`` of DCP's copy
+    of the same step (each from a cold page cache), then train on to ``job.steps`` from ckptio's restore."""
+    mesh = _mesh(job)
+    state = {"app": TrainState(trainer, mesh)}
     progress = _Progress(job.progress_path, "resume", rank)
+    # DCP loads into a model of its own: what training goes on from, and the losses compared, are ckptio's.
+    copy = {"app": TrainState(Trainer(job.shape, rank=rank, world=job.world, seed=job.seed), mesh)} \
+        if job.dcp_copy_root else None
+    result.page_cache = _cold_start(job, rank)
+    began = time.monotonic()
     result.restored_step = checkpointer.restore(state)
-    log(f"restored step {result.restored_step}")
+    result.restore_s = time.monotonic() - began
+    log(f"restored step {result.restored_step} in {result.restore_s:.2f} s")
+    dcp_dir = os.path.join(job.dcp_copy_root or "", step_dir(result.restored_step or 0))
+    if copy is not None and result.restored_step is not None and os.path.isfile(os.path.join(dcp_dir, ".metadata")):
+        _cold_start(job, rank)
+        began = time.monotonic()
+        dcp.load(copy, checkpoint_id=dcp_dir)
+        result.dcp_load_s = time.monotonic() - began
+        log(f"dcp.load of the same step from {dcp_dir} in {result.dcp_load_s:.2f} s")
+    del copy
     for step in range(trainer.step + 1, job.steps + 1):
         began = time.monotonic()
         result.losses[step] = trainer.train_step()
         result.step_seconds[step] = time.monotonic() - began
         progress.report(step)
+
+
+def _cold_start(job: RankJob, rank: int) -> str | None:
+    """Every rank starts the next timed read together, from a cold page cache. The cache is the host's, so rank 0
+    empties it for all (its result says how; the others' None); the store's and DCP's copy's files where it can only
+    drop them one by one."""
+    dist.barrier()
+    how = None
+    if rank == 0:
+        roots = [spec.root for spec in job.stores.values() if spec.kind == "posix"]
+        how = drop_page_cache([*roots, *([job.dcp_copy_root] if job.dcp_copy_root else [])])
+    dist.barrier()
+    return how
 
 
 class _CpuMeter:

@@ -6,10 +6,11 @@ with headroom, unless ``--every`` says otherwise; a trial ckptio save on the job
 the prediction; a run with ``dcp.save``, one with default ``dcp.async_save``, one with DCP's best async path
 (DCP-best) and one with ckptio, every run a fresh process group on the same emulated store with the same save steps;
 then a resume of the newest ckptio step in another fresh process group, whose losses must equal the uninterrupted
-run's bit for bit. Finally the table (the first save of each mode apart, the steady saves as medians), the reports
-rendered from the events, and one verdict line. This module only sequences and prints, and must never measure
-anything itself: :mod:`ckptio.demo.measure` measures the machine, the ranks measure the saves,
-:mod:`ckptio.demo.steady` summarizes."""
+run's bit for bit, its restore timed against plain ``dcp.load`` of the ``dcp.save`` run's copy of the same step
+(:mod:`ckptio.demo.resume`). Finally the table (the first save of each mode apart, the steady saves as medians), the
+reports rendered from the events, and one verdict line. This module only sequences and prints, and must never
+measure anything itself: :mod:`ckptio.demo.measure` measures the machine, the ranks measure the saves and the
+restores, :mod:`ckptio.demo.steady` summarizes."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from ckptio.demo.launcher import run_ranks
 from ckptio.demo.measure import measure_machine
 from ckptio.demo.model import ModelShape
 from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, predict
+from ckptio.demo.resume import ResumeCheck
 from ckptio.demo.savers import prune_older_steps
 from ckptio.demo.space import check_store_space, store_bytes_needed
 from ckptio.demo.steady import RunRow, run_row
@@ -126,24 +128,6 @@ QUICK = DemoConfig(
 
 
 @dataclass(kw_only=True, slots=True)
-class ResumeCheck:
-    """The resumed run against the uninterrupted one."""
-
-    restored_step: int | None
-    """Newest ckptio step restored."""
-
-    resumed: dict[int, float]
-    """Losses of the resumed run, per step."""
-
-    uninterrupted: dict[int, float]
-    """Losses of the uninterrupted ckptio run at the same steps."""
-
-    @property
-    def bit_exact(self) -> bool:
-        return bool(self.resumed) and all(self.uninterrupted.get(s) == v for s, v in self.resumed.items())
-
-
-@dataclass(kw_only=True, slots=True)
 class DemoOutcome:
     """What ``run_demo`` produced, for the CLI and the tests."""
 
@@ -203,19 +187,17 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         config, choice, prediction = _plan(console, config, paths, s3_endpoint)
         results = _launch(console, config, paths, list(_CKPTIO_FIRST), s3_endpoint)
         rows = [_row(paths, mode, results[mode]) for mode in RUN_MODES]
-        resumed = _launch(console, config, paths, ["resume"], s3_endpoint)["resume"][0]
+        resumed = _launch(console, config, paths, ["resume"], s3_endpoint,
+                          dcp_copy_root=_store_spec(config, paths, "dcp-sync", None).root)["resume"]
         # Every run's checkpoints but its newest stay until every run is measured: files deleted a moment ago hand
         # their page-cache pages, several times cheaper to take again on a VM, to the next run's saves
         # (bench_planner keeps its stores for the same reason).
         for mode in RUN_MODES:
             committed = next((r.committed for r in results[mode] if r.committed), [])
             prune_older_steps(_store_spec(config, paths, mode, s3_endpoint), committed)
-    check = ResumeCheck(
-        restored_step=resumed.restored_step,
-        resumed=resumed.losses,
-        uninterrupted={s: results["ckptio"][0].losses[s] for s in resumed.losses},
-    )
-    _show_resume(console, check)
+    check = ResumeCheck.of(resumed, results["ckptio"][0], s3=s3_endpoint is not None)
+    for line in check.lines():
+        console.print(line)
     console.print(
         "[bold]Measured[/], per save after the first (median over saves): stall = training thread blocked (in "
         "save(), and waiting for the staging copy before the next optimizer step; slowest rank); time lost = "
@@ -228,7 +210,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
         console.print(line)
     console.print(cpu_line(rows))
     reports = _write_reports(console, paths)
-    verdict = verdict_line(rows, check.bit_exact, prediction)
+    verdict = verdict_line(rows, check, prediction)
     wall = time.monotonic() - began
     console.print(f"demo finished in {wall:.0f} s; everything is under {paths.out}")
     console.print(verdict)
@@ -352,9 +334,11 @@ def _label(mode: str) -> str:
 
 
 def _launch(
-    console: Console, config: DemoConfig, paths: _Layout, runs: list[Mode], s3_endpoint: str | None
+    console: Console, config: DemoConfig, paths: _Layout, runs: list[Mode], s3_endpoint: str | None, *,
+    dcp_copy_root: str | None = None,
 ) -> dict[str, list[RankResult]]:
-    """One launch of fresh rank processes doing ``runs`` in order, with a progress bar per run."""
+    """One launch of fresh rank processes doing ``runs`` in order, with a progress bar per run (a resume's restore
+    is timed against ``dcp.load`` of the checkpoint under ``dcp_copy_root``)."""
     assert config.steps is not None and config.every is not None  # resolved by _plan
     job = RankJob(
         runs=runs,
@@ -368,6 +352,7 @@ def _launch(
         events_dir=paths.events,
         results_dir=paths.results,
         progress_path=os.path.join(paths.work, "progress"),
+        dcp_copy_root=dcp_copy_root,
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -398,20 +383,6 @@ def _row(paths: _Layout, mode: str, results: list[RankResult]) -> RunRow:
 
     timeline = build_timeline(load_events(os.path.join(paths.events, f"{mode}.rank{{rank}}.jsonl")))
     return run_row(mode, timeline, results)
-
-
-def _show_resume(console: Console, check: ResumeCheck) -> None:
-    if check.restored_step is None:
-        console.print("[red]✗ resume: no committed ckptio step was found[/]")
-        return
-    first = min(check.resumed)
-    resumed, uninterrupted = check.resumed[first], check.uninterrupted[first]
-    mark = "[green]✓ bit-exact[/]" if check.bit_exact else "[red]✗ DIFFERENT[/]"
-    console.print(
-        f"Resume: a fresh process group restored step {check.restored_step}; loss at step {first}: "
-        f"resumed {resumed!r} ({resumed.hex()}) vs uninterrupted {uninterrupted!r} ({uninterrupted.hex()}) "
-        f"{mark}; {len(check.resumed)} steps compared."
-    )
 
 
 def _write_reports(console: Console, paths: _Layout) -> dict[str, str]:

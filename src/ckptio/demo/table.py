@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ckptio.demo.predict import Prediction
+from ckptio.demo.resume import ResumeCheck
 from ckptio.demo.steady import RunRow
 from ckptio.plan.costs.calibration import prediction_error
 from ckptio.plan.units import format_bytes, format_rate
@@ -91,9 +92,9 @@ def _ratio(num: float | None, den: float | None) -> str:
     return "inf" if den <= 0 else f"{num / den:.2f}x"
 
 
-def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) -> str:
-    """One line: ckptio's steady time lost ÷ the best DCP mode's, its stall ÷ DCP-best's, the resume check,
-    and the planner's prediction for ckptio against the measurement."""
+def verdict_line(rows: list[RunRow], resume: ResumeCheck, prediction: Prediction) -> str:
+    """One line: ckptio's steady time lost ÷ the best DCP mode's, its stall ÷ DCP-best's, the resume check and its
+    restore time ÷ plain ``dcp.load``'s, and the planner's prediction for ckptio against the measurement."""
     by_mode = {row.mode: row for row in rows}
     ckptio = by_mode.get("ckptio")
     dcp = [by_mode[m] for m in DCP_MODES if m in by_mode and by_mode[m].lost_per_save_s is not None]
@@ -103,12 +104,13 @@ def verdict_line(rows: list[RunRow], bit_exact: bool, prediction: Prediction) ->
     dcp_best = by_mode.get("dcp-best")
     best_stall = dcp_best.stall_per_save_s if dcp_best is not None else None
     predicted = prediction.modes["ckptio"].lost_per_save_s
-    resume = "[green]bit-exact[/]" if bit_exact else "[red]NOT bit-exact[/]"
+    exact = "[green]bit-exact[/]" if resume.bit_exact else "[red]NOT bit-exact[/]"
     return (
         f"[bold]Verdict[/]: ckptio loses {ckptio.lost_per_save_s:.2f} s per save = "
         f"{_ratio(ckptio.lost_per_save_s, best.lost_per_save_s)} the best DCP mode's "
         f"({LABELS[best.mode]}, {best.lost_per_save_s:.2f} s); stall {_s(ckptio.stall_per_save_s)} = "
-        f"{_ratio(ckptio.stall_per_save_s, best_stall)} DCP-best's ({_s(best_stall)}); resume {resume}; "
+        f"{_ratio(ckptio.stall_per_save_s, best_stall)} DCP-best's ({_s(best_stall)}); resume {exact}, "
+        f"{resume.restore_words()}; "
         f"planner predicted {predicted:.2f} s lost per save for ckptio, measured {ckptio.lost_per_save_s:.2f} s "
         f"({_ratio(predicted, ckptio.lost_per_save_s)} predicted ÷ measured, as in the lines above)"
     )

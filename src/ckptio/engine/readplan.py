@@ -23,6 +23,7 @@ returns each rank's bytes read from the store, sent and received. Nothing here t
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -253,19 +254,38 @@ class ReadShares:
 
 def read_shares(regions: Sequence[tuple[int, frozenset[int]]], world_size: int, *, exchange: bool = True,
                 chunk: int = CHUNK_BYTES, readers: Mapping[int, Sequence[int]] | None = None) -> ReadShares:
-    """What :func:`plan_reads` costs each rank for a layout given as regions (bytes, ranks that need them) —
-    the restore's model for the planner: time ≈ max over ranks of read ÷ store bandwidth, plus what the rank
-    sends and receives ÷ the side group's bandwidth. ``readers[i]`` limits who may read region ``i``."""
+    """What :func:`plan_reads` costs each rank for a layout given as regions (bytes, ranks that need them), in
+    order — the restore's model for the planner (:mod:`ckptio.plan.costs.readback`): time ≈ max over ranks of
+    read ÷ store bandwidth, and of what the rank sends and receives ÷ the side group's bandwidth. ``readers[i]``
+    limits who may read region ``i``.
+
+    The reader of each ``chunk`` is :meth:`_Load.pick`'s (a needer among the allowed ranks, the least loaded, the
+    lowest rank on a tie), kept in a heap so a region costs its chunks × log(its readers), not × its needers: the
+    planner prices jobs of thousands of ranks with it."""
     load = _Load([0] * world_size)
     read, sent, received = [0] * world_size, [0] * world_size, [0] * world_size
     for i, (nbytes, needers) in enumerate(regions):
+        if nbytes <= 0:
+            continue
+        if not exchange:
+            for r in needers:
+                load.bytes[r] += nbytes
+                read[r] += nbytes
+            continue
+        allowed = readers.get(i) if readers else None
+        pool = sorted(r for r in needers if allowed is None or r in allowed) or sorted(allowed or needers)
+        heap = [(load.bytes[r], r) for r in pool]
+        heapq.heapify(heap)
+        mine: dict[int, int] = {}
         for start in range(0, nbytes, chunk):
             length = min(chunk, nbytes - start)
-            for owners in ([set(needers)] if exchange else [{r} for r in sorted(needers)]):
-                reader = load.pick(owners, readers.get(i) if readers and exchange else None)
-                load.bytes[reader] += length
-                read[reader] += length
-                for r in owners - {reader}:
-                    sent[reader] += length
-                    received[r] += length
+            assigned, reader = heapq.heappop(heap)
+            heapq.heappush(heap, (assigned + length, reader))
+            load.bytes[reader] = assigned + length
+            mine[reader] = mine.get(reader, 0) + length
+            sent[reader] += length * (len(needers) - (reader in needers))
+        for r, got in mine.items():
+            read[r] += got
+        for r in needers:
+            received[r] += nbytes - mine.get(r, 0)
     return ReadShares(read=read, sent=sent, received=received)

@@ -19,7 +19,8 @@ from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.levels import JOB_LOSS_SHARE, NODE_LOSS_SHARE, LocalLevel, failure_rates
 from ckptio.plan.costs.multilevel import LevelSchedule, expected_loss, plan_two_levels
 from ckptio.plan.costs.store import StoreLimits
-from ckptio.plan.job.checkpoint import uniform_shape
+from ckptio.plan.job.checkpoint import shape_checkpoint, uniform_shape
+from ckptio.plan.job.presets import preset
 
 GIB = float(1 << 30)
 # The figure: Llama 3 405B on 512 ranks, MTBF 3 h, durable 150 GiB/s, local 5 GB/s per node.
@@ -39,11 +40,17 @@ def test_json_has_the_two_level_contract_keys(capsys: pytest.CaptureFixture[str]
         assert isinstance(out[key], float) and out[key] > 0, key
     restore = out["restore_s"]
     assert set(restore) == {"local", "partner", "durable"}
-    # A node holds 8 ranks × the largest rank; it reads them back at 5 GB/s; a partner serves a lost node's
-    # copy while reading its own (twice the bytes with one replica); every rank reads the durable tier at once.
+    # ZeRO-1 over two DP replicas, each holding a copy of the other's node (one partner): each rank of a node reads
+    # half its stage's weights and its own optimizer shard from its tier at 5 GB/s (8 ranks), and receives the
+    # other half over the 25 GB/s NIC; a partner serves a lost node's bytes besides its own restore, and the lost
+    # node's replacement receives them; every byte of the durable tier is read once, all ranks at once.
+    groups = shape_checkpoint(preset("mlperf-llama3-405b").spec()).groups
+    node_read = 8 * max(g.shared_bytes / 2 + g.own_bytes for g in groups)
+    node_received = 8 * max(g.shared_bytes / 2 for g in groups)
+    assert restore["local"] == pytest.approx(max(node_read / 5e9, node_received / 25e9), rel=1e-3)
     node_bytes = 8 * out["bytes_per_rank_max"]
-    assert restore["local"] == pytest.approx(node_bytes / 5e9)
-    assert restore["partner"] == pytest.approx(2 * node_bytes / 5e9)
+    assert restore["partner"] == pytest.approx(
+        max(restore["local"], (node_read + node_bytes) / 5e9, (node_received + node_bytes) / 25e9), rel=1e-3)
     assert restore["durable"] == pytest.approx(out["checkpoint_bytes"] / (150 * GIB), rel=0.05)
     assert out["durable_interval_s"] == pytest.approx(out["durable_every"] * out["local_interval_s"])
     assert "Di et al." in out["levels"]["model"]

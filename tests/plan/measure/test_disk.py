@@ -33,3 +33,35 @@ def test_a_store_on_the_local_disk_takes_its_times_from_the_disk_and_shares_the_
     assert store.dirty_background_bytes == (None if dirty is None else pytest.approx(dirty / 4, rel=0.05))
     assert on_local_disk(disk, job_bytes=800.0, ranks=4).paced_store_s is None
     assert not on_local_disk(disk, job_bytes=800.0, ranks=4, direct_io=False).direct_io
+
+
+def test_the_page_cache_is_dropped_whole_where_allowed_else_file_by_file(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from ckptio.plan.measure import disk
+
+    (tmp_path / "store" / "step-1").mkdir(parents=True)
+    for name in ("store/step-1/a.distcp", "store/step-1/.metadata", "alone.bin"):
+        (tmp_path / name).write_bytes(b"x" * 4096)
+    paths = [str(tmp_path / "store"), str(tmp_path / "alone.bin"), str(tmp_path / "gone")]
+    knob = tmp_path / "drop_caches"
+    knob.write_text("")
+    monkeypatch.setattr(disk, "DROP_CACHES", str(knob))
+    assert disk.drop_page_cache(paths) == "drop_caches" and knob.read_text() == "1"
+    # Without the right to write the knob (a directory stands in for it): every file's pages, one by one.
+    monkeypatch.setattr(disk, "DROP_CACHES", str(tmp_path / "store"))
+    advised: list[str] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_DONTNEED and (offset, length) == (0, 0)
+        advised.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    assert disk.drop_page_cache(paths) == "fadvise"
+    assert sorted(advised) == sorted(str(tmp_path / n) for n in ("store/step-1/a.distcp", "store/step-1/.metadata",
+                                                                  "alone.bin"))
+    monkeypatch.delattr(os, "posix_fadvise")
+    assert disk.drop_page_cache(paths) == "none"

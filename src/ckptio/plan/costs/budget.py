@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ckptio.plan.costs.background import predict_modes
-from ckptio.plan.costs.inputs import Host, StoreTiming, Workload, WriterCosts
+from ckptio.plan.costs.inputs import Host, Network, StoreTiming, Workload, WriterCosts
 from ckptio.plan.costs.intervals import PlannedInterval, Schedule, daly_interval_s, planned_interval, young_interval_s
-from ckptio.plan.costs.store import FlushTimes, StoreLimits, bottleneck, flush_times, restore_s, serialize_s
+from ckptio.plan.costs.readback import durable_restore
+from ckptio.plan.costs.store import FlushTimes, StoreLimits, bottleneck, flush_times, serialize_s
 from ckptio.plan.job.checkpoint import CheckpointShape
 from ckptio.plan.units import format_duration, format_rate
 
@@ -95,8 +96,9 @@ class BurstBudget:
     put_rate_limit: float
     """Request rate the prefixes sustain."""
     restore_s: dict[str, float | None]
-    """Seconds to read one checkpoint back, per level, every rank reading at once (``durable``: None when the read
-    bandwidth is unknown). Levels other than ``durable`` join as they are planned."""
+    """Seconds to read one checkpoint back, per level, every rank restoring at once
+    (:mod:`~ckptio.plan.costs.readback`; ``durable``: None when the read bandwidth is unknown). Levels other than
+    ``durable`` join as they are planned."""
     modes: dict[str, dict[str, Any]]
     """Per save mode (:data:`ckptio.plan.costs.background.MODES`): ``blocking_s``, ``background_cpu_s``, ``stolen_s``,
     ``flush_s``, ``step_inflation`` (None for a synchronous save) and ``lost_per_save_s``."""
@@ -118,10 +120,11 @@ def plan_burst(
     *,
     host: Host | None = None,
     costs: WriterCosts | None = None,
+    network: Network | None = None,
 ) -> BurstBudget:
     """The closed-form budget of ``shape``'s checkpoints on ``storage`` under ``schedule``; ``host`` and ``costs``
     feed the per-mode background cost (defaults: :class:`Host`, :class:`WriterCosts` with the store's measured
-    serialize rate as ckptio's checksum rate)."""
+    serialize rate as ckptio's checksum rate), ``network`` the restore's exchange (default :class:`Network`)."""
     blocking = schedule.blocking_s(shape.bytes_per_rank_max)
     flush = flush_times(shape, storage)
     sync_stall = blocking + flush.total_s
@@ -172,7 +175,7 @@ def plan_burst(
         storage_kind=storage.kind,
         put_requests_per_s=put_requests_per_s,
         put_rate_limit=storage.request_rate_limit,
-        restore_s={"durable": restore_s(shape, storage)},
+        restore_s={"durable": _restore_s(shape, storage, network or Network())},
         modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds,
                           overlap_s=schedule.overlap_s, host=host, costs=costs),
         verdict="fail" if not state.keeps_up else ("warn" if reasons else "ok"),
@@ -292,3 +295,8 @@ def _findings(f: _Findings) -> list[tuple[str, str]]:
             f"MTBF {format_duration(f.mtbf_s)}): save {side} apart",
         ))
     return out
+
+
+def _restore_s(shape: CheckpointShape, storage: StoreLimits, network: Network) -> float | None:
+    restore = durable_restore(shape, storage, network)
+    return restore.total_s if restore else None

@@ -33,8 +33,9 @@ def max_min_rates(capacity: float, flows: Sequence[tuple[int, float]]) -> list[f
     return rates
 
 
-def fair_share_flush_s(sizes: Sequence[tuple[int, float]], capacity: float, per_flow_cap: float) -> float:
-    """Time until the last of several concurrent writes finishes, each class given as ``(count, bytes)``.
+def fair_share_flush_s(sizes: Sequence[tuple[float, float]], capacity: float, per_flow_cap: float) -> float:
+    """Time until the last of several concurrent writes finishes, each class given as ``(count, bytes)`` (a count
+    may be fractional: a class that stands for ranks in proportion).
 
     All writes start together and share ``capacity`` fairly, each capped at ``per_flow_cap``; the smallest
     finish first and hand their share to the rest. The fluid model in closed form: one phase per size.

@@ -1,7 +1,8 @@
 """The inputs of the background-cost model (:func:`ckptio.plan.costs.background.predict_modes`), each a small frozen
 value documented once: what a rank saves and how often (:class:`Workload`), how its bytes meet the store
 (:class:`StoreTiming`), the host the rank runs on (:class:`Host`), and what each piece of a save's work costs a core
-(:class:`WriterCosts`).
+(:class:`WriterCosts`); and the network between the ranks (:class:`Network`), which the restore model
+(:mod:`ckptio.plan.costs.readback`) and the partner copies of the two-level model cross.
 
 Owns their meaning and their validation. It must never measure: :mod:`ckptio.plan.measure` produces these values on
 a real host and store (the figures they have read, host by host, are in docs/planning-measurements.md).
@@ -19,6 +20,12 @@ GIB = float(1 << 30)
 
 CKPTIO_WRITER_NICE = 10
 """ckptio's default ``writer_nice`` (:class:`ckptio.config.CheckpointerConfig`)."""
+
+DEFAULT_NETWORK_BYTES_PER_S = 25e9
+"""One node's network bandwidth, each direction: one 200 Gb/s NIC (InfiniBand HDR, 200 GbE)."""
+
+DEFAULT_RANKS_PER_NODE = 8
+"""Ranks on one node: a node of eight GPUs."""
 
 
 def _at_least_zero(owner: str, name: str, value: object, *, optional: bool = False) -> None:
@@ -256,3 +263,26 @@ class Host:
     def spare_cores(self) -> float:
         """Cores per rank training leaves idle: where a background writer runs for free."""
         return max(0.0, self.cores_per_rank - self.train_cores)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Network:
+    """The network between nodes, as the restore's exchange and the partner copies see it.
+
+    A restore reads each stored byte once and sends it to the other ranks that need it over ckptio's gloo side
+    group (TCP); the ranks of a node share its NIC, each direction on its own (full duplex). Traffic between two
+    ranks of one node is counted as if it crossed the NIC too, which a job whose replicas sit on other nodes (data
+    parallel across nodes, the usual layout) is close to."""
+
+    bytes_per_s: float = DEFAULT_NETWORK_BYTES_PER_S
+    """One node's bandwidth, each direction (``--network-bandwidth``)."""
+
+    ranks_per_node: int = DEFAULT_RANKS_PER_NODE
+    """Ranks sharing one node's NIC (``--ranks-per-node``)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.bytes_per_s, (int, float)) and math.isfinite(self.bytes_per_s)
+                and self.bytes_per_s > 0):
+            raise ConfigError(f"network bytes_per_s must be a positive number, got {self.bytes_per_s!r}")
+        if not (isinstance(self.ranks_per_node, int) and self.ranks_per_node >= 1):
+            raise ConfigError(f"ranks per node must be an integer >= 1, got {self.ranks_per_node!r}")

@@ -26,7 +26,9 @@ from typing import Any
 
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.budget import BurstBudget
-from ckptio.plan.costs.store import StoreLimits, restore_s
+from ckptio.plan.costs.inputs import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, Network
+from ckptio.plan.costs.readback import ReadSource, RestoreTime, durable_restore, restore_time
+from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import CheckpointShape
 
 NODE_LOSS_SHARE = 0.78
@@ -37,11 +39,6 @@ each took a GPU or host out of the job."""
 JOB_LOSS_SHARE = 0.05
 """Default share no local copy survives: an assumption (no public breakdown gives it). Give ``--job-loss-mtbf``
 from the cluster's own records."""
-
-DEFAULT_NETWORK_BYTES_PER_S = 25e9
-"""Per-node network bandwidth for partner copies: one 200 Gb/s NIC (InfiniBand HDR, 200 GbE)."""
-
-DEFAULT_RANKS_PER_NODE = 8
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -55,7 +52,7 @@ class LocalLevel:
     """Read bandwidth of one node's local tier; None: the write bandwidth."""
 
     network_bytes_per_s: float = DEFAULT_NETWORK_BYTES_PER_S
-    """One node's network bandwidth for sending and fetching partner copies (each direction)."""
+    """One node's network bandwidth, each direction: partner copies and the restore's exchange between ranks."""
 
     replicas: int = 1
     """Partner nodes holding a copy of each node's shards (0: the local level covers no node loss)."""
@@ -92,18 +89,30 @@ class LocalLevel:
         b = self.bytes_per_node(shape)
         return max((1 + self.replicas) * b / self.bytes_per_s, self.replicas * b / self.network_bytes_per_s)
 
+    @property
+    def network(self) -> Network:
+        return Network(bytes_per_s=self.network_bytes_per_s, ranks_per_node=self.ranks_per_node)
+
+    def restore_local(self, shape: CheckpointShape) -> RestoreTime:
+        """Every node restores from its own tier, all nodes at once (:mod:`~ckptio.plan.costs.readback`): bytes a
+        group shares are read by the ranks whose nodes hold a copy — the writer and its ``replicas`` partners, the
+        next DP replicas — and sent to the rest."""
+        source = ReadSource(bytes_per_s=self.read_rate, per_node=True, readers=1 + self.replicas)
+        return restore_time(shape, source, self.network)
+
     def restore_local_s(self, shape: CheckpointShape) -> float:
-        """Every node reads its own bytes back from its tier, all nodes at once."""
-        return self.bytes_per_node(shape) / self.read_rate
+        return self.restore_local(shape).total_s
 
     def restore_partner_s(self, shape: CheckpointShape) -> float | None:
-        """One node was lost: its replacement fetches the lost shards from the ``replicas`` partners (each serves
-        a 1/replicas share while reading its own bytes back); every other node reads its own. None without
+        """One node was lost: its replacement's ranks receive the lost node's bytes from its ``replicas`` partners
+        (each reads a 1/replicas share besides its own restore), the rest as a local restore. None without
         replicas."""
         if self.replicas == 0:
             return None
-        b = self.bytes_per_node(shape)
-        return max((1.0 + 1.0 / self.replicas) * b / self.read_rate, b / self.network_bytes_per_s)
+        local = self.restore_local(shape)
+        lost = self.bytes_per_node(shape)
+        return max(local.total_s, (local.node_read_bytes + lost / self.replicas) / self.read_rate,
+                   (local.node_exchange_bytes + lost) / self.network_bytes_per_s)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -199,20 +208,21 @@ class LevelTimes:
 
 
 def level_times(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget,
-                local: LocalLevel | None) -> LevelTimes:
+                local: LocalLevel | None, network: Network | None = None) -> LevelTimes:
     """Each level's commit and restore times for ``shape`` on ``storage`` (``budget`` gives blocking and the
-    durable flush)."""
-    durable = restore_s(shape, storage)
+    durable flush; ``network`` the restore's exchange, by default the local level's or :class:`Network`'s)."""
+    network = network or (local.network if local else Network())
+    durable = durable_restore(shape, storage, network)
     measured = durable is not None
     if durable is None:  # without a read figure, reads are taken as fast as writes
-        durable = restore_s(shape, replace(storage, read_bytes_per_s=storage.write_bytes_per_s)) or 0.0
+        durable = durable_restore(shape, replace(storage, read_bytes_per_s=storage.write_bytes_per_s), network)
     return LevelTimes(
         blocking_s=budget.blocking_s,
         local_flush_s=local.flush_s(shape) if local else None,
         durable_flush_s=budget.flush_s,
         restore_local_s=local.restore_local_s(shape) if local else None,
         restore_partner_s=local.restore_partner_s(shape) if local else None,
-        restore_durable_s=durable,
+        restore_durable_s=durable.total_s if durable else 0.0,
         durable_restore_measured=measured,
         synchronous=budget.mode == "sync",
     )

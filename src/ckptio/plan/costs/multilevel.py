@@ -41,9 +41,9 @@ from typing import Any
 
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.budget import BurstBudget
+from ckptio.plan.costs.inputs import DEFAULT_RANKS_PER_NODE, Network
 from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.levels import (
-    DEFAULT_RANKS_PER_NODE,
     FailureRates,
     LevelTimes,
     LocalLevel,
@@ -305,14 +305,17 @@ class TwoLevelPlan:
 def plan_two_levels(shape: CheckpointShape, storage: StoreLimits, schedule: Schedule, budget: BurstBudget, *,
                     local: LocalLevel | None, ranks_per_node: int | None = None, node_mtbf_s: float | None = None,
                     job_loss_mtbf_s: float | None = None, durable_share: float = 1.0,
-                    local_interval_s: float | None = None, durable_every: int | None = None) -> TwoLevelPlan:
+                    local_interval_s: float | None = None, durable_every: int | None = None,
+                    network: Network | None = None) -> TwoLevelPlan:
     """Single-level against two-level for ``shape`` on ``storage`` (``budget`` is ``plan_burst``'s answer for the
-    same inputs); a given ``schedule.interval_s`` fixes the single-level interval."""
+    same inputs); a given ``schedule.interval_s`` fixes the single-level interval. ``network`` carries the restores'
+    exchange between ranks (default: the local level's, else :class:`Network` with ``ranks_per_node``)."""
     per_node = local.ranks_per_node if local else (ranks_per_node or DEFAULT_RANKS_PER_NODE)
     nodes = max(1, math.ceil(shape.ranks / per_node))
     rates = failure_rates(mtbf_s=budget.mtbf_s, nodes=nodes, node_mtbf_s=node_mtbf_s,
                           job_loss_mtbf_s=job_loss_mtbf_s, mtbf_given=schedule.mtbf_s is not None)
-    times = level_times(shape, storage, budget, local)
+    times = level_times(shape, storage, budget, local,
+                        network or (local.network if local else Network(ranks_per_node=per_node)))
     replicas = local.replicas if local else 0
     single = optimize(times, rates, replicas, two_level=False, durable_share=durable_share,
                       local_interval_s=schedule.interval_s, step_time_s=schedule.step_time_s)

@@ -1,10 +1,11 @@
-"""The store as the planner sees it, and how long one checkpoint's burst takes to reach it and to come back.
+"""The store as the planner sees it, and how long one checkpoint's burst takes to reach it.
 
 Owns :class:`StoreLimits` (caps and limits, from a probe profile or from flags) and the bottleneck model of a flush:
 bytes move at the max-min fair share of the aggregate bandwidth, each writer capped at its own
 (:func:`~ckptio.plan.costs.fairshare.fair_share_flush_s`); objects cost metadata operations (POSIX) or PUT-class
 requests (object stores, per-prefix limit); the slowest of the three sets the flush time. It must never decide
-whether that is good enough (the budget does) nor touch a real store (the probe does).
+whether that is good enough (the budget does) nor touch a real store (the probe does). How long the checkpoint
+takes to come back is :mod:`ckptio.plan.costs.readback`'s.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class StoreLimits:
     """Cap of one writer (one rank's writer process); ``inf`` when unknown."""
 
     read_bytes_per_s: float | None = None
-    """Aggregate read bandwidth (restore estimate), when known."""
+    """Aggregate read bandwidth (the restore's model), when known."""
 
     metadata_ops_per_s: float | None = None
     """Metadata operations per second on a POSIX store, when known."""
@@ -117,16 +118,6 @@ def checkpoint_traffic_cap(shape: CheckpointShape, storage: StoreLimits) -> floa
 def serialize_s(shape: CheckpointShape, storage: StoreLimits) -> float:
     """Time the largest rank's writer spends serializing before its first byte reaches the store."""
     return shape.bytes_per_rank_max / storage.serialize_bytes_per_s
-
-
-def restore_s(shape: CheckpointShape, storage: StoreLimits) -> float | None:
-    """Seconds for every rank to read its part back at once: the read burst at the fair share of the aggregate read
-    bandwidth, or the metadata operations (one open per object, POSIX), whichever is slower."""
-    if not storage.read_bytes_per_s:
-        return None
-    data_s = fair_share_flush_s([(c.count, c.bytes) for c in shape.classes], storage.read_bytes_per_s, math.inf)
-    metadata_s = shape.objects / storage.metadata_ops_per_s if storage.metadata_ops_per_s else 0.0
-    return max(data_s, metadata_s)
 
 
 def bottleneck(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes) -> str:

@@ -14,6 +14,9 @@ Who writes what (the rule every framework in this family follows):
   ZeRO-3: both sharded across DP; every rank writes an equal share.
 * Every rank writes its extra bytes (RNG, data loader state, …) and its own index; the checkpoint adds three
   small objects (``.metadata``, ``manifest.json``, ``latest``).
+
+Who needs what back (the restore's side, :class:`ReplicaGroup`): every rank needs what its DP replica holds, so the
+bytes one DP rank wrote for a replicated tensor are needed by every rank of its TP × PP position.
 """
 
 from __future__ import annotations
@@ -232,6 +235,25 @@ class RankClass:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+class ReplicaGroup:
+    """Ranks that restore the same stored bytes: the data-parallel ranks of one TP × PP position."""
+
+    count: int
+    """How many groups are alike (the TP ranks of a pipeline stage)."""
+
+    ranks: int
+    """Ranks in each group (the DP degree)."""
+
+    shared_bytes: float
+    """Bytes the group's first rank writes that every rank of the group needs back: the weights under ZeRO-1/2,
+    weights and optimizer state under ZeRO-0."""
+
+    own_bytes: float
+    """Bytes each rank of the group writes and alone needs back: its optimizer shard (ZeRO-1/2), its share of
+    everything (ZeRO-3), its extra bytes."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class CheckpointShape:
     """One checkpoint of the job: totals and the rank classes that add up to them."""
 
@@ -248,6 +270,14 @@ class CheckpointShape:
     """Share of a rank's bytes held in DTensors: 1 for a sharded job (tensor parallel, or sharded data parallel
     as torch's FSDP2 does it). DCP's default staging copies a DTensor more times than a plain tensor
     (:func:`ckptio.plan.costs.background.predict_modes`)."""
+
+    groups: tuple[ReplicaGroup, ...] = ()
+    """Who needs which stored bytes back; empty: every rank needs exactly what it wrote (:meth:`replica_groups`)."""
+
+    def replica_groups(self) -> tuple[ReplicaGroup, ...]:
+        """:attr:`groups`, or one group of one rank per rank when none were given."""
+        return self.groups or tuple(ReplicaGroup(count=c.count, ranks=1, shared_bytes=0.0, own_bytes=c.bytes)
+                                    for c in self.classes)
 
     @property
     def total_bytes(self) -> float:
@@ -277,24 +307,30 @@ def shape_checkpoint(model: CheckpointSpec) -> CheckpointShape:
     weight_b = WEIGHT_DTYPE_BYTES[model.weights_dtype]
     optim_b = OPTIMIZER_BYTES_PER_PARAM[model.optimizer]
     counts: dict[int, int] = {}
+    groups: dict[tuple[int, int], int] = {}
     for stage in model.stage_params():
         per_tp = stage / par.tp
         if par.zero == 0:
-            first, others = (weight_b + optim_b) * per_tp, 0.0
+            shared, own = (weight_b + optim_b) * per_tp, 0.0
         elif par.zero in (1, 2):
-            first = weight_b * per_tp + optim_b * per_tp / par.dp
-            others = optim_b * per_tp / par.dp
+            shared, own = weight_b * per_tp, optim_b * per_tp / par.dp
         else:
-            first = others = (weight_b + optim_b) * per_tp / par.dp
+            shared, own = 0.0, (weight_b + optim_b) * per_tp / par.dp
+        # The first DP replica writes the shared bytes and its own; the others their own.
+        first, others = shared + own, own
         # Whole bytes as keys: stages that differ only by float noise form one class.
         counts[round(first)] = counts.get(round(first), 0) + par.tp
         if par.dp > 1:
             counts[round(others)] = counts.get(round(others), 0) + par.tp * (par.dp - 1)
+        key = (round(shared), round(own + model.extra_bytes_per_rank))
+        groups[key] = groups.get(key, 0) + par.tp
     classes = [_rank_class(count, float(data), model) for data, count in counts.items()]
     classes.sort(key=lambda c: c.bytes, reverse=True)
     sharded = par.tp > 1 or (par.zero > 0 and par.dp > 1)
-    return CheckpointShape(params=model.param_count, ranks=par.ranks, classes=tuple(classes),
-                           dtensor_share=1.0 if sharded else 0.0)
+    return CheckpointShape(
+        params=model.param_count, ranks=par.ranks, classes=tuple(classes), dtensor_share=1.0 if sharded else 0.0,
+        groups=tuple(ReplicaGroup(count=count, ranks=par.dp, shared_bytes=float(shared), own_bytes=float(own))
+                     for (shared, own), count in groups.items()))
 
 
 def uniform_shape(

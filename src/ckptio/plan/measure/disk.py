@@ -1,13 +1,13 @@
 """The local disk beneath a store, as a save's writers meet it: the measurement behind
 :class:`~ckptio.plan.costs.inputs.StoreTiming` where a store is this host's own disk, or a budget on it (the demo's
 and the benchmarks' paced stores) whose real write may take longer than the budget books. Its probe files are
-removed on every exit path."""
+removed on every exit path. And the cold page cache a read measurement starts from (:func:`drop_page_cache`)."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ckptio.plan.costs.inputs import StoreTiming
@@ -83,3 +83,37 @@ def on_local_disk(disk: DiskRates, *, job_bytes: float, ranks: int, booked_s: fl
     return StoreTiming(store_s=job_bytes / disk.direct_bytes_per_s, direct_io=direct_io,
                        writeback_store_s=job_bytes / disk.writeback_bytes_per_s, paced_store_s=booked_s,
                        dirty_background_bytes=None if dirty is None else dirty / ranks)
+
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache(paths: Iterable[str]) -> str:
+    """Evict ``paths`` (files, or directories walked) from the page cache, so the next reads of them come from the
+    disk: the whole clean cache where this process may (root: ``1`` into ``/proc/sys/vm/drop_caches``), else each
+    file's pages (``posix_fadvise(POSIX_FADV_DONTNEED)``, which the kernel may decline for a page another process
+    has mapped). Dirty pages cannot be dropped, so everything is synced first. Returns ``"drop_caches"``,
+    ``"fadvise"``, or ``"none"`` where neither exists (not Linux); a file that vanished or cannot be opened is left
+    alone."""
+    os.sync()
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("1")
+        return "drop_caches"
+    except OSError:
+        pass
+    if not hasattr(os, "posix_fadvise"):
+        return "none"
+    for path in paths:
+        files = [path] if not os.path.isdir(path) else [
+            os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+        for file in files:
+            try:
+                fd = os.open(file, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return "fadvise"
