@@ -19,6 +19,7 @@ from ckptio.plan.costs.background import predict_modes
 from ckptio.plan.costs.inputs import Host, Network, StoreTiming, Workload, WriterCosts
 from ckptio.plan.costs.intervals import PlannedInterval, Schedule, daly_interval_s, planned_interval, young_interval_s
 from ckptio.plan.costs.readback import durable_restore
+from ckptio.plan.costs.sizing import JobSizes, job_sizes
 from ckptio.plan.costs.store import FlushTimes, StoreLimits, bottleneck, flush_times, serialize_s
 from ckptio.plan.job.checkpoint import CheckpointShape
 from ckptio.plan.units import format_duration, format_rate
@@ -29,28 +30,10 @@ INTERVAL_WASTE_WARN = 0.01
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class BurstBudget:
+class BurstBudget(JobSizes):
     """The planner's answer for one job on one store (``ckptio plan --json`` prints exactly these keys), built once by
     :func:`plan_burst` with its verdict."""
 
-    params: float
-    """Model parameters."""
-    ranks: int
-    """Ranks in the job."""
-    writers: int
-    """Ranks that write model or optimizer bytes."""
-    checkpoint_bytes: float
-    """Bytes of one checkpoint, all ranks together."""
-    bytes_per_rank_max: float
-    """Bytes the largest rank writes (it gates blocking and flush)."""
-    objects_per_checkpoint: int
-    """Files or objects one checkpoint creates."""
-    requests_per_checkpoint: int
-    """PUT-class requests one checkpoint costs on an object store (multipart parts included)."""
-    mode: str
-    """async or sync."""
-    blocking_s: float
-    """Time an async save blocks the training loop (device-to-host copy of the largest rank)."""
     sync_stall_s: float
     """Time a synchronous save stalls training (copy + flush)."""
     flush_s: float
@@ -144,15 +127,7 @@ def plan_burst(
     ))
     reasons = [message for _, message in findings]
     return BurstBudget(
-        params=shape.params,
-        ranks=shape.ranks,
-        writers=shape.writers,
-        checkpoint_bytes=shape.total_bytes,
-        bytes_per_rank_max=shape.bytes_per_rank_max,
-        objects_per_checkpoint=shape.objects,
-        requests_per_checkpoint=shape.requests,
-        mode=schedule.mode,
-        blocking_s=blocking,
+        **job_sizes(shape, schedule, blocking),
         sync_stall_s=sync_stall,
         flush_s=flush.total_s,
         flush_data_s=flush.data_s,

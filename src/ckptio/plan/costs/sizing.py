@@ -22,9 +22,10 @@ _DAY_S = 86400.0
 _NEEDS_A_STORE = ("sync_stall_s", "flush_s", "keeps_up", "overhead_fraction", "modes")
 
 
-@dataclass(kw_only=True, slots=True)
-class SizingPlan:
-    """The store-free part of a plan (``ckptio plan --json`` without a store prints these keys)."""
+@dataclass(kw_only=True, slots=True, frozen=True)
+class JobSizes:
+    """What one checkpoint of a job holds and what its save blocks: the first keys of every plan, with a store
+    (:class:`~ckptio.plan.costs.budget.BurstBudget`) or without (:class:`SizingPlan`)."""
 
     params: float
     """Model parameters."""
@@ -35,15 +36,29 @@ class SizingPlan:
     checkpoint_bytes: float
     """Bytes of one checkpoint, all ranks together."""
     bytes_per_rank_max: float
-    """Bytes the largest rank writes."""
+    """Bytes the largest rank writes (it gates blocking and flush)."""
     objects_per_checkpoint: int
     """Files or objects one checkpoint creates."""
     requests_per_checkpoint: int
-    """PUT-class requests one checkpoint costs on an object store."""
+    """PUT-class requests one checkpoint costs on an object store (multipart parts included)."""
     mode: str
     """async or sync."""
     blocking_s: float
-    """Time an async save blocks (device-to-host copy of the largest rank, or ``--save-cost``)."""
+    """Time an async save blocks the training loop (device-to-host copy of the largest rank, or ``--save-cost``)."""
+
+
+def job_sizes(shape: CheckpointShape, schedule: Schedule, blocking_s: float) -> dict[str, Any]:
+    """The :class:`JobSizes` fields of ``shape`` saved under ``schedule`` (a plan passes them on to its own class)."""
+    return {"params": shape.params, "ranks": shape.ranks, "writers": shape.writers,
+            "checkpoint_bytes": shape.total_bytes, "bytes_per_rank_max": shape.bytes_per_rank_max,
+            "objects_per_checkpoint": shape.objects, "requests_per_checkpoint": shape.requests,
+            "mode": schedule.mode, "blocking_s": blocking_s}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SizingPlan(JobSizes):
+    """The store-free part of a plan (``ckptio plan --json`` without a store prints these keys)."""
+
     interval_s: float | None
     """Compute time between saves: given, or Daly's optimum for an async save (its cost needs no store); None for
     a sync save without ``--interval`` (its cost is the flush)."""
@@ -91,15 +106,7 @@ def plan_sizes(shape: CheckpointShape, schedule: Schedule) -> SizingPlan:
         interval, steps, source = planned.seconds, planned.steps, planned.source
     saves_per_day = _DAY_S / interval if interval else None
     return SizingPlan(
-        params=shape.params,
-        ranks=shape.ranks,
-        writers=shape.writers,
-        checkpoint_bytes=shape.total_bytes,
-        bytes_per_rank_max=shape.bytes_per_rank_max,
-        objects_per_checkpoint=shape.objects,
-        requests_per_checkpoint=shape.requests,
-        mode=schedule.mode,
-        blocking_s=blocking,
+        **job_sizes(shape, schedule, blocking),
         interval_s=interval,
         interval_steps=steps,
         interval_source=source,
