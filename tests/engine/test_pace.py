@@ -114,6 +114,10 @@ def test_the_rate_of_each_save():
     assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)  # done within half the interval
     auto.observe(30.0)  # the interval grew (longer steps): the rate follows
     assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 10.0)
+    auto.observe(30.0)
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 15.0)  # it took over
+    auto.observe(300.0)  # one long pause (an evaluation) does not slow the next flush
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 15.0)
     timed = PaceRule("auto", fraction=0.25, ranks_on_node=1, every_seconds=40.0)
     assert timed.rate(100 * MiB) == pytest.approx(100 * MiB / 10.0)  # every_seconds is the first estimate
 

@@ -7,8 +7,9 @@ Two halves, one per process:
   a number is the node's budget in bytes per second, shared evenly by the ranks of the node (each writer gets
   ``flush_pace / ranks_on_node``: ranks of one node save the same state shapes at the same steps, so equal shares
   spend the budget evenly); ``"auto"`` is this rank's bytes ÷ (``flush_pace_fraction`` × the time between saves),
-  from a running estimate of that time (``every_seconds`` until a save measured it), so a flush ends well before
-  the next save wherever the interval moves. A save before any interval is known goes at full speed.
+  estimated as the median of the last three intervals (``every_seconds`` until a save measured one): one long
+  pause (an evaluation, a restart of the data loader) does not slow the next flushes, and a lasting change of step
+  time takes over from the second save on. A save before any interval is known goes at full speed.
 * :class:`FlushPacer` (writer) turns a rate into waits: each piece of a paced write gets a ticket on a clock that
   starts with the flush (``start + bytes before it ÷ rate``) and goes out when its ticket is due. ``hurry()``
   releases the flush in progress at once: the writer calls it when the next save arrives, and the trainer asks for
@@ -21,6 +22,8 @@ Neither half ever sleeps on the training thread.
 
 from __future__ import annotations
 
+import collections
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +40,8 @@ def ranks_on_node(group: SideGroup, node: str) -> int:
     return sum(1 for other in nodes if other == node) if nodes else 1
 
 
-_EWMA = 0.5
-"""Weight of the newest interval in the running estimate: it follows a change of step time within two saves."""
+_RECENT = 3
+"""Intervals the estimate is the median of."""
 
 
 class PaceRule:
@@ -47,15 +50,18 @@ class PaceRule:
     def __init__(self, pace: float | Literal["auto"] | None, *, fraction: float, ranks_on_node: int,
                  every_seconds: float | None) -> None:
         self.pace, self.fraction, self.ranks_on_node = pace, fraction, max(1, ranks_on_node)
-        self.interval_s: float | None = every_seconds
-        """The running estimate of the time between saves."""
+        self._recent: collections.deque[float] = collections.deque(maxlen=_RECENT)
+        self._prior = every_seconds
+
+    @property
+    def interval_s(self) -> float | None:
+        """The estimate of the time to the next save."""
+        return statistics.median(self._recent) if self._recent else self._prior
 
     def observe(self, interval_s: float | None) -> None:
         """The time since the previous save, measured at this one."""
-        if interval_s is None or interval_s <= 0:
-            return
-        previous = self.interval_s
-        self.interval_s = interval_s if previous is None else _EWMA * interval_s + (1 - _EWMA) * previous
+        if interval_s is not None and interval_s > 0:
+            self._recent.append(interval_s)
 
     def rate(self, nbytes: int) -> float | None:
         """Bytes per second for a flush of ``nbytes`` by this rank, or None for full speed."""
