@@ -81,7 +81,7 @@ def _restore_phase(rank: int, world: int, base: Path, mib: int, mbps: float) -> 
         t0 = time.perf_counter()
         step = ck.restore(target)
         out["levels_s"] = time.perf_counter() - t0
-        out["levels_step"], out["levels_sources"] = step, (ck.last_restore or {}).get("sources")
+        out["levels_step"], out["levels_sources"] = step, ck.last_restore.sources if ck.last_restore else None
         out["levels_exact"] = bool(torch.equal(target[f"w{rank}"], state_for(3, rank, mib)[f"w{rank}"]))
         dist.barrier()
         target = blank(rank, mib)
