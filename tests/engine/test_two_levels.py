@@ -280,14 +280,14 @@ def _drain(sock: socket.socket) -> bytes:
 
 
 def test_a_plain_client_gets_nothing_from_a_real_writer(tmp_path):
-    job = Job(tmp_path, NODES2, "hang", steps=2)
+    job = Job(tmp_path, NODES2, "hang", steps=3)  # step 3: local only, so wait() covers its local commit
     try:
         ports = [job.line(r, "done")["partner_port"] for r in range(2)]
-        manifest = read_manifest(local_records(open_storage(str(tmp_path / "root"))), 2)
+        manifest = read_manifest(local_records(open_storage(str(tmp_path / "root"))), 3)
         name = next(n for n in manifest.files if n.startswith("__0_"))
-        data = (tmp_path / "local-n0" / "step-00000002" / name).read_bytes()
-        get = json.dumps({"op": "get", "step": 2, "name": name}).encode()
-        put = json.dumps({"op": "put", "step": 2, "name": "__9_0-1.distcp", "size": len(data),
+        data = (tmp_path / "local-n0" / "step-00000003" / name).read_bytes()
+        get = json.dumps({"op": "get", "step": 3, "name": name}).encode()
+        put = json.dumps({"op": "put", "step": 3, "name": "__9_0-1.distcp", "size": len(data),
                           "crc32c": manifest.files[name].crc32c}).encode()
         for request in (len(get).to_bytes(4, "big") + get, len(put).to_bytes(4, "big") + put + data):
             with socket.create_connection(("127.0.0.1", ports[0]), timeout=30) as sock:
