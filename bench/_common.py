@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -465,3 +466,21 @@ def median_figure(saves: list[dict[str, float]], key: str) -> float:
     return statistics.median(s[key] for s in saves)
 
 
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """moto in its own process on a free port of 127.0.0.1, the AWS environment pointed at it; returns the server
+    and its URL. Its own process: a server sharing the bench's GIL would slow the Python clients only."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    moto = Path(sys.executable).parent / "moto_server"
+    server = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                      AWS_ENDPOINT_URL=url)
+    return server, url

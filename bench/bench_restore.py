@@ -33,7 +33,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,18 @@ import time
 from pathlib import Path
 
 import _restore_ranks as ranks
-from _common import MiB, device_of, fmt_times, make_state, quiet_dcp, ratio_line, scratch_dir, state_bytes, verdict
+from _common import (
+    MiB,
+    device_of,
+    fmt_times,
+    make_state,
+    quiet_dcp,
+    ratio_line,
+    scratch_dir,
+    start_moto,
+    state_bytes,
+    verdict,
+)
 from ckptio.plan.measure.disk import drop_page_cache
 
 
@@ -151,24 +161,6 @@ def multi_rank(args: argparse.Namespace, base: Path) -> dict[str, float]:
         out[key] = max(out.get(key, 0.0), store, by_rchar)
     print(f"  reshard (worst of 1 and 4 ranks): {out['reshard']:.3f} ({verdict(out['reshard'], 1.2, at_most=True)})")
     return out
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    moto = Path(sys.executable).parent / "moto_server"
-    server = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_ENDPOINT_URL=url)
-    return server, url
 
 
 def s3(args: argparse.Namespace) -> float:

@@ -16,7 +16,6 @@ import argparse
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,30 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _common import start_moto
+
 MiB = 1 << 20
-
-
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    """moto in its own process: a server sharing this process's GIL would slow the Python clients only."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    moto = Path(sys.executable).parent / "moto_server"
-    server = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ENDPOINT_URL=url,
-    )
-    return server, url
 
 
 def _process_cpu(pid: int) -> float:
@@ -104,7 +82,7 @@ def main() -> int:
 
     from ckptio.storage.s3 import S3Storage
 
-    server, url = start_server()
+    server, url = start_moto()
     client = boto3.client("s3")
     client.create_bucket(Bucket="bench")
     workdir = Path(tempfile.mkdtemp(prefix="ckptio-bench-s3-"))
