@@ -35,6 +35,7 @@ from ckptio.plan.units import (
     parse_interval,
     parse_rate,
     parse_size,
+    quoted,
 )
 
 T = TypeVar("T")
@@ -89,6 +90,17 @@ def duration_flag(text: str, flag: str, *, low: float = MIN_SECONDS, high: float
     """Seconds in ``flag``'s ``text`` (``90``, ``5m``), within ``[low, high]`` (or 0 when ``zero``)."""
     return check_range(parse_duration(text, what=flag), what=flag, low=low, high=high, unit=" s", zero=zero,
                        given=text)
+
+
+def fraction_flag(text: str, flag: str, *, low: float) -> float:
+    """A fraction in (0, 1] in ``flag``'s ``text``, no smaller than ``low``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag} takes a fraction in (0, 1], got {quoted(text)}") from None
+    if not 0 < value <= 1:
+        raise ConfigError(f"{flag} must be within (0, 1], got {quoted(text)}")
+    return check_range(value, what=flag, low=low, high=1.0, given=text)
 
 
 def interval_flag(text: str, flag: str, *, step_time_s: float | None) -> float:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ckptio._cli.job_args import MIN_MTBF_S, duration_flag, int_flag, interval_flag, rate_flag
+from ckptio._cli.job_args import MIN_MTBF_S, duration_flag, fraction_flag, int_flag, interval_flag, rate_flag
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.inputs import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, Network
 from ckptio.plan.costs.levels import LocalLevel
-from ckptio.plan.units import check_range, parse_duration, quoted
+from ckptio.plan.units import parse_duration, quoted
 
 
 def add_level_arguments(parser: argparse.ArgumentParser, *, shared_with_tiered: bool = False) -> None:
@@ -86,7 +86,7 @@ def level_args(args: argparse.Namespace, *, step_time_s: float | None) -> LevelA
             replicas=replicas,
             ranks_per_node=ranks_per_node,
         )
-    share = _fraction(args.durable_share)
+    share = fraction_flag(args.durable_share, "--durable-share", low=MIN_DURABLE_SHARE)
     durable_every = int_flag(args.durable_every, "--durable-every", low=1, high=MAX_DURABLE_EVERY) \
         if args.durable_every else None
     local_every = interval_flag(args.local_every, "--local-every", step_time_s=step_time_s) if args.local_every \
@@ -104,16 +104,6 @@ def _mtbf(text: str | None, flag: str) -> float | None:
     if not value > 0:
         raise ConfigError(f"{flag} must be a positive duration, got {quoted(text)}")
     return duration_flag(text, flag, low=MIN_MTBF_S)
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"--durable-share takes a fraction in (0, 1], got {quoted(text)}") from None
-    if not 0 < value <= 1:
-        raise ConfigError(f"--durable-share must be within (0, 1], got {quoted(text)}")
-    return check_range(value, what="--durable-share", low=MIN_DURABLE_SHARE, high=1.0, given=text)
 
 
 def _rate(text: str | None, flag: str) -> float | None:

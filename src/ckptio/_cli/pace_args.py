@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 
-from ckptio._cli.job_args import int_flag, rate_flag
+from ckptio._cli.job_args import fraction_flag, int_flag, rate_flag
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.levels import DEFAULT_RANKS_PER_NODE
 from ckptio.plan.costs.pace import DEFAULT_FRACTION, FlushPace, PacePlan
-from ckptio.plan.units import check_range, format_duration, format_rate, quoted
+from ckptio.plan.units import format_duration, format_rate
 
 MIN_PACE_FRACTION = 0.01
 """A flush squeezed into less than a hundredth of the interval is no pace: the burst is the store's whole speed."""
@@ -42,7 +42,7 @@ def add_pace_arguments(parser: argparse.ArgumentParser, *, ranks_per_node: bool 
 
 def flush_pace(args: argparse.Namespace) -> FlushPace:
     """``--flush-pace``, ``--flush-pace-fraction`` and ``--ranks-per-node``, checked whether or not a pace is given."""
-    fraction = _fraction(args.flush_pace_fraction, "--flush-pace-fraction", low=MIN_PACE_FRACTION)
+    fraction = fraction_flag(args.flush_pace_fraction, "--flush-pace-fraction", low=MIN_PACE_FRACTION)
     per_node = int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE)
     text = args.flush_pace
     if text is None:
@@ -58,17 +58,7 @@ def flush_pace(args: argparse.Namespace) -> FlushPace:
 
 def store_share(args: argparse.Namespace) -> float | None:
     """``--store-share``, or None when not given."""
-    return _fraction(args.store_share, "--store-share", low=MIN_STORE_SHARE) if args.store_share else None
-
-
-def _fraction(text: str, flag: str, *, low: float) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{flag} takes a fraction in (0, 1], got {quoted(text)}") from None
-    if not 0 < value <= 1:
-        raise ConfigError(f"{flag} must be within (0, 1], got {quoted(text)}")
-    return check_range(value, what=flag, low=low, high=1.0, given=text)
+    return fraction_flag(args.store_share, "--store-share", low=MIN_STORE_SHARE) if args.store_share else None
 
 
 def pace_rows(p: PacePlan) -> list[tuple[str, str, str]]:
