@@ -112,12 +112,13 @@ def test_the_rate_of_each_save():
     assert auto.rate(100 * MiB) is None  # no interval measured yet: full speed
     auto.observe(10.0)
     assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)  # done within half the interval
-    auto.observe(30.0)  # the interval grew (longer steps): the rate follows
-    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 10.0)
-    auto.observe(30.0)
-    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 15.0)  # it took over
-    auto.observe(300.0)  # one long pause (an evaluation) does not slow the next flush
+    auto.observe(300.0)  # long pauses (an evaluation, a run's first saves) never slow the next flush...
+    auto.observe(300.0)
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)  # ...even two of the last three
+    auto.observe(30.0)  # the interval grew (longer steps): it takes over once the shorter one aged out
     assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 15.0)
+    auto.observe(3.0)  # a shorter interval takes over at once
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 1.5)
     timed = PaceRule("auto", fraction=0.25, ranks_on_node=1, every_seconds=40.0)
     assert timed.rate(100 * MiB) == pytest.approx(100 * MiB / 10.0)  # every_seconds is the first estimate
 

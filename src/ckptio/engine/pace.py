@@ -7,9 +7,12 @@ Two halves, one per process:
   a number is the node's budget in bytes per second, shared evenly by the ranks of the node (each writer gets
   ``flush_pace / ranks_on_node``: ranks of one node save the same state shapes at the same steps, so equal shares
   spend the budget evenly); ``"auto"`` is this rank's bytes ÷ (``flush_pace_fraction`` × the time between saves),
-  estimated as the median of the last three intervals (``every_seconds`` until a save measured one): one long
-  pause (an evaluation, a restart of the data loader) does not slow the next flushes, and a lasting change of step
-  time takes over from the second save on. A save before any interval is known goes at full speed.
+  estimated as the shortest of the last three intervals (``every_seconds`` until a save measured one). The
+  shortest, because the two ways to miss cost differently: a flush paced for too long an interval is still running
+  when the next save needs its slot, and that save waits for the rest of it at full speed; one paced for too short
+  an interval only finishes early. So long pauses (an evaluation, a restart of the data loader, the first saves of
+  a run) never slow the next flushes, a shorter interval takes over at once, and a longer one once the three
+  shorter have aged out. A save before any interval is known goes at full speed.
 * :class:`FlushPacer` (writer) turns a rate into waits: each piece of a paced write gets a ticket on a clock that
   starts with the flush (``start + bytes before it ÷ rate``) and goes out when its ticket is due. ``hurry()``
   releases the flush in progress at once: the writer calls it when the next save arrives, and the trainer asks for
@@ -23,7 +26,6 @@ Neither half ever sleeps on the training thread.
 from __future__ import annotations
 
 import collections
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +43,7 @@ def ranks_on_node(group: SideGroup, node: str) -> int:
 
 
 _RECENT = 3
-"""Intervals the estimate is the median of."""
+"""Intervals the estimate is the shortest of."""
 
 
 class PaceRule:
@@ -56,7 +58,7 @@ class PaceRule:
     @property
     def interval_s(self) -> float | None:
         """The estimate of the time to the next save."""
-        return statistics.median(self._recent) if self._recent else self._prior
+        return min(self._recent) if self._recent else self._prior
 
     def observe(self, interval_s: float | None) -> None:
         """The time since the previous save, measured at this one."""
