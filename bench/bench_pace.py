@@ -20,7 +20,8 @@ Figures, per mode (medians over its saves):
 * the paced rate: the job's achieved rate (``flush_paced`` events, summed over ranks) against the planner's paced
   demand (the job's bytes over ``flush_pace_fraction`` of the measured interval).
 
-    .venv/bin/python bench/bench_pace.py [--mib 256] [--every 120] [--rounds 3] [--saves 4] [--dir DIR]
+    .venv/bin/python bench/bench_pace.py [--mib 256] [--every 120] [--rounds 3] [--saves 4] [--fraction 0.5]
+        [--dir DIR] [--profile]
 
 Ends with ``RATIOS loader_loss_paced_vs_dcp_best=… loader_loss_paced_vs_unpaced=… lost_paced_vs_dcp_best=…
 paced_rate_predicted_vs_measured=…`` (goals: ≤ 0.3, ≤ 0.3, ≤ 0.5, within 0.8–1.2).
@@ -103,6 +104,7 @@ def rank_main(rank: int, world_size: int, spec: dict[str, Any]) -> None:
     savers: dict[str, Any] = {
         "ckptio": ckptio.Checkpointer(str(root / "ckptio"), **options | {"events_path": str(root / "ev-u.jsonl")}),
         "ckptio_auto": ckptio.Checkpointer(str(root / "ckptio_auto"), flush_pace="auto",
+                                           flush_pace_fraction=spec["fraction"],
                                            **options | {"events_path": str(root / "ev-p.jsonl")}),
         "dcp_best": DcpBest(process_group=dist.new_group(backend="gloo")),
     }
@@ -265,6 +267,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--saves", type=int, default=4, help="saves per mode per round")
     parser.add_argument("--loader-gib", type=float, default=1.0)
+    parser.add_argument("--fraction", type=float, default=0.5, help="flush_pace_fraction of the paced mode")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--profile", action="store_true",
                         help="print each mode's save-aligned loader throughput (MiB/s) per 0.5 s")
@@ -281,7 +284,7 @@ def main() -> None:
         loader, out = start_loader(directory, args.loader_gib)
         try:
             spec = {"dir": str(directory), "mib": args.mib, "every": args.every, "width": args.width,
-                    "rounds": args.rounds, "saves": args.saves}
+                    "rounds": args.rounds, "saves": args.saves, "fraction": args.fraction}
             run_ranks(ranks, rank_main, spec)
         finally:
             loader.send_signal(signal.SIGTERM)
@@ -299,7 +302,7 @@ def main() -> None:
         steady = {r["handle_step"] for r in saves if r["mode"] == "ckptio_auto" and r["interval"]
                   and r["interval"] < 1.5 * interval}
         achieved = paced_rates(directory, ranks, steady)
-        predicted = paced_demand(ranks * args.mib * MiB, interval_s=interval, fraction=0.5)
+        predicted = paced_demand(ranks * args.mib * MiB, interval_s=interval, fraction=args.fraction)
         committed = {m: sum(r["committed"] for r in saves if r["mode"] == m) for m in ("ckptio", "ckptio_auto")}
     print(f"loader alone {loss['alone_Bps'] / MiB:.0f} MiB/s; save interval {interval:.2f} s; "
           f"{args.mib} MiB per rank x {ranks} ranks")
@@ -311,10 +314,11 @@ def main() -> None:
               f"time lost per save {lost[mode] * 1000:.0f} ms")
     for mode, rates in shape.items():
         print(f"  {mode:12s} loader MiB/s per 0.5 s: " + " ".join(f"{r / MiB:.0f}" for r in rates))
-    steady_blocking = [s["blocking"] or 0.0 for s in saves if s["interval"]]  # the first save plans and allocates
+    blocking = {m: [s["blocking"] or 0.0 for s in saves if s["mode"] == m and s["interval"]]  # the first plans
+                for m in ("ckptio", "ckptio_auto")}
     print(f"ckptio saves (both ranks): {len(saves)}, skipped {sum(s['skipped'] for s in saves)}, committed per mode "
-          f"{committed}, blocking after the first save: median {statistics.median(steady_blocking) * 1000:.1f} ms, "
-          f"max {max(steady_blocking) * 1000:.1f} ms")
+          f"{committed}, blocking after the first save, median / max: "
+          + ", ".join(f"{m} {statistics.median(b) * 1000:.1f} / {max(b) * 1000:.1f} ms" for m, b in blocking.items()))
     print(f"paced rate: achieved {statistics.median(achieved) / MiB:.0f} MiB/s (median of {len(achieved)} saves), "
           f"planner {predicted / MiB:.0f} MiB/s")
     ratios = {
