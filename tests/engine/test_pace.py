@@ -110,17 +110,22 @@ def test_the_rate_of_each_save():
     assert PaceRule(8e9, fraction=0.5, ranks_on_node=4, every_seconds=None).rate(MiB) == 2e9  # the node's budget
     auto = PaceRule("auto", fraction=0.5, ranks_on_node=4, every_seconds=None)
     assert auto.rate(100 * MiB) is None  # no interval measured yet: full speed
-    auto.observe(10.0)
-    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)  # done within half the interval
-    auto.observe(300.0)  # long pauses (an evaluation, a run's first saves) never slow the next flush...
     auto.observe(300.0)
-    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)  # ...even two of the last three
+    assert auto.rate(100 * MiB) is None  # one interval may be a pause (an evaluation after the first save)
+    auto.observe(10.0)
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)  # done within half the shortest interval
+    auto.observe(300.0)  # long pauses never slow the next flush, even two of the last three
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)
     auto.observe(30.0)  # the interval grew (longer steps): it takes over once the shorter one aged out
+    assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)
+    auto.observe(30.0)
     assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 15.0)
     auto.observe(3.0)  # a shorter interval takes over at once
     assert auto.rate(100 * MiB) == pytest.approx(100 * MiB / 1.5)
     timed = PaceRule("auto", fraction=0.25, ranks_on_node=1, every_seconds=40.0)
     assert timed.rate(100 * MiB) == pytest.approx(100 * MiB / 10.0)  # every_seconds is the first estimate
+    timed.observe(20.0)  # saves called more often than every_seconds: the shorter interval rules
+    assert timed.rate(100 * MiB) == pytest.approx(100 * MiB / 5.0)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, "fast", float("nan")])
@@ -195,5 +200,5 @@ def test_the_report_says_paced_flushes_keep_up(tmp_path):
             ck.save(step, _state(1, step)).wait()
             threading.Event().wait(0.3)  # the interval "auto" paces to
     summary = summarize(load_events([rank_path(str(events), 0)]))
-    assert summary.paced_saves == 3  # the first save had no interval to pace to
+    assert summary.paced_saves == 2  # the first two had no interval to pace to, or only one
     assert any(v.startswith("paced flushes keep up") for v in summary.verdicts), summary.verdicts

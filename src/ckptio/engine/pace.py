@@ -12,7 +12,8 @@ Two halves, one per process:
   when the next save needs its slot, and that save waits for the rest of it at full speed; one paced for too short
   an interval only finishes early. So long pauses (an evaluation, a restart of the data loader, the first saves of
   a run) never slow the next flushes, a shorter interval takes over at once, and a longer one once the three
-  shorter have aged out. A save before any interval is known goes at full speed.
+  shorter have aged out. Without ``every_seconds``, one measured interval is not trusted (it may be such a pause:
+  a run that evaluates after its first save): saves go at full speed until two are known.
 * :class:`FlushPacer` (writer) turns a rate into waits: each piece of a paced write gets a ticket on a clock that
   starts with the flush (``start + bytes before it ÷ rate``) and goes out when its ticket is due. ``hurry()``
   releases the flush in progress at once: the writer calls it when the next save arrives, and the trainer asks for
@@ -44,6 +45,8 @@ def ranks_on_node(group: SideGroup, node: str) -> int:
 
 _RECENT = 3
 """Intervals the estimate is the shortest of."""
+_TRUSTED = 2
+"""Measured intervals needed before ``"auto"`` paces without ``every_seconds``."""
 
 
 class PaceRule:
@@ -57,8 +60,10 @@ class PaceRule:
 
     @property
     def interval_s(self) -> float | None:
-        """The estimate of the time to the next save."""
-        return min(self._recent) if self._recent else self._prior
+        """The estimate of the time to the next save (None: not known well enough to pace by)."""
+        if self._prior is None and len(self._recent) < _TRUSTED:
+            return None
+        return min([*self._recent, *([self._prior] if self._prior is not None else [])])
 
     def observe(self, interval_s: float | None) -> None:
         """The time since the previous save, measured at this one."""
