@@ -61,9 +61,9 @@ class PaceRule:
     @property
     def interval_s(self) -> float | None:
         """The estimate of the time to the next save (None: not known well enough to pace by)."""
-        if self._prior is None and len(self._recent) < _TRUSTED:
-            return None
-        return min([*self._recent, *([self._prior] if self._prior is not None else [])])
+        if self._prior is not None:
+            return min([self._prior, *self._recent])
+        return min(self._recent) if len(self._recent) >= _TRUSTED else None
 
     def observe(self, interval_s: float | None) -> None:
         """The time since the previous save, measured at this one."""
@@ -76,9 +76,10 @@ class PaceRule:
             return None
         if self.pace != "auto":
             return float(self.pace) / self.ranks_on_node
-        if self.interval_s is None or nbytes <= 0:
+        interval = self.interval_s
+        if interval is None or nbytes <= 0:
             return None
-        return nbytes / (self.fraction * self.interval_s)
+        return nbytes / (self.fraction * interval)
 
 
 @dataclass(frozen=True, slots=True)

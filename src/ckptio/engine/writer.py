@@ -23,7 +23,7 @@ import contextlib
 import mmap
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from ckptio.engine.committer import CommitLevel, CommitRequest, StepCommitter, discard_attempt, report_failure
@@ -131,9 +131,8 @@ class Writer:
         try:
             if on_local:
                 assert self.start.local is not None
-                with self.pacer.begin(job.pace_bytes_per_s) as flush:
+                with self._flush(job, "durable") as flush:
                     self._upload_from_local(job, files, self.start.local, flush)
-                self._report_pace(job, flush, "durable")
             index = RankIndex(step=job.step, rank=rank, world_size=self.start.world_size,
                               save_id=job.save_id, files=files, items=items)
             t0 = time.monotonic()
@@ -208,9 +207,8 @@ class Writer:
             assert self.local_tier is not None
             for attempt in range(2):
                 try:
-                    with self.pacer.begin(job.pace_bytes_per_s if self.config.flush_pace_local else None) as flush:
+                    with self._flush(job, "local", paced=self.config.flush_pace_local) as flush:
                         written = self._write_files(job, plan, buf, local, flush)
-                    self._report_pace(job, flush, "local")
                     return *written, True
                 except StorageFullError as exc:
                     discard_attempt((local,), self.start.rank, job.step, job.save_id, plan.layout.n_files)
@@ -220,12 +218,16 @@ class Writer:
                         raise
                     self.out.event(Event.LOCAL_TIER_FULL, job.step, error=str(exc))
                     break
-        with self.pacer.begin(job.pace_bytes_per_s) as flush:
+        with self._flush(job, "durable") as flush:
             written = self._write_files(job, plan, buf, None, flush)
-        self._report_pace(job, flush, "durable")
         return *written, False
 
-    def _report_pace(self, job: SaveJob, flush: PacedFlush, tier: str) -> None:
+    @contextlib.contextmanager
+    def _flush(self, job: SaveJob, tier: str, *, paced: bool = True) -> Iterator[PacedFlush]:
+        """One flush of ``job`` to ``tier`` at the job's pace (full speed unless ``paced``); a ``flush_paced`` event
+        when it went well and was paced."""
+        with self.pacer.begin(job.pace_bytes_per_s if paced else None) as flush:
+            yield flush
         report = flush.report
         if report is not None:
             self.out.event(Event.FLUSH_PACED, job.step, tier=tier, target_bytes_per_s=report.target_bytes_per_s,
