@@ -193,34 +193,25 @@ def _worst_window(rates: list[float], k: int) -> float | None:
 
 
 def loader_figures(samples: list[tuple[float, int]], spans: dict[str, list[tuple[float, float]]],
-                   ) -> dict[str, dict[str, float]]:
-    """Per mode, two measures of the dip its saves carve into the loader, against ``none``:
+                   ) -> dict[str, dict[str, Any]]:
+    """Per mode, two measures of the dip its saves carve into the loader, against ``none``, and the profile:
 
     * ``aligned`` (the headline): the loader's rate aligned on each save's start, its median over the saves at each
-      100 ms, then the worst 0.5 s window of that median profile: the dip every save makes, while the loader's own
-      dips (the disk's, the VM's), which fall anywhere, cancel out as they do in ``none``;
+      100 ms (``profile``), then the worst 0.5 s window of that median profile: the dip every save makes, while the
+      loader's own dips (the disk's, the VM's), which fall anywhere, cancel out as they do in ``none``;
     * ``per_save``: each save's own worst 0.5 s window, their median; it holds the loader's own dips too, so
       ``none`` measured the same way shows that floor (``floor``)."""
     k = round(WINDOW_S / SAMPLE_S)
     rows = {mode: _aligned(samples, spans[mode]) for mode in MODES}
     alone = statistics.median([r for row in rows["none"] for r in row])
-    out: dict[str, dict[str, float]] = {"aligned": {"alone_Bps": alone}, "per_save": {}}
+    out: dict[str, dict[str, Any]] = {"aligned": {"alone_Bps": alone}, "per_save": {}, "profile": {}}
     for mode in MODES:
-        aligned = _worst_window(_median_profile(rows[mode]), k)
+        profile = out["profile"][mode] = _median_profile(rows[mode])
+        aligned = _worst_window(profile, k)
         per_save = [w for w in (_worst_window(row, k) for row in rows[mode]) if w is not None]
         key = "floor" if mode == "none" else mode
         out["aligned"][key] = max(0.0, 1.0 - aligned / alone) if aligned is not None else float("nan")
         out["per_save"][key] = max(0.0, 1.0 - statistics.median(per_save) / alone) if per_save else float("nan")
-    return out
-
-
-def profile(samples: list[tuple[float, int]], spans: dict[str, list[tuple[float, float]]]) -> dict[str, list[float]]:
-    """Per mode, the loader's save-aligned median rate in each 0.5 s after its saves' start (where the dip lies)."""
-    k = round(WINDOW_S / SAMPLE_S)
-    out = {}
-    for mode in MODES:
-        median = _median_profile(_aligned(samples, spans[mode]))
-        out[mode] = [statistics.fmean(median[i:i + k]) for i in range(0, len(median) - k + 1, k)]
     return out
 
 
@@ -296,7 +287,6 @@ def main() -> None:
         figures = loader_figures(samples, spans)
         loss = figures["aligned"]
         lost = lost_per_save(records, spans)
-        shape = profile(samples, spans) if args.profile else {}
         saves = [r for p in per_rank for r in p["records"] if "handle_step" in r]
         interval = statistics.median(b - a for a, b in spans["ckptio_auto"])
         steady = {r["handle_step"] for r in saves if r["mode"] == "ckptio_auto" and r["interval"]
@@ -312,8 +302,10 @@ def main() -> None:
     for mode in MODES[1:]:
         print(f"  {mode:12s} loader loss {loss[mode]:.2f} [{per_save[mode]:.2f}]   "
               f"time lost per save {lost[mode] * 1000:.0f} ms")
-    for mode, rates in shape.items():
-        print(f"  {mode:12s} loader MiB/s per 0.5 s: " + " ".join(f"{r / MiB:.0f}" for r in rates))
+    k = round(WINDOW_S / SAMPLE_S)
+    for mode, rates in figures["profile"].items() if args.profile else ():
+        halves = [statistics.fmean(rates[i:i + k]) for i in range(0, len(rates) - k + 1, k)]
+        print(f"  {mode:12s} loader MiB/s per 0.5 s: " + " ".join(f"{r / MiB:.0f}" for r in halves))
     blocking = {m: [s["blocking"] or 0.0 for s in saves if s["mode"] == m and s["interval"]]  # the first plans
                 for m in ("ckptio", "ckptio_auto")}
     print(f"ckptio saves (both ranks): {len(saves)}, skipped {sum(s['skipped'] for s in saves)}, committed per mode "
