@@ -53,7 +53,7 @@ def _buffer() -> mmap.mmap:
     return buf
 
 
-def _write_all(fd: int, view: memoryview) -> None:
+def write_all(fd: int, view: memoryview) -> None:
     while view.nbytes:
         view = view[os.write(fd, view) :]
 
@@ -62,7 +62,7 @@ def _write_paced(fd: int, view: memoryview, nbytes: int, pacer: Pacer | None) ->
     """Write ``view`` (``nbytes`` of it data, the rest padding) once ``pacer`` lets ``nbytes`` go."""
     if pacer is not None:
         pacer.take(nbytes)
-    _write_all(fd, view)
+    write_all(fd, view)
 
 
 def write_direct(path: str, parts: Iterable[memoryview], *, fsync: bool = True, pacer: Pacer | None = None) -> int:
@@ -114,10 +114,10 @@ def write_direct(path: str, parts: Iterable[memoryview], *, fsync: bool = True, 
             os.close(fd)
 
 
-def file_chunks(path: str) -> Iterable[memoryview]:
-    """``path``'s bytes in :data:`CHUNK` pieces, for copying a file with :func:`write_direct`."""
+def file_chunks(path: str, size: int = CHUNK) -> Iterable[memoryview]:
+    """``path``'s bytes in pieces of ``size`` (:data:`CHUNK`: for copying a file with :func:`write_direct`)."""
     with open(path, "rb", buffering=0) as src:
-        while chunk := src.read(CHUNK):
+        while chunk := src.read(size):
             yield memoryview(chunk)
 
 

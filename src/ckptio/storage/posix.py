@@ -35,11 +35,22 @@ from ckptio.storage.base import (
     check_put_mode,
     join_key,
 )
-from ckptio.storage.direct_io import MIN_BYTES, DirectIOUnsupported, file_chunks, read_direct, write_direct
+from ckptio.storage.direct_io import (
+    CHUNK,
+    MIN_BYTES,
+    DirectIOUnsupported,
+    file_chunks,
+    read_direct,
+    write_all,
+    write_direct,
+)
+from ckptio.storage.writeback import PacedWriteback
 
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
+# A paced write's slice: the direct path's chunk, so that both reach the disk in pieces of one size.
+_PACED_SLICE = CHUNK
 # With direct_io=True, reads below this still go through the page cache: O_DIRECT's synchronous device round trip
 # would only add latency.
 READ_MIN_BYTES = 1 << 20
@@ -57,6 +68,10 @@ def _remaining(views: list[memoryview], done: int) -> list[memoryview]:
         out.append(view[done:])
         done = 0
     return out[:_IOV_MAX]
+
+
+def _slice(pacer: Pacer | None) -> int:
+    return _WRITE_SLICE if pacer is None else _PACED_SLICE
 
 
 def _etag(st: os.stat_result) -> str:
@@ -143,16 +158,8 @@ class PosixStorage(Storage):
                  pacer: Pacer | None = None) -> ObjectInfo:
         def copy(tmp: str) -> None:
             # Lazy: file_chunks opens nothing unless O_DIRECT is used.
-            if self._try_direct(tmp, os.path.getsize(path), file_chunks(path), pacer):
-                return
-            with open(path, "rb") as src, open(tmp, "xb") as dst:
-                while chunk := src.read(_WRITE_SLICE):
-                    if pacer is not None:
-                        pacer.take(len(chunk))
-                    dst.write(chunk)
-                dst.flush()
-                if self.fsync:
-                    os.fsync(dst.fileno())
+            if not self._try_direct(tmp, os.path.getsize(path), file_chunks(path), pacer):
+                self._write_buffered(tmp, file_chunks(path, _slice(pacer)), pacer)
 
         return self._commit(key, copy, check_put_mode(mode))
 
@@ -196,17 +203,24 @@ class PosixStorage(Storage):
 
     def _write_tmp(self, tmp: str, data: Data, pacer: Pacer | None) -> None:
         buffers = as_buffers(data)
-        if self._try_direct(tmp, sum(b.nbytes for b in buffers), buffers, pacer):
-            return
+        if not self._try_direct(tmp, sum(b.nbytes for b in buffers), buffers, pacer):
+            size = _slice(pacer)
+            self._write_buffered(tmp, (b[i : i + size] for b in buffers for i in range(0, b.nbytes, size)), pacer)
+
+    def _write_buffered(self, tmp: str, slices: Iterable[memoryview], pacer: Pacer | None) -> None:
+        """Write ``tmp`` through the page cache, slice by slice; a paced write hands each slice to the disk as it
+        goes (:mod:`ckptio.storage.writeback` says why)."""
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            for buf in buffers:
-                for start in range(0, buf.nbytes, _WRITE_SLICE):
-                    view = buf[start : start + _WRITE_SLICE]
-                    if pacer is not None:
-                        pacer.take(view.nbytes)
-                    while view.nbytes:
-                        view = view[os.write(fd, view) :]
+            writeback = PacedWriteback(fd) if pacer is not None else None
+            for view in slices:
+                if pacer is not None:
+                    pacer.take(view.nbytes)
+                write_all(fd, view)
+                if writeback is not None:
+                    writeback.written(view.nbytes)
+            if writeback is not None:
+                writeback.finish()
             if self.fsync:
                 os.fsync(fd)
         finally:
