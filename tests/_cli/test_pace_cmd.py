@@ -31,6 +31,7 @@ def test_plan_json_gives_the_burst_the_paced_demand_and_both_lags(capsys: pytest
     # Not paced: the paced figures are auto's, the job's bytes over half the interval.
     assert out["paced_demand_bytes_per_s"] == pytest.approx(out["checkpoint_bytes"] / 900.0)
     assert out["unpaced_lag_s"] == pytest.approx(out["flush_s"]) and out["paced_lag_s"] == pytest.approx(900.0)
+    assert out["paced_expected_lost_work_s"] == pytest.approx(out["expected_lost_work_s"] - out["flush_s"] + 900.0)
     assert out["store_share"] is None and out["recommended_flush_pace"] is None
     node = _json(capsys, "plan", *JOB, "--flush-pace", "2GB/s", "--ranks-per-node", "4")
     assert node["flush_pace"] == 2e9 and node["paced_demand_bytes_per_s"] == pytest.approx(4e9)  # two nodes
@@ -52,7 +53,8 @@ def test_plan_recommends_auto_when_the_burst_exceeds_the_share_and_the_paced_dem
 def test_a_plan_without_a_store_has_the_pace_keys_null(capsys: pytest.CaptureFixture[str]) -> None:
     out = _json(capsys, "plan", "--preset", "mlperf-llama3-8b", "--flush-pace", "auto")
     assert out["flush_pace"] == "auto"
-    for key in ("peak_demand_bytes_per_s", "paced_demand_bytes_per_s", "paced_lag_s", "recommended_flush_pace"):
+    for key in ("peak_demand_bytes_per_s", "paced_demand_bytes_per_s", "paced_lag_s", "paced_expected_lost_work_s",
+                "recommended_flush_pace"):
         assert key in out and out[key] is None, key
 
 

@@ -71,7 +71,8 @@ def pace_rows(p: PacePlan) -> list[tuple[str, str, str]]:
         ("burst", format_rate(p.peak_demand_bytes_per_s),
          f"all ranks at full speed; durable in {format_duration(p.unpaced_lag_s)}"),
         ("paced demand", format_rate(p.paced_demand_bytes_per_s),
-         f"{how}; durable in {format_duration(p.paced_lag_s)}"),
+         f"{how}; durable in {format_duration(p.paced_lag_s)}, a failure loses "
+         f"{format_duration(p.paced_expected_lost_work_s)} of work"),
     ]
     if p.store_share is not None and p.store_share_bytes_per_s is not None:
         fits = "fits" if p.demand_bytes_per_s <= p.store_share_bytes_per_s else "does NOT fit"

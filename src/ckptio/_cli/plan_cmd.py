@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 _STORE_FREE_PACE = dict.fromkeys(
     ("peak_demand_bytes_per_s", "paced_demand_bytes_per_s", "auto_demand_bytes_per_s", "unpaced_lag_s",
-     "paced_lag_s", "store_share_bytes_per_s", "recommended_flush_pace"))
+     "paced_lag_s", "paced_expected_lost_work_s", "store_share_bytes_per_s", "recommended_flush_pace"))
 """The pace keys without a store: each needs the store's bandwidth or the flush."""
 
 

@@ -86,12 +86,11 @@ class Event(StrEnum):
     WRITER_DIED = "writer_died"
     LOCAL_TIER_FULL = "local_tier_full"  # a warning: the local tier had no room even after eviction; durable only
     STEPS_RETIRED = "steps_retired"  # after a restore, the abandoned trajectory's later steps were retired
+    FLUSH_PACED = "flush_paced"  # how a paced flush went: target and achieved rate, how long the pace stretched it
     # The local level (node-local + partner copies), restores from it, preemption.
     LEVEL_COMMITTED = "level_committed"
     LEVEL_FAILED = "level_failed"
-    REPLICA_FAILED = "replica_failed"
-    FLUSH_PACED = "flush_paced"  # how a paced flush went: target and achieved rate, how long the pace stretched it
-  # a partner took no copy of a local-level save: it commits with fewer holders
+    REPLICA_FAILED = "replica_failed"  # a partner took no copy of a local-level save: it commits with fewer holders
     RESTORED = "restored"
     PREEMPTED = "preempted"
 

@@ -55,6 +55,19 @@ def test_auto_spreads_the_job_over_the_fraction_of_the_interval_and_lags_by_the_
     assert slow.paced_lag_s == pytest.approx(80.0) and slow.paced_demand_bytes_per_s == pytest.approx(0.1 * GB)
 
 
+def test_a_paced_save_durable_later_costs_more_work_per_failure() -> None:
+    """Until a paced save is durable a failure restarts from the one before: the lag replaces the flush."""
+    budget, p = _plan(StoreLimits(write_bytes_per_s=10 * GB), FlushPace(pace="auto", fraction=0.5))
+    assert p.paced_expected_lost_work_s - budget.expected_lost_work_s == pytest.approx(50.0 - 0.8)
+    # A window cut short by the next save: at most a whole cycle more, never a lag past it.
+    _, late = _plan(StoreLimits(write_bytes_per_s=10 * GB), FlushPace(pace=0.01 * GB, ranks_per_node=8))
+    cycle = budget.interval_s + budget.stall_s_per_checkpoint
+    assert late.paced_expected_lost_work_s == pytest.approx(cycle / 2 + cycle)
+    unpaced_equivalent = _plan(StoreLimits(write_bytes_per_s=0.1 * GB), FlushPace(pace="auto", fraction=0.5))
+    assert unpaced_equivalent[1].paced_expected_lost_work_s == pytest.approx(
+        unpaced_equivalent[0].expected_lost_work_s)  # a store slower than the pace: the lag is the flush
+
+
 def test_a_node_budget_is_shared_by_the_ranks_of_the_node() -> None:
     _, p = _plan(StoreLimits(write_bytes_per_s=10 * GB), FlushPace(pace=0.8 * GB, ranks_per_node=4))
     # 8 ranks on 2 nodes: 0.2 GB/s a writer, 1.6 GB/s the job; each rank's 1 GB takes 5 s.

@@ -15,6 +15,9 @@ Owns the closed form of ``Checkpointer(flush_pace=...)`` (the engine's rule is :
   or the unpaced flush when the store is slower than the pace. A window longer than the interval never lasts: the
   next save sends the flush to full speed (the engine's ``hurry``), so the lag is the interval plus the rest of
   the bytes at the unpaced flush's speed.
+* **Work lost per failure, paced** — the budget's rule (half a cycle, plus the time until the newest save commits,
+  at most a cycle) with the paced lag in place of the flush: until a paced save is durable, a failure restarts
+  from the one before it.
 
 Pacing never changes what commits: only how long the write takes. This module must never decide admission
 (:mod:`ckptio.plan.admit` does) nor step through time (:mod:`ckptio.plan.simulation` models paced writers).
@@ -101,6 +104,8 @@ class PacePlan:
     paced_lag_s: float
     """Save return to durable, paced: the window, or the unpaced flush when longer; a window past the next save is
     cut short by it (the rest goes at full speed)."""
+    paced_expected_lost_work_s: float
+    """The budget's ``expected_lost_work_s`` with the saves durable ``paced_lag_s`` after they return."""
     store_share: float | None
     """The share of the store's write bandwidth the job may take (``--store-share``); None: not judged."""
     store_share_bytes_per_s: float | None
@@ -152,9 +157,16 @@ def plan_pace(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget,
     return PacePlan(
         flush_pace=pace.pace, flush_pace_fraction=pace.fraction, peak_demand_bytes_per_s=peak,
         paced_demand_bytes_per_s=paced, auto_demand_bytes_per_s=auto, unpaced_lag_s=budget.flush_s,
-        paced_lag_s=lag, store_share=store_share, store_share_bytes_per_s=share_bps,
+        paced_lag_s=lag, paced_expected_lost_work_s=_lost_work(budget, lag), store_share=store_share, store_share_bytes_per_s=share_bps,
         recommended_flush_pace="auto" if fits_only_paced and budget.mode == "async" and pace.pace != "auto" else None,
     )
+
+
+def _lost_work(budget: BurstBudget, lag_s: float) -> float:
+    """The budget's work lost per failure with saves durable ``lag_s`` after they return instead of the flush."""
+    cycle = budget.interval_s + budget.stall_s_per_checkpoint
+    unpaced = min(budget.blocking_s + budget.flush_s, cycle)
+    return budget.expected_lost_work_s - unpaced + min(budget.blocking_s + lag_s, cycle)
 
 
 def _paced(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget, pace: FlushPace, *,
