@@ -157,7 +157,8 @@ def plan_pace(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget,
     return PacePlan(
         flush_pace=pace.pace, flush_pace_fraction=pace.fraction, peak_demand_bytes_per_s=peak,
         paced_demand_bytes_per_s=paced, auto_demand_bytes_per_s=auto, unpaced_lag_s=budget.flush_s,
-        paced_lag_s=lag, paced_expected_lost_work_s=_lost_work(budget, lag), store_share=store_share, store_share_bytes_per_s=share_bps,
+        paced_lag_s=lag, paced_expected_lost_work_s=_lost_work(budget, lag), store_share=store_share,
+        store_share_bytes_per_s=share_bps,
         recommended_flush_pace="auto" if fits_only_paced and budget.mode == "async" and pace.pace != "auto" else None,
     )
 
