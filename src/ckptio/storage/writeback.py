@@ -48,7 +48,9 @@ class PacedWriteback:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.offset = 0
-        self._previous: tuple[int, int] | None = None
+        """Bytes written so far."""
+        self._clean = 0
+        """Bytes known on the disk and dropped from the cache."""
         self._ranged = _SYNC_FILE_RANGE is not None
 
     def written(self, nbytes: int) -> None:
@@ -58,26 +60,26 @@ class PacedWriteback:
             return
         start, self.offset = self.offset, self.offset + nbytes
         if self._ranged and self._range(start, nbytes, _WRITE):
-            self.finish()
-            self._previous = (start, nbytes)
+            self._settle(start)
         else:
             self._datasync()
 
     def finish(self) -> None:
         """Wait for the last slice to be on the disk and drop it from the cache."""
-        if self._previous is None:
+        self._settle(self.offset)
+
+    def _settle(self, upto: int) -> None:
+        """Wait for the bytes before ``upto`` to be on the disk, and drop them from the cache."""
+        if upto <= self._clean:
             return
-        start, nbytes = self._previous
-        self._previous = None
-        if self._range(start, nbytes, _WAIT_BEFORE | _WRITE | _WAIT_AFTER):
-            self._drop(start, nbytes)
+        if self._ranged and self._range(self._clean, upto - self._clean, _WAIT_BEFORE | _WRITE | _WAIT_AFTER):
+            self._drop(upto)
         else:
             self._datasync()
 
     def _datasync(self) -> None:
-        self._previous = None
         os.fdatasync(self.fd)
-        self._drop(0, self.offset)
+        self._drop(self.offset)
 
     def _range(self, start: int, nbytes: int, flags: int) -> bool:
         """``sync_file_range``; False (and ``fdatasync`` from then on) where this file's filesystem has none."""
@@ -90,6 +92,9 @@ class PacedWriteback:
             return False
         raise OSError(err, os.strerror(err))
 
-    def _drop(self, start: int, nbytes: int) -> None:
-        if hasattr(os, "posix_fadvise"):  # a hint: a filesystem that keeps the pages anyway is not an error
-            os.posix_fadvise(self.fd, start, nbytes, os.POSIX_FADV_DONTNEED)
+    def _drop(self, upto: int) -> None:
+        """The bytes before ``upto`` are on the disk: drop those not dropped yet from the cache (a hint: a
+        filesystem that keeps the pages anyway is not an error)."""
+        if hasattr(os, "posix_fadvise") and upto > self._clean:
+            os.posix_fadvise(self.fd, self._clean, upto - self._clean, os.POSIX_FADV_DONTNEED)
+        self._clean = max(self._clean, upto)
