@@ -204,7 +204,8 @@ def _aligned(samples: list[tuple[float, int]], spans_of: list[tuple[float, float
     """The loader's rate in each sample period after the start of each span, one row per span, each divided by its
     calm tail."""
     rows = [[n / SAMPLE_S for t, n in samples if a <= t < b] for a, b in spans_of]
-    return [[r / _calm(row) for r in row] for row in rows if row and _calm(row) > 0]
+    calm = [_calm(row) if row else 0.0 for row in rows]
+    return [[r / c for r in row] for row, c in zip(rows, calm, strict=True) if c > 0]
 
 
 def _median_profile(rows: list[list[float]]) -> list[float]:
@@ -224,7 +225,8 @@ def loader_figures(samples: list[tuple[float, int]], spans: dict[str, list[tuple
     k = round(WINDOW_S / SAMPLE_S)
     rows = {mode: _aligned(samples, spans[mode]) for mode in MODES}
     profiles = {mode: _median_profile(rows[mode]) for mode in MODES}
-    worst = {mode: _worst_window(profile, k) or float("nan") for mode, profile in profiles.items()}
+    worst = {mode: float("nan") if (w := _worst_window(profile, k)) is None else w
+             for mode, profile in profiles.items()}
     per_save = {mode: statistics.median(w for w in (_worst_window(row, k) for row in rows[mode]) if w is not None)
                 for mode in MODES}
     alone = statistics.median(n / SAMPLE_S for t, n in samples if any(a <= t < b for a, b in spans["none"]))
@@ -233,26 +235,14 @@ def loader_figures(samples: list[tuple[float, int]], spans: dict[str, list[tuple
             "per_save": {mode: max(0.0, 1.0 - per_save[mode] / per_save["none"]) for mode in MODES}}
 
 
-def lost_per_save(records: list[dict[str, Any]], spans: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
-    """Per mode, the median over its saves of the interval's steps beyond its calm tail's median step (the VM's
-    speed drifts over minutes: a clean step measured elsewhere charged a save with that drift, either way)."""
+def step_figures(records: list[dict[str, Any]], spans: dict[str, list[tuple[float, float]]],
+                 ) -> dict[str, dict[str, Any]]:
+    """Per mode, from each save interval's steps against the interval's calm tail (its median step; the VM's speed
+    drifts over minutes: a clean step measured elsewhere charged a save with that drift, either way), in ms per
+    0.5 s from the save's start: ``lost`` (their sum, the median over the mode's saves) and ``profile`` (the median
+    over the saves at each 0.5 s: where the time lost lands)."""
     steps = [r for r in records if "t" in r and r["segment"] > 0]
-    out = {}
-    for mode in MODES:
-        lost = []
-        for a, b in spans[mode]:
-            inside = [r["s"] for r in steps if a <= r["t"] < b]
-            lost.append(sum(inside) - _calm(inside) * len(inside))
-        out[mode] = statistics.median(lost)
-    return out
-
-
-def step_profiles(records: list[dict[str, Any]], spans: dict[str, list[tuple[float, float]]],
-                  ) -> dict[str, list[float]]:
-    """Per mode, where in the interval its time lost per save lands: the steps' time beyond the interval's calm
-    tail, per 0.5 s from the save's start, the median over the mode's saves."""
-    steps = [r for r in records if "t" in r and r["segment"] > 0]
-    out = {}
+    out: dict[str, dict[str, Any]] = {"lost": {}, "profile": {}}
     for mode in MODES:
         rows = []
         for a, b in spans[mode]:
@@ -262,7 +252,8 @@ def step_profiles(records: list[dict[str, Any]], spans: dict[str, list[tuple[flo
             for r in inside:
                 row[int((r["t"] - a) / WINDOW_S)] += (r["s"] - calm) * 1000
             rows.append(row)
-        out[mode] = _median_profile(rows)
+        out["lost"][mode] = statistics.median(map(sum, rows))
+        out["profile"][mode] = _median_profile(rows)
     return out
 
 
@@ -337,7 +328,8 @@ def main() -> None:
         spans = windows(records)
         figures = loader_figures(samples, spans)
         loss = figures["loss"]
-        lost = lost_per_save(records, spans)
+        by_steps = step_figures(records, spans)
+        lost = by_steps["lost"]
         saves = [r for p in per_rank for r in p["records"] if "handle_step" in r]
         interval = statistics.median(b - a for a, b in spans["ckptio_auto"])
         steady = {r["handle_step"] for r in saves if r["mode"] == "ckptio_auto" and r["interval"]
@@ -351,15 +343,15 @@ def main() -> None:
           f"{args.mib} MiB per rank x {ranks} ranks")
     print(f"loader loss: the worst 0.5 s of the tail-relative profile against none's (headline; none's own floor "
           f"{figures['floor']:.2f}); each save's own worst window against none's in brackets. Time lost per save: "
-          f"none's own {lost['none'] * 1000:.0f} ms")
+          f"none's own {lost['none']:.0f} ms")
     for mode in MODES[1:]:
         print(f"  {mode:12s} loader loss {loss[mode]:.2f} [{per_save[mode]:.2f}]   "
-              f"time lost per save {lost[mode] * 1000:.0f} ms")
+              f"time lost per save {lost[mode]:.0f} ms")
     k = round(WINDOW_S / SAMPLE_S)
     for mode, rates in figures["profile"].items() if args.profile else ():
         halves = [statistics.fmean(rates[i:i + k]) for i in range(0, len(rates) - k + 1, k)]
         print(f"  {mode:12s} loader per 0.5 s, of its tail: " + " ".join(f"{r:.2f}" for r in halves))
-    for mode, lost_ms in step_profiles(records, spans).items() if args.profile else ():
+    for mode, lost_ms in by_steps["profile"].items() if args.profile else ():
         print(f"  {mode:12s} steps' time beyond the tail's per 0.5 s, ms: " + " ".join(f"{v:.0f}" for v in lost_ms))
     blocking = {m: [s["blocking"] or 0.0 for s in saves if s["mode"] == m and s["interval"]]  # the first plans
                 for m in ("ckptio", "ckptio_auto")}
