@@ -7,7 +7,7 @@ Two halves, one per process:
   a number is the node's budget in bytes per second, shared evenly by the ranks of the node (each writer gets
   ``flush_pace / ranks_on_node``: ranks of one node save the same state shapes at the same steps, so equal shares
   spend the budget evenly); ``"auto"`` is this rank's bytes ÷ (``flush_pace_fraction`` × the time between saves),
-  estimated as the shortest of the last three intervals (``every_seconds`` until a save measured one). The
+  estimated as the shortest of the last three intervals and ``every_seconds`` (when set). The
   shortest, because the two ways to miss cost differently: a flush paced for too long an interval is still running
   when the next save needs its slot, and that save waits for the rest of it at full speed; one paced for too short
   an interval only finishes early. So long pauses (an evaluation, a restart of the data loader, the first saves of
