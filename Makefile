@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Development pins torch to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv sysdeps s3rver demo test lint typecheck unit bench clean
+.PHONY: venv sysdeps labdeps s3rver demo test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,23 @@ sysdeps:
 	@command -v fio >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq fio >/dev/null; }
+
+# The cluster lab (ckptio.testing.cluster, tests/lab) runs MooseFS and GlusterFS from Debian's packages, by hand:
+# policy-rc.d (put in place for the install when the machine has none) keeps their postinst scripts from starting
+# daemons. Idempotent. The lab needs root: elsewhere, or where apt-get fails, its tests skip and say why.
+LAB_PACKAGES := moosefs-master moosefs-chunkserver moosefs-client glusterfs-server glusterfs-client fuse3
+labdeps:
+	@if command -v mfsmaster >/dev/null 2>&1 && command -v mfschunkserver >/dev/null 2>&1 && \
+	    command -v mfsmount >/dev/null 2>&1 && command -v glusterd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "labdeps: needs root and apt-get; the cluster lab tests will skip"; \
+	else \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    trap 'rm -f /usr/sbin/policy-rc.d' EXIT; printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; \
+	    chmod 755 /usr/sbin/policy-rc.d; fi; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      $(LAB_PACKAGES) >/dev/null; } || echo "labdeps: apt-get failed; the cluster lab tests will skip"; \
+	fi
 
 # s3rver (npm, pinned by package.json + package-lock.json) is the test session's second S3 implementation: one
 # that ignores conditional writes (tests/conftest.py starts it). Without Node.js the tests that need it skip.
@@ -41,7 +58,7 @@ lint: venv
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
-unit: venv sysdeps s3rver
+unit: venv sysdeps s3rver labdeps
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 test: lint unit

@@ -1,0 +1,94 @@
+"""Fixtures of the cluster lab (issue 19): one shaped 2-node lab for the session, roots on its parallel filesystem
+and its S3, and two mounts of one volume on two nodes.
+
+The lab needs root, network namespaces, FUSE and the packages ``make labdeps`` installs; where any is missing,
+every lab test skips with the reason. The session's lab is shared by the lab tests: each works under a root of its
+own, and a test that loses a node revives it (``Lab.lose_node``), so the next test finds the lab whole. Labs left
+by a run that crashed are removed at the start (``cleanup_stale``: only those whose owning process is dead).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckptio.testing.cluster import Lab, LabConfig, LabUnavailable, cleanup_stale
+
+JOB = str(Path(__file__).with_name("lab_job.py"))
+NODE_MBIT = 400.0
+STORE_MBIT = 800.0
+_roots = itertools.count()
+
+
+def start_lab(config: LabConfig) -> Lab:
+    """A started lab, or a skip saying why this machine cannot run one."""
+    try:
+        lab = Lab(config)
+    except LabUnavailable as exc:
+        pytest.skip(f"cluster lab unavailable: {exc}")
+    return lab.start()
+
+
+@pytest.fixture(scope="session")
+def session_lab() -> Iterator[Lab]:
+    try:
+        cleanup_stale()
+    except Exception:  # a machine without ip netns: start_lab says why below
+        pass
+    lab = start_lab(LabConfig(nodes=2, node_mbit=NODE_MBIT, store_mbit=STORE_MBIT))
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+@pytest.fixture
+def lab(session_lab: Lab) -> Lab:
+    """The session's lab, checked whole: every node's mount up, every daemon running."""
+    dead = [p.name for p in session_lab.res.daemons if not p.alive()]
+    assert not dead, f"lab daemons died: {dead}"
+    for node in session_lab.nodes:
+        assert node.mount.is_dir(), f"{node.name}'s mount is gone"
+    return session_lab
+
+
+def fresh_name(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name.replace('[', '-').replace(']', '')[:60]}-{next(_roots)}"
+
+
+@pytest.fixture
+def pfs_root(lab: Lab, request: pytest.FixtureRequest) -> Path:
+    """An empty directory on the parallel filesystem, as node 0 mounts it (the same path under
+    ``lab.nodes[i].mount`` is the same directory seen by node i)."""
+    root = lab.nodes[0].mount / "tests" / fresh_name(request)
+    root.mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def two_mounts(lab: Lab, request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    """One directory of the volume as two different clients see it: node 0's mount and node 1's (a bind mount
+    would be one client; these are two FUSE clients on two nodes, as two hosts of a cluster have)."""
+    name = fresh_name(request)
+    first = lab.nodes[0].mount / "two-mounts" / name
+    first.mkdir(parents=True)
+    return first, lab.nodes[1].mount / "two-mounts" / name
+
+
+@pytest.fixture
+def lab_s3_env(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The lab's S3 for this (host) process and what it spawns: AWS_* set to its credentials and its loopback
+    forwarder (which crosses node 0's shaped link). Returns the bucket."""
+    if lab.s3 is None or lab.s3.host_url is None:
+        pytest.skip("the lab has no S3")
+    for key, value in lab.s3.env(lab.s3.host_url).items():
+        monkeypatch.setenv(key, value)
+    return lab.s3.bucket
+
+
+def python() -> str:
+    return sys.executable
