@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ckptio.config import CheckpointerConfig
-from ckptio.engine.levels import partner_ranks
+from ckptio.engine.trainer.levels import partner_ranks
 from ckptio.errors import CommitError, ConfigError, CorruptCheckpointError
 from ckptio.format import FileRecord, Manifest, RankIndex, committed_steps, read_manifest, write_manifest
 from ckptio.format.local_level import level_rows, local_records

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ckptio.config import WriterConfig
-from ckptio.engine.ownership import OwnerRecord
+from ckptio.engine.owner_record import OwnerRecord
 from ckptio.format.layout import RankLayout
 from ckptio.obs.events import Event, make_record
 from ckptio.storage.base import Storage
@@ -114,7 +114,7 @@ class SaveJob:
     levels: JobLevels = JobLevels()
     """Where this save goes (the ``durable_every`` schedule, or an emergency save's local level)."""
     pace_bytes_per_s: float | None = None
-    """The rate of this save's durable flush (``engine.pace``); None: full speed."""
+    """The rate of this save's durable flush (``engine.trainer.pace_rule``); None: full speed."""
 
 
 @dataclass(frozen=True, slots=True)
