@@ -120,8 +120,7 @@ class Checkpointer:
         self.levels: SingleLevel = open_levels(config, group=self.group, storage=self.storage, local=self.local,
                                                events=self.events)
         resources.callback(self.levels.close)
-        self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank,
-                                    markers=self.levels.marker_stores(JobLevels(durable=True, local=True)))
+        self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank, markers=self.levels.markers)
         node_budget = config.flush_pace not in (None, "auto")  # only a node's budget needs the count: a collective
         on_node = ranks_on_node(self.group, node_identity(config.node_id)) if node_budget else 1
         self._pace = PaceRule(config.flush_pace, fraction=config.flush_pace_fraction, ranks_on_node=on_node,
@@ -132,8 +131,8 @@ class Checkpointer:
         self._writer = WriterProxy(self._writer_spec(), on_message=self._tracker.on_message,
                                    on_death=lambda code: self._tracker.on_writer_death(code, self._writer.pid))
         resources.callback(self._stop_writer)
-        self._stager = Stager(config.staging, self.events, self._tracker, writer=self._writer, storage=self.storage,
-                              rank=self.rank)
+        self._stager = Stager(config.staging, self.events, self._tracker, writer=self._writer,
+                              markers=self.levels.markers, rank=self.rank)
         resources.callback(self._stager.close)  # before the writer stops: queued copies still reach it
         resources.callback(atexit_guard.register(self))  # exit without close(): finish in-flight saves, say so
         self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
@@ -205,14 +204,13 @@ class Checkpointer:
             return self._planning_save(step, (state_dict, flat, key), save_id, levels, local_error)
         # The steady path: no collective. Whatever this rank decides alone, it leaves a drop marker for the others.
         t0 = time.monotonic()
-        markers = self.levels.marker_stores(levels)
         if local_error is not None or self._tracker.writer_error is not None:
-            self._stager.drop(step, save_id, f"rank {self.rank} refused the save", markers)
+            self._stager.drop(step, save_id, f"rank {self.rank} refused the save", levels)
             self._raise_local(step, local_error)
         if self._staging.free_slot_id() is None:
             self._stager.after(self._writer.hurry)  # a paced flush holds the slot: full speed now
             if self.config.overflow == "skip":
-                self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot", markers)
+                self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot", levels)
                 return self._skipped(step, "no free staging slot")
             while not self._staging.wait_free(timeout=1.0):
                 self._check_open()
@@ -230,7 +228,7 @@ class Checkpointer:
                                    overflow=self.config.overflow,
                                    error=local_error is not None or self._tracker.writer_error is not None)
         except ConfigError:
-            self._stager.drop(step, save_id, f"rank {self.rank} planned alone", self.levels.marker_stores(levels))
+            self._stager.drop(step, save_id, f"rank {self.rank} planned alone", levels)
             raise
         if agreed.any_error:
             self._raise_local(step, local_error)
@@ -290,11 +288,10 @@ class Checkpointer:
         except BaseException as exc:
             self._staging.release(slot_id)
             # The other ranks are saving this step: tell their writers it cannot commit.
-            for records in self.levels.marker_stores(levels):
-                fmt.write_failure(records, step, f"rank{self.rank}", save_id, exc)
+            self.levels.markers.mark(levels, step, f"rank{self.rank}", save_id, exc)
             raise
         rollback, replaces = self._tracker.job_rules(handle)
-        self._tracker.add(handle)
+        self._tracker.add(handle, levels)
         self._pace.observe(handle.interval_s)
         pace = None if self.levels.emergency else self._pace.rate(handle.bytes)  # an emergency save never waits
         job = protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,

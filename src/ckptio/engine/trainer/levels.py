@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptio.config import CheckpointerConfig
+from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import agree_secret
 from ckptio.engine.protocol import JobLevels, LevelsStart
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
@@ -92,6 +93,8 @@ class SingleLevel:
         self.config, self.group, self.storage, self.local, self.events = config, group, storage, local, events
         self.emergency = False
         """True while an emergency save is being submitted (it goes to ``emergency_level`` only)."""
+        self.markers = FailureMarkers(storage)
+        """Where a rank's failure or drop marker of a save goes (``engine.failure_markers``)."""
 
     def writer_start(self) -> LevelsStart | None:
         """What the writer needs to know of the levels (None: durable only)."""
@@ -100,10 +103,6 @@ class SingleLevel:
     def job_levels(self, ordinal: int) -> JobLevels:
         """The levels of the ``ordinal``-th save call (the same on every rank: every rank calls save together)."""
         return JobLevels()
-
-    def marker_stores(self, levels: JobLevels) -> tuple[Storage, ...]:
-        """Where a rank's failure or drop marker of a save to ``levels`` goes: each level's records."""
-        return (self.storage,)
 
     def preempted_at(self) -> float | None:
         """``time.monotonic()`` of the SIGTERM this rank received, if it acts on them."""
@@ -157,6 +156,7 @@ class TwoLevels(SingleLevel):
         if local is None or not local.is_posix:
             raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
         self.records = local_records(storage)
+        self.markers = FailureMarkers(storage, self.records)
         secret = agree_secret(group)  # every rank together, before any writer exists: it authenticates partners
         host = advertised_host()
         self.listener = socket.create_server((host, 0), backlog=128)
@@ -182,9 +182,6 @@ class TwoLevels(SingleLevel):
         if self.emergency:
             return JobLevels(durable=False, local=True)
         return JobLevels(durable=ordinal % self.config.durable_every == 0, local=True)
-
-    def marker_stores(self, levels: JobLevels) -> tuple[Storage, ...]:
-        return tuple(s for s, wanted in ((self.storage, levels.durable), (self.records, levels.local)) if wanted)
 
     def preempted_at(self) -> float | None:
         return self.preemption.at

@@ -14,8 +14,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ckptio import format as fmt
 from ckptio.engine import protocol
+from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.trainer.save_handle import SaveHandle
 from ckptio.errors import CkptError, WriterDiedError
 from ckptio.obs.events import Event, EventLog
@@ -33,13 +33,14 @@ class SaveTracker:
     """Pending handles, failures to report, the writer's readiness, and the rollback rule in force."""
 
     def __init__(self, events: EventLog, staging: StagingArea, storage: Storage, rank: int, *,
-                 markers: tuple[Storage, ...] = ()) -> None:
+                 markers: FailureMarkers | None = None) -> None:
         self.events, self.staging, self.storage, self.rank = events, staging, storage, rank
-        self.markers = markers or (storage,)
-        """Where a failure marker goes when this rank's saves fail here: every level's records (a save pending
-        on either level must end on the other ranks at once, not at their commit timeout)."""
+        self.markers = markers or FailureMarkers(storage)
+        """Where a failure marker goes when this rank's saves fail here (a save pending on either level must end
+        on the other ranks at once, not at their commit timeout)."""
         self.lock = threading.Lock()
         self._pending: dict[int, SaveHandle] = {}
+        self._levels: dict[int, protocol.JobLevels] = {}  # save_id -> the levels a pending save goes to
         self._failed: list[SaveHandle] = []
         self.writer_error: WriterDiedError | None = None
         self.writer_ready = threading.Event()
@@ -50,9 +51,10 @@ class SaveTracker:
         self._saved_ids: dict[int, tuple[int, ...]] = {}  # step -> save ids submitted, newest steps only
 
     # ---- bookkeeping on the training thread -------------------------------------------------------------------
-    def add(self, handle: SaveHandle) -> None:
+    def add(self, handle: SaveHandle, levels: protocol.JobLevels) -> None:
         with self.lock:
             self._pending[handle.save_id] = handle
+            self._levels[handle.save_id] = levels
 
     def handles(self) -> list[SaveHandle]:
         with self.lock:
@@ -158,6 +160,7 @@ class SaveTracker:
     def complete(self, save_id: int, error: BaseException | None, *, dropped: str | None = None) -> None:
         with self.lock:
             handle = self._pending.pop(save_id, None)
+            self._levels.pop(save_id, None)
             if handle is None:
                 return
             if error is not None:
@@ -184,9 +187,10 @@ class SaveTracker:
         """Fail every pending save (the writer died or was killed); tell the other ranks' writers at once."""
         for handle in self.handles():
             error = error_for(message, root=self.storage.url, step=handle.step, rank=self.rank)
-            # The committer (and the other ranks) learn it now instead of waiting for their timeout.
-            for records in self.markers:
-                fmt.write_failure(records, handle.step, f"rank{self.rank}", handle.save_id, error)
+            # The committer (and the other ranks) learn it now instead of waiting for their timeout; nothing of
+            # the save was written by this rank's writer, so it stops every level the save goes to.
+            levels = self._levels.get(handle.save_id, protocol.JobLevels())
+            self.markers.mark(levels, handle.step, f"rank{self.rank}", handle.save_id, error)
             self.complete(handle.save_id, error)
 
     def on_writer_death(self, exitcode: int | None, pid: int | None) -> None:

@@ -24,21 +24,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from ckptio.engine.protocol import SaveJob
+from ckptio.engine.failure_markers import FailureMarkers
+from ckptio.engine.protocol import JobLevels, SaveJob
 from ckptio.engine.trainer.save_handle import SaveHandle
 from ckptio.engine.trainer.save_tracker import SaveTracker
 from ckptio.engine.trainer.staging_area import StagingSlot
 from ckptio.engine.trainer.writer_proxy import WriterProxy
 from ckptio.errors import CkptError, UnsupportedStateError
-from ckptio.format.commit import write_failure
 from ckptio.obs.events import Event, EventLog
-from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")
 
@@ -89,9 +88,9 @@ class Stager:
     """The staging thread of one Checkpointer (``mode="async"``), or the same steps inline (``mode="sync"``)."""
 
     def __init__(self, mode: Literal["async", "sync"], events: EventLog, tracker: SaveTracker, *,
-                 writer: WriterProxy, storage: Storage, rank: int) -> None:
+                 writer: WriterProxy, markers: FailureMarkers, rank: int) -> None:
         self.mode, self.events = mode, events
-        self.tracker, self.writer, self.storage, self.rank = tracker, writer, storage, rank
+        self.tracker, self.writer, self.markers, self.rank = tracker, writer, markers, rank
         self._queue: queue.Queue[StagingJob | Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
@@ -113,7 +112,8 @@ class Stager:
         def failed(error: BaseException) -> None:
             if isinstance(error, CkptError):
                 error.rank = self.rank
-            write_failure(self.storage, handle.step, f"rank{self.rank}", handle.save_id, error)
+            # Before the files exist: the save fails on every level it goes to (engine.failure_markers).
+            self.markers.mark(message.levels, handle.step, f"rank{self.rank}", handle.save_id, error)
             self.tracker.complete(handle.save_id, error)
 
         self.events.emit(Event.STAGE_BEGIN, handle.step)
@@ -141,13 +141,12 @@ class Stager:
         else:
             self._put(action)
 
-    def drop(self, step: int, save_id: int, reason: str, records: Sequence[Storage]) -> None:
+    def drop(self, step: int, save_id: int, reason: str, levels: JobLevels) -> None:
         """Tell the other ranks, through the store and off the training thread, that attempt ``save_id`` of
-        ``step`` will not commit: a drop marker in the ``records`` of each level the save goes to, so their saves
-        of it complete as dropped (``engine.writer.step_committer``)."""
+        ``step`` will not commit: a drop marker on each of ``levels``, so their saves of it complete as dropped
+        (``engine.writer.step_committer``)."""
         def write() -> None:
-            for store in records:
-                write_failure(store, step, f"rank{self.rank}", save_id, reason, dropped=True)
+            self.markers.mark(levels, step, f"rank{self.rank}", save_id, reason, dropped=True)
 
         if self.mode == "sync":
             write()

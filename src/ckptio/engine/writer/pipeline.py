@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from ckptio.engine.failure_markers import FailureMarkers, level_only
 from ckptio.engine.protocol import JobLevels, Outbox, SaveJob, SlotFree, WriterPlan, WriterStart
 from ckptio.engine.writer.flush_pacer import FlushPacer, PacedFlush
 from ckptio.engine.writer.live_steps import LiveSteps
@@ -47,7 +48,6 @@ from ckptio.format import (
     index_key,
     record_key,
     step_dir,
-    write_failure,
 )
 from ckptio.format.blocks import BLOCK_SIZE, RunningChecksum
 from ckptio.format.layout import TensorEntry, data_file_name
@@ -83,16 +83,17 @@ class Writer:
             start.local, durable=start.durable, local_records=records, live=self.live,
             budget=self.config.local_capacity_bytes, rank=start.rank)
         evict = self.local_tier.evict_below if self.local_tier is not None else None
+        self.markers = FailureMarkers(start.durable, records)
         self._durable = StepCommitter(CommitLevel("durable", start.durable, keep_last=self.config.keep_last,
                                                   retire_also=(records,) if records is not None else (),
-                                                  after_commit=evict), start, out, self.live)
+                                                  after_commit=evict), start, out, self.live, markers=self.markers)
         self._local: StepCommitter | None = None
         self._local_writer: LocalLevelWriter | None = None
         if records is not None:
             self._local_writer = LocalLevelWriter(start, out, records)
             # The local level keeps its newest step only: it is the fast way back, the durable level the safe one.
             self._local = StepCommitter(CommitLevel("local", records, keep_last=1, retire_also=(start.durable,),
-                                                    after_commit=evict), start, out, self.live)
+                                                    after_commit=evict), start, out, self.live, markers=self.markers)
 
     def add_plan(self, plan: WriterPlan) -> None:
         self._plans = {plan.plan_id: plan}  # jobs are in order, so older plans are never referenced again
@@ -147,7 +148,7 @@ class Writer:
                            tier="durable")
         except BaseException as exc:
             slot.free()
-            write_failure(durable, job.step, f"rank{rank}", job.save_id, exc)
+            self.markers.mark(level_only("durable"), job.step, f"rank{rank}", job.save_id, exc)  # durable's own part
             discard_attempt(tiers, rank, job.step, job.save_id, plan.layout.n_files)
             self.live.remove(job.step)
             report_failure(self.out, self.start, job.step, job.save_id, exc)
@@ -184,9 +185,7 @@ class Writer:
     def _fail(self, job: SaveJob, levels: JobLevels, n_files: int, exc: BaseException) -> None:
         """The save failed before its files were written: it fails on every level it goes to."""
         rank = self.start.rank
-        for records, wanted in ((self.start.durable, levels.durable), (self._local_records(), levels.local)):
-            if wanted and records is not None:
-                write_failure(records, job.step, f"rank{rank}", job.save_id, exc)
+        self.markers.mark(levels, job.step, f"rank{rank}", job.save_id, exc)
         tiers = [t for t in (self.start.local, self.start.durable) if t is not None]
         discard_attempt(tiers, rank, job.step, job.save_id, n_files)
         for wanted in (levels.durable, levels.local):
@@ -195,9 +194,6 @@ class Writer:
         if levels.local and not levels.durable:
             self.out.event(Event.LEVEL_FAILED, job.step, level="local", error=str(exc), error_type=type(exc).__name__)
         report_failure(self.out, self.start, job.step, job.save_id, exc)
-
-    def _local_records(self) -> Storage | None:
-        return self._local.records if self._local is not None else None
 
     def _bytes_needed(self, job: SaveJob, plan: WriterPlan) -> int:
         # Serialized files are the raw tensor bytes plus a few KiB of framing per tensor.

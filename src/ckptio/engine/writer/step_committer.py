@@ -34,6 +34,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ckptio.engine.failure_markers import FailureMarkers, level_only
 from ckptio.engine.owner_record import ensure_lease
 from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveDropped, SaveFailed, WriterStart
 from ckptio.engine.writer.live_steps import LiveSteps
@@ -57,7 +58,6 @@ from ckptio.format import (
     step_dir,
     update_latest,
     versions,
-    write_failure,
     write_manifest,
 )
 from ckptio.format.layout import data_file_name
@@ -149,8 +149,9 @@ class _Dropped(Exception):
 class StepCommitter:
     """The commit (rank 0) or watch (other ranks) thread of one writer for one level, with its cleanup."""
 
-    def __init__(self, level: CommitLevel, start: WriterStart, out: Outbox, live: LiveSteps) -> None:
-        self.level, self.start, self.out, self.live = level, start, out, live
+    def __init__(self, level: CommitLevel, start: WriterStart, out: Outbox, live: LiveSteps, *,
+                 markers: FailureMarkers) -> None:
+        self.level, self.start, self.out, self.live, self.markers = level, start, out, live, markers
         self.records = level.records
         self._requests: queue.Queue[CommitRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"ckptio-commit-{level.name}", daemon=True)
@@ -182,7 +183,7 @@ class StepCommitter:
                 continue
             except BaseException as exc:
                 if self.start.rank == 0:
-                    write_failure(self.records, request.step, "commit", request.save_id, exc)
+                    self.markers.mark(level_only(self.level.name), request.step, "commit", request.save_id, exc)
                 self._ended(request)
                 self._failed(request, exc)
                 continue
