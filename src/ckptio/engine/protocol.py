@@ -45,14 +45,26 @@ class WriterStart:
 
 
 @dataclass(frozen=True, slots=True)
+class Peer:
+    """One rank's partner server: where the local level's copies of its node go, and where a restore fetches."""
+
+    rank: int
+    node: str
+    """The node the rank runs on (``node_id``, else the host name and torchrun's ``GROUP_RANK``)."""
+    host: str
+    """The address its partner server listens on (``CKPTIO_PARTNER_HOST``, else this host's address)."""
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
 class LevelsStart:
     """What a writer needs for the local level (partner replication, local-level commits)."""
 
     node: str
     listen_fd: int
     """The partner server's listening socket, bound by the trainer (so its address outlives a writer restart)."""
-    peers: tuple[tuple[int, str, str, int], ...]
-    """(rank, node, host, port) of every rank's partner server."""
+    peers: tuple[Peer, ...]
+    """Every rank's partner server, ordered by rank."""
     partner_ranks: tuple[int, ...]
     """The ranks (on other nodes) that receive a copy of this rank's files."""
     timeout_s: float

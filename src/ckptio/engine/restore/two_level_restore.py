@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ckptio import format as fmt
 from ckptio.engine.partner import check_digest, fetch_verified
 from ckptio.engine.partner.digest import finish, new_hasher
+from ckptio.engine.protocol import Peer
 from ckptio.engine.restore.read_plan import Task
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step, unwrap_load_error
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
@@ -61,7 +62,7 @@ class LevelsStorageReader(CkptioStorageReader):
     """
 
     def __init__(self, records: Storage, manifest: Manifest, *, durable: Storage, local: Storage, node: str,
-                 held: dict[str, list[str]], peers: tuple[tuple[int, str, str, int], ...], timeout_s: float,
+                 held: dict[str, list[str]], peers: tuple[Peer, ...], timeout_s: float,
                  durable_fallback: bool, secret: bytes, **options: Any) -> None:
         # ``.metadata``, the manifest and the rank indexes are the local level's records; data comes from nodes,
         # else from ``durable``.
@@ -76,7 +77,7 @@ class LevelsStorageReader(CkptioStorageReader):
         """Files this rank used, per source: "local" (its node's disk, or a rank of its node), "partner" (another
         node: its partner server, or a rank there), "durable"."""
         self._files_by_source: dict[str, set[str]] = {}
-        self._nodes = {rank: peer_node for rank, peer_node, _, _ in peers}
+        self._nodes = {peer.rank: peer.node for peer in peers}
         self._lock = threading.Lock()
         self._file_locks: dict[str, threading.Lock] = {}
         self._partner_ok: dict[str, bool] = {}
@@ -84,7 +85,7 @@ class LevelsStorageReader(CkptioStorageReader):
 
     def _readers_of(self, name: str) -> list[int] | None:
         holders = self.held.get(name, [])
-        return [rank for rank, peer_node, _, _ in self.peers if peer_node in holders] or None
+        return [peer.rank for peer in self.peers if peer.node in holders] or None
 
     def _sources(self, name: str) -> list[Source]:
         assert self.local is not None
@@ -156,16 +157,16 @@ class LevelsStorageReader(CkptioStorageReader):
         for node in self.held.get(name, []):
             if node == self.node:
                 continue
-            for _, peer_node, host, port in self.peers:
-                if peer_node != node:
+            for peer in self.peers:
+                if peer.node != node:
                     continue
                 try:  # streamed into place only when its size and digest match the record
-                    fetch_verified(host, port, self.step, name, self.local.local_path(key),
+                    fetch_verified(peer.host, peer.port, self.step, name, self.local.local_path(key),
                                    expected_digest=self.digests[name], expected_size=rec.size, secret=self._secret,
                                    timeout_s=self.timeout_s)
                     return
                 except (OSError, CkptError) as exc:
-                    log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, host, port, exc)
+                    log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, peer.host, peer.port, exc)
         raise ChecksumError(f"{name}: no intact copy on any other node of the local level", root=self.storage.url,
                             step=self.step, path=name)
 
@@ -229,7 +230,7 @@ class TwoLevelRestore:
     """One ``restore`` of a two-level job (every rank together)."""
 
     def __init__(self, durable: Storage, records: Storage, *, local: Storage | None, group: SideGroup, node: str,
-                 peers: tuple[tuple[int, str, str, int], ...], secret: bytes, timeout_s: float, concurrency: int,
+                 peers: tuple[Peer, ...], secret: bytes, timeout_s: float, concurrency: int,
                  trust_pickles: bool, safe_globals: Sequence[Any]) -> None:
         assert local is not None
         self.durable, self.records, self.local, self.group = durable, records, local, group

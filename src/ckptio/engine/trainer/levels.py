@@ -10,9 +10,9 @@ The Checkpointer holds one of these as a collaborator, built by :func:`open_leve
   save to the local level (``engine.trainer.preemption``).
 
 At construction (every rank together) each rank of a two-level job binds its partner server's listening socket and
-the side group exchanges ``(rank, node, host, port)`` once; each writer inherits its socket and learns every peer
-from :class:`~ckptio.engine.protocol.LevelsStart`. From then on the bytes move writer to writer: this module never
-moves checkpoint bytes, and runs collectives only on the side group, from the training thread.
+the side group exchanges each rank's :class:`~ckptio.engine.protocol.Peer` once; each writer inherits its socket and
+learns every peer from :class:`~ckptio.engine.protocol.LevelsStart`. From then on the bytes move writer to writer: this
+module never moves checkpoint bytes, and runs collectives only on the side group, from the training thread.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import agree_secret
-from ckptio.engine.protocol import JobLevels, LevelsStart
+from ckptio.engine.protocol import JobLevels, LevelsStart, Peer
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
 from ckptio.engine.restore.two_level_restore import TwoLevelRestore
 from ckptio.engine.side_group import SideGroup
@@ -62,16 +62,16 @@ def advertised_host() -> str:
         return "127.0.0.1"
 
 
-def partner_ranks(peers: list[tuple[int, str, str, int]], rank: int, replicas: int) -> tuple[int, ...]:
+def partner_ranks(peers: Sequence[Peer], rank: int, replicas: int) -> tuple[int, ...]:
     """The same local rank on the next ``replicas`` nodes (nodes ordered by their lowest rank)."""
     by_node: dict[str, list[int]] = {}
-    for r, node, _, _ in sorted(peers):
-        by_node.setdefault(node, []).append(r)
+    for peer in sorted(peers, key=lambda p: p.rank):
+        by_node.setdefault(peer.node, []).append(peer.rank)
     nodes = list(by_node)
     if replicas > len(nodes) - 1:
         raise ConfigError(f"replicas={replicas} needs {replicas + 1} nodes; this job has {len(nodes)} "
                           f"({', '.join(nodes)}): pass replicas={len(nodes) - 1} or node_id= per node")
-    mine = next(node for r, node, _, _ in peers if r == rank)
+    mine = next(peer.node for peer in peers if peer.rank == rank)
     n, i = nodes.index(mine), by_node[mine].index(rank)
     out = []
     for j in range(1, replicas + 1):
@@ -162,8 +162,9 @@ class TwoLevels(SingleLevel):
         self.listener = socket.create_server((host, 0), backlog=128)
         try:
             me = (group.rank, node_identity(config.node_id), host, self.listener.getsockname()[1])
-            peers = [tuple(p) for p in group.broadcast_from_rank0(group.gather_to_rank0(me))]
-            self.start = LevelsStart(node=me[1], listen_fd=self.listener.fileno(), peers=tuple(peers),
+            peers = tuple(sorted((Peer(*p) for p in group.broadcast_from_rank0(group.gather_to_rank0(me))),
+                                 key=lambda p: p.rank))
+            self.start = LevelsStart(node=me[1], listen_fd=self.listener.fileno(), peers=peers,
                                      partner_ranks=partner_ranks(peers, group.rank, config.replicas),
                                      timeout_s=config.partner_timeout_s, secret=secret)
         except BaseException:

@@ -39,7 +39,7 @@ class LocalLevelWriter:
         self.start, self.out, self.records = start, out, records
         self.levels: LevelsStart = start.levels
         self.local = start.local
-        self.peers = {r: (node, host, port) for r, node, host, port in self.levels.peers}
+        self.peers = {peer.rank: peer for peer in self.levels.peers}
         self.server = PartnerServer(socket.socket(fileno=self.levels.listen_fd), self.local, secret=self.levels.secret,
                                     limits=PartnerLimits.for_timeout(self.levels.timeout_s))
         self._down_until: dict[int, float] = {}
@@ -63,7 +63,7 @@ class LocalLevelWriter:
         digests: dict[str, str] | None = None
         sent = 0
         for partner in self.levels.partner_ranks:
-            node = self.peers[partner][0]
+            node = self.peers[partner].node
             try:
                 digests = self._send(job, partner, sendable, digests)
             except ReplicationError as exc:
@@ -81,13 +81,13 @@ class LocalLevelWriter:
     def _send(self, job: SaveJob, partner: int, sendable: list[tuple[str, str, int, str]],
               digests: dict[str, str] | None) -> dict[str, str]:
         """One partner's copies, unless it failed within the last ``partner_timeout_s`` (ReplicationError)."""
-        node, host, port = self.peers[partner]
-        who = f"rank {partner} on node {node!r}"
+        peer = self.peers[partner]
+        who = f"rank {partner} on node {peer.node!r}"
         if time.monotonic() < self._down_until.get(partner, 0.0):
             raise ReplicationError(f"partner {who} failed a copy in the last {self.levels.timeout_s:.0f} s; not tried "
                                    "again before then", step=job.step)
         try:
-            sent = send_files(host, port, job.step, sendable, secret=self.levels.secret, digests=digests,
+            sent = send_files(peer.host, peer.port, job.step, sendable, secret=self.levels.secret, digests=digests,
                               timeout_s=self.levels.timeout_s, who=who)
         except ReplicationError:
             self._down_until[partner] = time.monotonic() + self.levels.timeout_s
