@@ -76,8 +76,8 @@ def socket_rchar() -> int:
 def restore(rank: int, world: int, spec: dict[str, Any]) -> None:
     """Restore with ckptio (store bytes counted both ways) and with plain dcp.load of the same checkpoint.
     ``spec``: as :func:`save`'s, and ``out``, the directory for each rank's JSON figures."""
-    from ckptio.engine.group import SideGroup
-    from ckptio.engine.restore import restore_step
+    from ckptio.engine.restore.step_restore import restore_step
+    from ckptio.engine.side_group import SideGroup
     from ckptio.storage import open_storage
     from ckptio.testing.wrappers import CountingStorage
 

@@ -3,8 +3,9 @@
 Each synthetic rank holds what an FSDP rank of a transformer holds: a row shard of ``--sharded`` large tensors
 (their chunks tile the global tensor across ranks), ``--replicated`` small tensors every rank has (norms, a step
 counter: de-duplicated to one writer), and one pickled object. The script builds N such local plans (as DCP's
-``create_local_plan`` would, planner data included), runs the coordinator's half — :func:`ckptio.engine.dcp.
-global_plan`, DCP's own global planning — and pickles what each rank receives back.
+``create_local_plan`` would, planner data included), runs the coordinator's half —
+:func:`ckptio.engine.trainer.rank_plan.global_plan`, DCP's own global planning — and pickles what each rank receives
+back.
 
 Printed per N: the coordinator's time; the bytes one rank receives (its own final plan, as ``scatter_object_list``
 sends it: padded to the largest); the bytes the coordinator receives (every local plan); the bytes moved across the
@@ -28,7 +29,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from _common import MiB, quiet_dcp, ratio_line
-from ckptio.engine.dcp import global_plan, make_planner
+from ckptio.engine.trainer.rank_plan import global_plan, make_planner
 
 
 def _item(fqn: str, offsets: tuple[int, ...], sizes: tuple[int, ...], global_size: tuple[int, ...],

@@ -80,7 +80,7 @@ def main() -> int:
     import boto3
     from boto3.s3.transfer import TransferConfig
 
-    from ckptio.storage.s3 import S3Storage
+    from ckptio.storage.s3.s3_storage import S3Storage
 
     server, url = start_moto()
     client = boto3.client("s3")
@@ -192,7 +192,7 @@ def tiny_tensor_layout(store: object) -> tuple[int, int]:
     """2,000 tensors of 4 KiB written the way the engine does: coalesced views in one data object."""
     import numpy as np
 
-    from ckptio.storage.s3 import S3Storage
+    from ckptio.storage.s3.s3_storage import S3Storage
 
     assert isinstance(store, S3Storage)
     tensors = [np.full(1024, i, dtype=np.float32) for i in range(2000)]

@@ -36,7 +36,7 @@ import torch.distributed.checkpoint as dcp
 
 from _common import quiet_dcp, ratio_line, scratch_dir, verdict
 from ckptio import Checkpointer
-from ckptio.engine.reader import CkptioStorageReader
+from ckptio.engine.restore.storage_reader import CkptioStorageReader
 from ckptio.storage import open_storage
 from ckptio.testing.ranks import run_ranks
 from ckptio.testing.wrappers import ThrottledStorage

@@ -50,7 +50,7 @@ def _anchor(code: str) -> tuple[float, float]:
 def _start(rank: int, root: str) -> tuple[Any, Any, dict[str, Any]]:
     from ckptio.config import CheckpointerConfig
     from ckptio.engine.protocol import WriterEvent, WriterStart
-    from ckptio.engine.writer_proxy import WriterProxy
+    from ckptio.engine.trainer.writer_proxy import WriterProxy
     from ckptio.storage import open_storage
 
     cfg = CheckpointerConfig(root=root, commit_timeout_s=1.0, writer_nice=0)
@@ -76,9 +76,9 @@ def _one_job(proxy: Any, root: str, seen: dict[str, Any]) -> None:
     import torch
     from torch.distributed.checkpoint.planner import WriteItem
 
-    from ckptio.engine.dcp import make_planner
     from ckptio.engine.protocol import SaveJob, WriterPlan
-    from ckptio.engine.staging import StagingArea, copy_into_slot
+    from ckptio.engine.trainer.rank_plan import make_planner
+    from ckptio.engine.trainer.staging_area import StagingArea, copy_into_slot
     from ckptio.format.layout import plan_layout
 
     state = {f"w{i}": torch.randn(256, 256) for i in range(8)} | {"b": torch.randn(7).bfloat16()}

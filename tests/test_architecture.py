@@ -238,7 +238,7 @@ def graph() -> tuple[dict[str, Module], dict[str, list[Import]]]:
 def test_source_tree_is_found(graph):
     modules, _ = graph
     # Guards the other tests against passing vacuously on an empty or mislocated tree.
-    for expected in ("ckptio", "ckptio.engine.checkpointer", "ckptio.format.commit", "ckptio.storage.base"):
+    for expected in ("ckptio", "ckptio.engine.trainer.checkpointer", "ckptio.format.commit", "ckptio.storage.base"):
         assert expected in modules
 
 

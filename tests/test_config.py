@@ -19,7 +19,7 @@ import pytest
 import ckptio
 from ckptio.config import CheckpointerConfig, WriterConfig
 from ckptio.errors import ConfigError
-from ckptio.storage.s3_options import S3Options
+from ckptio.storage.s3.options import S3Options
 
 NON_FINITE = [math.nan, math.inf, -math.inf, np.float64("nan")]
 CONFIGS: tuple[type, ...] = (CheckpointerConfig, WriterConfig, S3Options)

@@ -5,7 +5,7 @@ submodule, the first release that has it, read from the release wheels (``torch/
 2.6.0, 2.7.0, 2.8.0 and 2.9.0). Every such import in ``src/`` must be in the table, so whoever imports a new torch
 name has to date it, and the floor must cover the newest date. torch 2.9.0 was then installed and the round-trip,
 format, two-level, multi-rank and demo tests passed on it; 2.8.0 lacks ``CURRENT_DCP_VERSION``, so
-``ckptio.engine.dcp`` does not even import there.
+``ckptio.engine.trainer.rank_plan`` does not even import there.
 """
 
 from __future__ import annotations

@@ -20,17 +20,17 @@ from ckptio._version import __version__
 
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
-    from ckptio.engine.checkpointer import Checkpointer
-    from ckptio.engine.handle import SaveHandle
-    from ckptio.engine.reader import CkptioStorageReader
+    from ckptio.engine.restore.storage_reader import CkptioStorageReader
+    from ckptio.engine.trainer.checkpointer import Checkpointer
+    from ckptio.engine.trainer.save_handle import SaveHandle
     from ckptio.policy.residency import Residency
     from ckptio.storage import open_storage
 
 _LAZY = {
-    "Checkpointer": "ckptio.engine.checkpointer",
-    "SaveHandle": "ckptio.engine.handle",
+    "Checkpointer": "ckptio.engine.trainer.checkpointer",
+    "SaveHandle": "ckptio.engine.trainer.save_handle",
     "CheckpointerConfig": "ckptio.config",
-    "CkptioStorageReader": "ckptio.engine.reader",
+    "CkptioStorageReader": "ckptio.engine.restore.storage_reader",
     "Residency": "ckptio.policy.residency",
     "open_storage": "ckptio.storage",
 }

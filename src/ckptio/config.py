@@ -315,7 +315,8 @@ class CheckpointerConfig:
     data loader, other jobs) never take a whole job's checkpoint at full speed at once. None: as fast as the store
     takes it. A number: bytes per second for the whole node, shared evenly by its ranks. ``"auto"``: finish each
     flush within ``flush_pace_fraction`` of the measured time between saves. A flush goes to full speed when the
-    next save arrives, on an emergency save and in ``close()``; pacing never changes what commits (engine.pace)."""
+    next save arrives, on an emergency save and in ``close()``; pacing never changes what commits
+    (engine.trainer.pace_rule)."""
 
     flush_pace_fraction: float = 0.5
     """With ``flush_pace="auto"``: the share of the time between saves each flush may take (0 < f <= 1)."""

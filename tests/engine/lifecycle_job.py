@@ -23,7 +23,7 @@ import weakref
 import torch
 
 import ckptio
-from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
+from ckptio.engine.trainer.staging_area import SHM_DIR, SLOT_PREFIX
 from ckptio.errors import WriterDiedError
 from ckptio.storage import PosixStorage
 from ckptio.testing.staging import hold_staging

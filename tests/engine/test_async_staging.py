@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import ckptio
-from ckptio.engine.stager import mutated_in_forward, split_by_device
-from ckptio.engine.staging import StagingSlot
+from ckptio.engine.trainer.stager import split_by_device
+from ckptio.engine.trainer.staging_area import StagingSlot
+from ckptio.engine.trainer.staging_guard import mutated_in_forward
 from ckptio.errors import UnsupportedStateError
 from tests.engine.engine_workers import assert_same
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptio.engine.dcp import flatten_like_dcp, make_planner, quick_fingerprint
+from ckptio.engine.trainer.rank_plan import flatten_like_dcp, make_planner, quick_fingerprint
 
 CASES = {
     "nested": {"model": {"w": torch.ones(2), "b": torch.zeros(1)}, "optim": {"state": {0: {"m": torch.ones(2)}}}},

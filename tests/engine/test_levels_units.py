@@ -8,13 +8,14 @@ import json
 import pytest
 
 from ckptio.config import CheckpointerConfig
-from ckptio.engine.levels import partner_ranks
+from ckptio.engine.protocol import Peer
+from ckptio.engine.trainer.levels import partner_ranks
 from ckptio.errors import CommitError, ConfigError, CorruptCheckpointError
 from ckptio.format import FileRecord, Manifest, RankIndex, committed_steps, read_manifest, write_manifest
 from ckptio.format.local_level import level_rows, local_records
 from ckptio.storage import open_storage
 
-PEERS = [(0, "a", "h", 1), (1, "a", "h", 2), (2, "b", "h", 3), (3, "b", "h", 4), (4, "c", "h", 5), (5, "c", "h", 6)]
+PEERS = [Peer(rank, node, "h", rank + 1) for rank, node in enumerate("aabbcc")]
 
 
 def test_partners_are_the_same_local_rank_on_the_next_nodes():

@@ -16,7 +16,7 @@ import torch
 import ckptio
 from ckptio import format as fmt
 from ckptio._proc import pid_alive
-from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
+from ckptio.engine.trainer.staging_area import SHM_DIR, SLOT_PREFIX
 from ckptio.errors import CkptError, CommitError, StorageError
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import FaultStorage, ThrottledStorage

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckptio
-from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
+from ckptio.engine.trainer.staging_area import SHM_DIR, SLOT_PREFIX
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import ThrottledStorage
 from tests.engine.engine_workers import run_ranks

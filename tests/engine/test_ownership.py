@@ -17,7 +17,7 @@ import torch
 
 import ckptio
 from ckptio import format as fmt
-from ckptio.engine.ownership import (
+from ckptio.engine.owner_record import (
     OWNER_KEY,
     OwnerRecord,
     claim_root,

@@ -13,7 +13,8 @@ import torch
 from prometheus_client import CollectorRegistry
 
 import ckptio
-from ckptio.engine.pace import FlushPacer, PaceRule
+from ckptio.engine.trainer.pace_rule import PaceRule
+from ckptio.engine.writer.flush_pacer import FlushPacer
 from ckptio.errors import ConfigError
 from ckptio.format import committed_steps
 from ckptio.obs.eventfiles import load_events

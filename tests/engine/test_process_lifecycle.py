@@ -19,7 +19,7 @@ import torch
 
 import ckptio
 from ckptio import format as fmt
-from ckptio.engine import atexit_guard
+from ckptio.engine.trainer import exit_guard as atexit_guard
 from ckptio.storage import PosixStorage
 
 JOB = os.path.join(os.path.dirname(__file__), "lifecycle_job.py")

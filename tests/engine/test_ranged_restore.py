@@ -18,9 +18,9 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
 import ckptio
-from ckptio.engine import targets
-from ckptio.engine.reader import CkptioStorageReader
-from ckptio.engine.restore import restore_step
+from ckptio.engine.restore.step_restore import destinations as targets
+from ckptio.engine.restore.step_restore import restore_step
+from ckptio.engine.restore.storage_reader import CkptioStorageReader
 from ckptio.errors import ChecksumError
 from ckptio.format import torchsave
 from ckptio.format.blocks import BLOCK_SIZE
@@ -70,7 +70,7 @@ def test_every_dtype_and_shape_restores_bit_exact_without_torch_load_per_tensor(
         monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
         made: list[str] = []
         real_make = targets.make_dest
-        monkeypatch.setattr("ckptio.engine.reader.make_dest",
+        monkeypatch.setattr("ckptio.engine.restore.storage_reader.make_dest",
                             lambda *a, **k: made.append(type(d := real_make(*a, **k)).__name__) or d)
         target = _targets()
         assert ck.restore(target) == 1
@@ -160,7 +160,7 @@ def test_a_stale_rank_index_falls_back_to_whole_file_checks(root):
 
 _MEMORY = textwrap.dedent("""
     import json, sys, torch
-    from ckptio.engine.reader import CkptioStorageReader
+    from ckptio.engine.restore.storage_reader import CkptioStorageReader
     from ckptio.storage import open_storage
     import torch.distributed.checkpoint as dcp
     import warnings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from ckptio.engine.readplan import Place, RankReads, StoreLayout, Task, plan_reads, read_shares
+from ckptio.engine.restore.read_plan import Place, RankReads, StoreLayout, Task, plan_reads, read_shares
 from ckptio.format.blocks import split_blocks
 from ckptio.format.records import FileRecord
 
@@ -100,7 +100,7 @@ def test_read_shares_prices_a_layout_for_the_planner():
 
 def _shares_one_chunk_at_a_time(regions, world, *, exchange, chunk, readers):  # type: ignore[no-untyped-def]
     """read_shares as first written: every chunk picked with ``_Load.pick``, every receiver counted one by one."""
-    from ckptio.engine.readplan import _Load
+    from ckptio.engine.restore.read_plan import _Load
 
     load = _Load([0] * world)
     read, sent, received = [0] * world, [0] * world, [0] * world

@@ -14,8 +14,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import ckptio
-from ckptio.engine.group import SideGroup
-from ckptio.engine.restore import restore_step
+from ckptio.engine.restore.step_restore import restore_step
+from ckptio.engine.side_group import SideGroup
 from ckptio.storage import open_storage
 from ckptio.testing.wrappers import CountingStorage
 from tests.engine.engine_workers import model_state, run_ranks

@@ -17,7 +17,7 @@ import pytest
 import ckptio
 from ckptio import format as fmt
 from ckptio._proc import pid_alive
-from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
+from ckptio.engine.trainer.staging_area import SHM_DIR, SLOT_PREFIX
 from ckptio.storage import PosixStorage
 
 JOB = os.path.join(os.path.dirname(__file__), "signal_job.py")

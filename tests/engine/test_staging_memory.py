@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ckptio import Checkpointer
-from ckptio.engine.staging import SLOT_PREFIX, StagingArea
+from ckptio.engine.trainer.staging_area import SLOT_PREFIX, StagingArea
 from ckptio.errors import ConfigError, StorageFullError
 from ckptio.format.layout import RankLayout
 

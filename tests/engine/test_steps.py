@@ -15,7 +15,7 @@ import torch
 import ckptio
 from ckptio import format as fmt
 from ckptio._cli.main import main as cli
-from ckptio.engine.staging import SHM_DIR, SLOT_PREFIX
+from ckptio.engine.trainer.staging_area import SHM_DIR, SLOT_PREFIX
 from ckptio.errors import CommitError, ConfigError
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import ThrottledStorage

@@ -22,7 +22,7 @@ from ckptio.format.keys import manifest_key
 from ckptio.format.records import Manifest
 from ckptio.storage import Storage
 from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode
-from ckptio.storage.s3 import S3Storage
+from ckptio.storage.s3.s3_storage import S3Storage
 from ckptio.storage.wrappers import StorageWrapper
 from tests.engine.engine_workers import model_state
 

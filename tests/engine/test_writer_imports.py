@@ -17,16 +17,16 @@ import time
 import torch
 
 from ckptio.config import CheckpointerConfig
-from ckptio.engine.dcp import make_planner
 from ckptio.engine.protocol import SaveJob, WriterEvent, WriterPlan, WriterStart
-from ckptio.engine.staging import StagingArea, copy_into_slot
-from ckptio.engine.writer_proxy import WriterProxy
+from ckptio.engine.trainer.rank_plan import make_planner
+from ckptio.engine.trainer.staging_area import StagingArea, copy_into_slot
+from ckptio.engine.trainer.writer_proxy import WriterProxy
 from ckptio.format.layout import plan_layout
 from ckptio.storage import open_storage
 
 
 def test_writer_entry_point_imports_no_torch():
-    code = "import sys, ckptio.engine.writer_main; print('torch' in sys.modules)"
+    code = "import sys, ckptio.engine.writer.process; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -77,7 +77,7 @@ def main() -> None:
             if spec["mode"] == "twice":
                 ck.save(step, state_for(step, rank, 1)).wait()
         levels = ck.levels.writer_start()
-        port = next(p[3] for p in levels.peers if p[0] == rank) if levels is not None else None
+        port = next(p.port for p in levels.peers if p.rank == rank) if levels is not None else None
         say(rank=rank, done=start + spec["steps"] - 1, writer_pid=ck._writer.pid, partner_port=port)
     if spec["mode"] == "hang":
         dist.barrier()

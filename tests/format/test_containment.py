@@ -19,7 +19,7 @@ from ckptio.format import (
     read_manifest,
     step_dir,
 )
-from ckptio.storage.posix import PosixStorage
+from ckptio.storage.posix.posix_storage import PosixStorage
 from tests.format.tamper import data_file, load_manifest, save_manifest, step_path
 
 

@@ -8,7 +8,7 @@ import pytest
 from ckptio.format import Manifest, apply_retention, checksum, committed_steps, write_manifest
 from ckptio.format.records import FileRecord
 from ckptio.format.retention import RETIRED
-from ckptio.storage.s3 import S3Storage
+from ckptio.storage.s3.s3_storage import S3Storage
 
 pytestmark = pytest.mark.s3
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import ckptio
 from ckptio.obs.steps import StepTimer
-from ckptio.storage.posix import PosixStorage
+from ckptio.storage.posix.posix_storage import PosixStorage
 from ckptio.testing.wrappers import LatencyStorage
 
 SAVE_STEPS = (2, 3, 7)

@@ -19,7 +19,7 @@ from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import shape_checkpoint
 from ckptio.plan.job.presets import PRESETS
 from ckptio.storage.capabilities import ALL_CAPABILITIES, detect_capabilities
-from ckptio.storage.s3 import S3Storage
+from ckptio.storage.s3.s3_storage import S3Storage
 
 pytestmark = pytest.mark.s3
 

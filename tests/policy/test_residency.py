@@ -11,7 +11,7 @@ import pytest
 from ckptio.errors import ConfigError, ResidencyError, StoreCapabilityError
 from ckptio.policy.residency import Residency, check_residency, resolve_residency
 from ckptio.storage import PosixStorage
-from ckptio.storage.s3 import S3Storage
+from ckptio.storage.s3.s3_storage import S3Storage
 from ckptio.testing.wrappers import FaultStorage, LatencyStorage
 
 

@@ -1,4 +1,4 @@
-"""O_DIRECT writes (``ckptio.storage.direct_io``): exact bytes at every size around the alignment and chunk edges,
+"""O_DIRECT writes (``ckptio.storage.posix.direct_io``): exact bytes at every size around the alignment and chunk edges,
 through ``PosixStorage.put`` and ``put_file``, and a clean fallback to buffered writes where a filesystem refuses."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ckptio.storage import PosixStorage, direct_io
-from ckptio.storage.direct_io import ALIGN, CHUNK, DirectIOUnsupported, write_direct
-from ckptio.storage.posix import TMP_PREFIX
+from ckptio.storage.posix.direct_io import ALIGN, CHUNK, DirectIOUnsupported, write_direct
+from ckptio.storage.posix.posix_storage import TMP_PREFIX
 
 pytestmark = pytest.mark.skipif(not direct_io.available(), reason="no O_DIRECT on this platform")
 
@@ -68,7 +68,7 @@ def test_the_default_uses_o_direct_only_for_large_objects_on_an_fsynced_tier(tmp
         calls.append(size)
         return size
 
-    monkeypatch.setattr("ckptio.storage.posix.write_direct", counting)
+    monkeypatch.setattr("ckptio.storage.posix.posix_storage.write_direct", counting)
     big, small = b"b" * direct_io.MIN_BYTES, b"s" * 1000
     PosixStorage(tmp_path / "durable").put("big", big)
     PosixStorage(tmp_path / "durable").put("small", small)
@@ -129,7 +129,7 @@ def test_ranged_reads_use_o_direct_only_when_asked(tmp_path: Path, monkeypatch: 
         calls.append(offset)
         return real(path, offset, views)
 
-    monkeypatch.setattr("ckptio.storage.posix.read_direct", counting)
+    monkeypatch.setattr("ckptio.storage.posix.posix_storage.read_direct", counting)
     data = random.Random(3).randbytes(3 << 20)
     for storage in (PosixStorage(tmp_path / "direct", direct_io=True), PosixStorage(tmp_path / "durable"),
                     PosixStorage(tmp_path / "ram", fsync=False)):
@@ -152,7 +152,7 @@ def test_reads_fall_back_to_buffered_where_o_direct_is_refused(tmp_path: Path, m
     data = random.Random(4).randbytes(2 << 20)
     storage = PosixStorage(tmp_path / "root", direct_io=False)
     storage.put("a", data)
-    storage.direct_io = True
+    storage.posix.direct_io = True
     monkeypatch.setattr(direct_io.os, "open", refusing_open)
     out = bytearray(len(data))
     assert storage.readinto("a", out) == len(data) and bytes(out) == data

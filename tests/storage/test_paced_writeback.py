@@ -17,8 +17,8 @@ import pytest
 
 from ckptio.storage import PosixStorage
 from ckptio.storage import writeback as writeback_module
-from ckptio.storage.direct_io import CHUNK
-from ckptio.storage.posix import TMP_PREFIX
+from ckptio.storage.posix.direct_io import CHUNK
+from ckptio.storage.posix.posix_storage import TMP_PREFIX
 
 _libc = ctypes.CDLL(None, use_errno=True)
 SLICES = 4

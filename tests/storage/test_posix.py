@@ -9,7 +9,7 @@ import pytest
 
 from ckptio.errors import StorageError
 from ckptio.storage import PosixStorage, Storage, open_storage
-from ckptio.storage.posix import TMP_PREFIX
+from ckptio.storage.posix.posix_storage import TMP_PREFIX
 from ckptio.testing.conformance import StoreTests
 
 

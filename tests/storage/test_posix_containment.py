@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ckptio.errors import StorageError
-from ckptio.storage.posix import PosixStorage
+from ckptio.storage.posix.posix_storage import PosixStorage
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 
 from ckptio.errors import ConfigError, NotFoundError, StorageError
 from ckptio.storage import Storage, open_storage
-from ckptio.storage.s3 import MiB, S3Storage, choose_part_size, hashed_key
-from ckptio.storage.s3_parts import FileSlice, SegmentReader, encode_crc32c
+from ckptio.storage.s3.parts import FileSlice, SegmentReader, encode_crc32c
+from ckptio.storage.s3.s3_storage import MiB, S3Storage, choose_part_size, hashed_key
 from ckptio.testing.conformance import StoreTests
 
 pytestmark = pytest.mark.s3

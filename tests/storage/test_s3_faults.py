@@ -13,7 +13,7 @@ import pytest
 
 from ckptio.errors import AlreadyExistsError, StorageError
 from ckptio.storage import IfMatch
-from ckptio.storage.s3 import MiB, S3Storage
+from ckptio.storage.s3.s3_storage import MiB, S3Storage
 from tests.storage.fault_proxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.s3

@@ -11,7 +11,7 @@ import pytest
 
 from ckptio.storage import Storage
 from ckptio.storage.capabilities import MULTIPART, RANGED_GET
-from ckptio.storage.s3 import MiB, S3Storage
+from ckptio.storage.s3.s3_storage import MiB, S3Storage
 from ckptio.testing.conformance import StoreTests
 
 pytestmark = pytest.mark.s3

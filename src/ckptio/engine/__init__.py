@@ -1,9 +1,15 @@
-"""The engine: everything that runs a save or a restore on a rank.
+"""The engine: everything that runs a save or a restore on a rank, in three rooms and what they share.
 
-``checkpointer`` (the training thread's API) → ``staging`` (host slots) → ``writer_proxy`` → the writer process
-(``writer`` runs the job pipeline, ``committer`` the commit) → ``storage``. ``protocol`` defines every message
-between the trainer and its writer; ``group`` holds the only collectives (the restore's exchange of ranges between
-ranks runs on the same side group); ``dcp`` plans saves with DCP. Restore: ``restore`` picks the step, ``reader`` is
-the DCP StorageReader, ``readplan`` decides who reads which ranges, ``transfer`` reads, checks and exchanges them,
-``targets`` says where they land; ``sources`` adds the two-level sources.
+* ``trainer/``: the training process's side. The :class:`~ckptio.engine.trainer.checkpointer.Checkpointer` API,
+  the staging slots and the copy into them, the per-save decisions, the bookkeeping of saves in flight, the
+  process-wide hooks, and the proxy that feeds the writer process.
+* ``writer/``: the writer process of one rank (``python -m ckptio.engine.writer.process FD``): the job pipeline
+  (slot → data files → tiers → rank index), each level's writer and committer, the local tier, the flush pace.
+  It never imports the trainer's or the restore's modules, and only rank 0's writer ever imports torch.
+* ``restore/``: restore on the training process: choose the step, plan who reads which ranges, read, verify and
+  exchange them, land them in the targets; two-level sources on top.
+
+Shared by the rooms: ``protocol`` (every trainer↔writer message), ``side_group`` (the only collectives, on a
+dedicated gloo group), ``owner_record`` (one job per root), and ``partner/`` (the writer-to-writer channel of the
+local level, also read by a two-level restore).
 """

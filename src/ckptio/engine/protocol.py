@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ckptio.config import WriterConfig
-from ckptio.engine.ownership import OwnerRecord
+from ckptio.engine.owner_record import OwnerRecord
 from ckptio.format.layout import RankLayout
 from ckptio.obs.events import Event, make_record
 from ckptio.storage.base import Storage
@@ -45,14 +45,26 @@ class WriterStart:
 
 
 @dataclass(frozen=True, slots=True)
+class Peer:
+    """One rank's partner server: where the local level's copies of its node go, and where a restore fetches."""
+
+    rank: int
+    node: str
+    """The node the rank runs on (``node_id``, else the host name and torchrun's ``GROUP_RANK``)."""
+    host: str
+    """The address its partner server listens on (``CKPTIO_PARTNER_HOST``, else this host's address)."""
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
 class LevelsStart:
     """What a writer needs for the local level (partner replication, local-level commits)."""
 
     node: str
     listen_fd: int
     """The partner server's listening socket, bound by the trainer (so its address outlives a writer restart)."""
-    peers: tuple[tuple[int, str, str, int], ...]
-    """(rank, node, host, port) of every rank's partner server."""
+    peers: tuple[Peer, ...]
+    """Every rank's partner server, ordered by rank."""
     partner_ranks: tuple[int, ...]
     """The ranks (on other nodes) that receive a copy of this rank's files."""
     timeout_s: float
@@ -114,7 +126,7 @@ class SaveJob:
     levels: JobLevels = JobLevels()
     """Where this save goes (the ``durable_every`` schedule, or an emergency save's local level)."""
     pace_bytes_per_s: float | None = None
-    """The rate of this save's durable flush (``engine.pace``); None: full speed."""
+    """The rate of this save's durable flush (``engine.trainer.pace_rule``); None: full speed."""
 
 
 @dataclass(frozen=True, slots=True)

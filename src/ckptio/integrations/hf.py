@@ -40,7 +40,7 @@ from ckptio.errors import ConfigError
 from ckptio.integrations.torch import AppState
 
 if TYPE_CHECKING:
-    from ckptio.engine.stager import StagingGuard
+    from ckptio.engine.trainer.staging_guard import StagingGuard
 
 __all__ = ["TRAINER_STATE_KEY", "CkptioTrainer", "CkptioTrainerMixin"]
 

@@ -41,7 +41,7 @@ from ckptio.errors import CheckpointNotFoundError, ConfigError
 from ckptio.integrations.torch import AppState
 
 if TYPE_CHECKING:
-    from ckptio.engine.stager import StagingGuard
+    from ckptio.engine.trainer.staging_guard import StagingGuard
 
 __all__ = ["LIGHTNING_KEY", "CkptioCheckpoint"]
 

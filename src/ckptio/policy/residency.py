@@ -3,7 +3,7 @@
 Owns the rule check run before the first byte of a job is written and again every so often during the run
 (a bucket policy can change under a running job): the storage's region against an allow-list, and whether
 the storage is public. Both are placement capabilities of the storage (``region``, ``public_exposure()``; for
-S3 see :mod:`ckptio.storage.s3_bucket` for what public means). It must never write, and never change a bucket
+S3 see :mod:`ckptio.storage.s3.bucket` for what public means). It must never write, and never change a bucket
 setting; it only reads, and only through the storage protocol.
 
 The check is on by default: a Checkpointer, ``ckptio probe`` and ``ckptio admit`` refuse a public bucket unless

@@ -33,7 +33,7 @@ import pytest
 from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionError
 from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, Pacer, PutMode, Storage, hashed_key
 from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
-from ckptio.storage.posix import PosixStorage
+from ckptio.storage.posix.posix_storage import PosixStorage
 from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
 from ckptio.testing.paced_write_tests import PacedWriteTests
 from ckptio.testing.ranged_read_tests import RangedReadTests
@@ -428,7 +428,8 @@ def spawn_pool() -> Iterator[Executor]:
     and the pool does not pay a torch import per worker (tens of seconds on a 2-core machine).
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ckptio.storage.s3", "ckptio.testing.conformance", "ckptio.testing.spawned"])
+    context.set_forkserver_preload(["ckptio.storage.s3.s3_storage", "ckptio.testing.conformance",
+                                    "ckptio.testing.spawned"])
     with ProcessPoolExecutor(CONCURRENT_PROCESSES, mp_context=context) as pool:
         futures = [pool.submit(warm_up, 0.3) for _ in range(CONCURRENT_PROCESSES)]
         for future in futures:

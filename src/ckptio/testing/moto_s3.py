@@ -35,7 +35,7 @@ _FAKE_ENV = {
 def s3_missing_reason() -> str | None:
     """Why ``--store s3`` cannot run here, or None when it can."""
     for module, what in (
-        ("ckptio.storage.s3", "ckptio's S3 backend"),
+        ("ckptio.storage.s3.s3_storage", "ckptio's S3 backend"),
         ("boto3", "boto3 (pip install 'ckptio[s3]')"),
         ("moto", "moto[server] (pip install 'ckptio[dev]')"),
     ):

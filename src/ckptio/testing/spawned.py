@@ -16,7 +16,7 @@ from ckptio.storage.base import Storage
 def warm_up(hold_s: float) -> int:
     """Import what the tests use, and hold the worker a moment so every worker of the pool gets one call."""
     import ckptio.storage
-    import ckptio.storage.s3  # noqa: F401
+    import ckptio.storage.s3.s3_storage  # noqa: F401
 
     time.sleep(hold_s)
     return os.getpid()

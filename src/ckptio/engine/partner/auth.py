@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ckptio.errors import ReplicationError
 
 if TYPE_CHECKING:
-    from ckptio.engine.group import SideGroup
+    from ckptio.engine.side_group import SideGroup
 
 MAGIC = b"ckptio-partner/2"
 SECRET_BYTES = 32

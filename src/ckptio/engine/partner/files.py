@@ -20,7 +20,7 @@ import crc32c
 from ckptio.engine.partner.auth import recv_exact, send_all
 from ckptio.engine.partner.digest import CHUNK, finish, new_hasher
 from ckptio.errors import ReplicationError
-from ckptio.storage.posix import TMP_PREFIX
+from ckptio.storage.posix.posix_storage import TMP_PREFIX
 
 _SENDFILE_PIECE = 8 * CHUNK
 

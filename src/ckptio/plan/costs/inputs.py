@@ -154,7 +154,7 @@ class WriterCosts:
     file with ``sync_files`` on, its default)."""
 
     direct_write_bytes_per_s: float = 5e9
-    """``O_DIRECT`` write of new bytes through ckptio's bounce buffer (``ckptio.storage.direct_io``): the bounce
+    """``O_DIRECT`` write of new bytes through ckptio's bounce buffer (``ckptio.storage.posix.direct_io``): the bounce
     copy and the system calls; the device moves the bytes by DMA."""
 
     dcp_items_per_s: float = 2000.0

@@ -1,7 +1,7 @@
 """Paced flushes as the planner sees them: the burst a job's saves put on the store, what the job asks of it when
 its flushes are paced, and how late its saves become durable either way.
 
-Owns the closed form of ``Checkpointer(flush_pace=...)`` (the engine's rule is :mod:`ckptio.engine.pace`):
+Owns the closed form of ``Checkpointer(flush_pace=...)`` (the engine's rule is :mod:`ckptio.engine.trainer.pace_rule`):
 
 * **Peak demand** — every rank writing at full speed at once, as an unpaced flush starts: what the store sees is
   what it and the writers can take, the aggregate bandwidth, the sum of the writers' own caps, or the bytes a

@@ -2,8 +2,8 @@
 
 The engine reads each stored byte once across the job and spreads the reading over the ranks that need it; every
 other rank that needs those bytes receives them from the reader over ckptio's side group
-(:mod:`ckptio.engine.readplan`, docs/restore.md). The model runs that same assignment
-(:func:`ckptio.engine.readplan.read_shares`) over the job's layout — per :class:`~ckptio.plan.job.checkpoint.
+(:mod:`ckptio.engine.restore.read_plan`, docs/restore.md). The model runs that same assignment
+(:func:`ckptio.engine.restore.read_plan.read_shares`) over the job's layout — per :class:`~ckptio.plan.job.checkpoint.
 ReplicaGroup`, the bytes its first rank wrote for all of them, then each rank's own — and gets each rank's bytes
 read, sent and received. The restore then takes the slowest of:
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ckptio.engine.readplan import ReadShares, read_shares
+from ckptio.engine.restore.read_plan import ReadShares, read_shares
 from ckptio.plan.costs.fairshare import fair_share_flush_s
 from ckptio.plan.costs.inputs import Network
 from ckptio.plan.costs.store import StoreLimits

@@ -35,7 +35,7 @@ def measure_disk(directory: str, *, direct_bytes: int = 64 << 20, writeback_byte
     times cheaper on a VM: call :func:`ckptio.plan.measure.writer_costs.measure_writer_costs` first. Without
     ``O_DIRECT`` (tmpfs) the direct rate is the write-back one: ckptio then writes through memory pages as DCP does.
     """
-    from ckptio.storage.direct_io import DirectIOUnsupported, write_direct
+    from ckptio.storage.posix.direct_io import DirectIOUnsupported, write_direct
 
     def best(write: Callable[[str], float]) -> float:
         times = []

@@ -54,7 +54,7 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
     import crc32c
     import torch
 
-    from ckptio.storage.direct_io import DirectIOUnsupported, write_direct
+    from ckptio.storage.posix.direct_io import DirectIOUnsupported, write_direct
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the writers and the staging copies each run on one thread

@@ -1,0 +1,347 @@
+"""The restore's DCP StorageReader: ranged reads straight into the targets, every byte read once across ranks.
+
+``torch.distributed.checkpoint.load(sd, storage_reader=CkptioStorageReader(storage, step))`` reads a ckptio
+checkpoint from POSIX or S3 at any world size. How it reads:
+
+1. ``read_metadata``: ``.metadata``, checked against the manifest, unpickled with an allowlist.
+2. ``prepare_global_plan`` (the coordinator, once): reads the rank indexes for the items' block checksums and
+   where their raw bytes start, derives the byte ranges every rank needs from DCP's plans, and assigns each range
+   one reader (:mod:`ckptio.engine.restore.read_plan`); each rank's plan carries its share.
+3. ``read_data`` (every rank): reads its ranges from the store into the targets' memory (or bounce buffers),
+   verifies each checksum block as it lands, sends ranges to the ranks that need them too and receives its other
+   ranges from their readers (:mod:`ckptio.engine.restore.transfer`, over the reader's process group when it moves CPU
+   tensors: gloo), then loads what needs loading (:mod:`ckptio.engine.restore.destinations`).
+
+Files written before block checksums (or whose rank index is missing or disagrees with the manifest) are read
+whole and checked with the file's crc32c, as before. The reader runs no code from the store: ``.metadata`` and
+objects are unpickled with allowlists (``trust_pickles=True`` is the explicit opt-in; docs/security.md), tensors
+come from raw bytes or ``torch.load(weights_only=True)``, and every read stays inside the files the manifest lists.
+
+Pass the process group ``dcp.load`` runs on as ``process_group`` (None: the default group, as DCP's own default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from ckptio.engine.restore.destinations import Dest, StreamDest, make_dest
+from ckptio.engine.restore.read_plan import (
+    CHUNK_BYTES,
+    ChunkShape,
+    Place,
+    RankReads,
+    StoreLayout,
+    Task,
+    item_blocks,
+    need_range,
+    plan_reads,
+)
+from ckptio.engine.restore.transfer import Source, Transfer
+from ckptio.engine.side_group import any_true_in, moves_cpu_tensors
+from ckptio.errors import CkptError, CorruptCheckpointError, StorageError
+from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, index_key, record_key, step_dir
+from ckptio.format.crosscheck import metadata_problems
+from ckptio.format.safe_pickle import load_metadata, load_object
+from ckptio.storage.base import Storage, join_key
+
+
+class CkptioStorageReader(StorageReader):
+    """A DCP StorageReader over any ckptio storage: ranged, verified, shared reads; the local tier preferred."""
+
+    def __init__(self, storage: Storage, step: int, *, manifest: Manifest | None = None, local: Storage | None = None,
+                 concurrency: int = 4, trust_pickles: bool = False, safe_globals: Sequence[Any] = (),
+                 process_group: Any = None, chunk_bytes: int = CHUNK_BYTES, exchange: bool = True) -> None:
+        from ckptio.format import read_manifest
+
+        self.storage = storage
+        self.step = step
+        self.manifest = manifest or read_manifest(storage, step)
+        self.local = local
+        self.concurrency = concurrency
+        self.trust_pickles = trust_pickles
+        self.safe_globals = tuple(safe_globals)
+        self.chunk_bytes = chunk_bytes
+        self.exchange = exchange
+        """Share ranges several ranks need (read once, sent over the process group); False: each rank reads all
+        it needs itself."""
+        self.process_group = process_group
+        self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        self._metadata: Metadata | None = None
+        self._rank = 0
+        #: files served (wholly or partly) from the local tier in the last read_data (for reports and tests)
+        self.local_hits: list[str] = []
+        #: bytes this rank read from each source and received from other ranks in the last read_data
+        self.bytes_by_source: dict[str, int] = {}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.local_hits = []
+        self.bytes_by_source = {}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False
+
+    # ---- metadata -----------------------------------------------------------------------------------------
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checked metadata, read once: restore reads it before ``dcp.load`` so that a refusal surfaces as
+        ckptio's own error rather than inside DCP's wrapping."""
+        if self._metadata is not None:
+            return self._metadata
+        name = ".metadata"
+        key = self.metadata_key()
+        raw = self.storage.get(key)
+        if self.manifest.metadata_crc32c:
+            check_file(self.storage, self.step, name, raw,
+                       FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
+        try:
+            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
+        except CorruptCheckpointError as exc:
+            raise self._located(exc) from exc.__cause__
+        problems = metadata_problems(metadata, self.manifest)
+        if problems:
+            # Reads must stay inside the files the manifest lists (and checksums): never a KeyError or a short read.
+            raise CorruptCheckpointError(f".metadata disagrees with the manifest: {problems[0]}",
+                                         root=self.storage.url, step=self.step, path=key)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        self._metadata = metadata
+        return metadata
+
+    def metadata_key(self) -> str:
+        """Where ``.metadata`` is read from (the local level's reader reads its own)."""
+        return join_key(step_dir(self.step), ".metadata")
+
+    def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
+        exc.root, exc.step = exc.root or self.storage.url, self.step
+        return exc
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._metadata = metadata
+        self.storage_data = metadata.storage_data
+        self._rank = int(kwargs.get("rank", self._group_rank()))
+
+    # ---- planning (coordinator) ---------------------------------------------------------------------------
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        layout = self._layout()
+        shapes = self._shapes()
+        needs = [[(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes)) for req in p.items]
+                 for p in plans]
+        exchange = len(plans) == 1 or (self.exchange and self._group_moves_cpu(len(plans)))
+        reads = plan_reads(needs, layout, exchange=exchange, readers_of=self._readers_of, chunk=self.chunk_bytes)
+        return [dataclasses.replace(p, storage_data=r) for p, r in zip(plans, reads, strict=True)]
+
+    @staticmethod
+    def _need(req: ReadItem, place: Place, shapes: dict[MetadataIndex, ChunkShape]) -> tuple[int, int]:
+        shape = shapes.get(req.storage_index) if req.type != LoadItemType.BYTE_IO else None
+        return need_range(place, req.storage_offsets, req.lengths, shape)
+
+    def _shapes(self) -> dict[MetadataIndex, ChunkShape]:
+        assert self._metadata is not None
+        shapes = {}
+        for fqn, md in self._metadata.state_dict_metadata.items():
+            if isinstance(md, TensorStorageMetadata):
+                size = torch.empty((), dtype=md.properties.dtype).element_size()
+                for chunk in md.chunks:
+                    shapes[MetadataIndex(fqn, chunk.offsets)] = ChunkShape(tuple(chunk.sizes), size,
+                                                                          md.properties.dtype)
+        return shapes
+
+    def _layout(self) -> StoreLayout:
+        """Places and blocks of every item; a file any of whose items lacks usable block checksums is read whole."""
+        records, shapes = self._item_records(), self._shapes()
+        usable: dict[str, bool] = {}
+        for idx, info in self.storage_data.items():
+            rec = records.get(idx)
+            ok = (rec is not None and rec.has_blocks()
+                  and (rec.file, rec.file_offset, rec.length) == (info.relative_path, info.offset, info.length))
+            if ok and rec is not None and rec.data_offset is not None:  # raw bytes: they must be the chunk's
+                shape = shapes.get(idx)
+                ok = shape is not None and rec.data_length == shape.nbytes
+            usable[info.relative_path] = usable.get(info.relative_path, True) and ok
+        layout = StoreLayout()
+        for idx, info in self.storage_data.items():
+            name = info.relative_path
+            if not usable[name]:
+                layout.whole_files[name] = self.manifest.files[name]
+                layout.places[idx] = Place(name, info.offset, info.length)
+                continue
+            rec = records[idx]
+            raw = None if rec.data_offset is None else info.offset + rec.data_offset
+            layout.places[idx] = Place(name, info.offset, info.length, raw)
+            layout.blocks[idx] = item_blocks(rec)
+        return layout
+
+    def _index_key(self, rank: int) -> str:
+        return index_key(self.step, rank)
+
+    def _parse_index(self, raw: bytes, key: str) -> RankIndex:
+        return RankIndex.from_json(raw, key=key)
+
+    def _item_records(self) -> dict[MetadataIndex, ItemRecord]:
+        """Item records of the rank indexes that belong to this save (others are ignored: files read whole)."""
+        def read(rank: int) -> RankIndex | None:
+            key = self._index_key(rank)
+            try:
+                index = self._parse_index(self.storage.get(key), key)
+            except (StorageError, CorruptCheckpointError):
+                return None
+            same = (index.step, index.save_id, index.rank) == (self.step, self.manifest.save_id, rank)
+            files = self.manifest.files
+            if not same or any(f.name not in files or (files[f.name].size, files[f.name].crc32c) != (f.size, f.crc32c)
+                               for f in index.files):
+                return None
+            return index
+
+        ranks = range(self.manifest.world_size)
+        with ThreadPoolExecutor(max(1, min(16, len(ranks))), thread_name_prefix="ckptio-index") as pool:
+            indexes = list(pool.map(read, ranks))
+        return {MetadataIndex(it.fqn, it.offset, it.index_hint): it
+                for index in indexes if index is not None for it in index.items}
+
+    def _readers_of(self, name: str) -> Sequence[int] | None:
+        """The ranks that may read ``name`` (None: any)."""
+        return None
+
+    # ---- the group ----------------------------------------------------------------------------------------
+    def _group(self) -> Any:
+        if self.process_group is not None:
+            return self.process_group
+        return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+    def _group_rank(self) -> int:
+        group = self._group()
+        return dist.get_rank(group) if group is not None else 0
+
+    def _group_moves_cpu(self, world: int) -> bool:
+        return moves_cpu_tensors(self._group(), world)
+
+    # ---- reading (every rank) -----------------------------------------------------------------------------
+    def _sources(self, name: str) -> list[Source]:
+        """Where ``name`` can be read, best first: the local tier's copy, then the durable one."""
+        rec = self.manifest.files[name]
+        out = []
+        if self.local is not None:
+            local, plain = self.local, join_key(step_dir(self.step), name)  # the local tier never hashes keys
+            out.append(Source("local", lambda offset, bufs: local.readinto(plain, bufs, offset=offset)))
+        durable, key = self.storage, record_key(self.step, rec)
+        out.append(Source("durable", lambda offset, bufs: durable.readinto(key, bufs, offset=offset)))
+        return out
+
+    def _on_read(self, task: Task, label: str) -> None:
+        self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + task.length
+        if label == "local" and task.file not in self.local_hits:
+            self.local_hits.append(task.file)
+
+    def _on_receive(self, task: Task) -> None:
+        self.bytes_by_source["peers"] = self.bytes_by_source.get("peers", 0) + task.length
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        reads, rank = plan.storage_data, self._rank
+        shapes = self._shapes()
+        if not isinstance(reads, RankReads):
+            # A custom planner rebuilt the plan without our share (on every rank alike): read alone, no exchange.
+            layout = self._layout()
+            needs = [(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes))
+                     for req in plan.items]
+            reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.chunk_bytes)[0], 0
+        streams: dict[torch.device, Any] = {}
+        dests: list[Dest] = []
+        error: CkptError | None = None
+        try:
+            for req in plan.items:
+                dests.append(make_dest(req, reads.places[req.storage_index],
+                                       shapes.get(req.storage_index) if req.type != LoadItemType.BYTE_IO else None,
+                                       planner, step=self.step, load_object=self._loader(planner),
+                                       stream_for=lambda t: _side_stream(streams, t)))
+        except CkptError as exc:
+            error = exc
+        group = self._group()
+        if reads.exchange and group is not None and any_true_in(group, error is not None):
+            if error is not None:
+                raise error
+            return _done()  # another rank could not start: it raises; nobody exchanges anything
+        if error is not None:
+            raise error
+        self._transfer(reads, dests, planner, streams=streams, group=group, rank=rank)
+        return _done()
+
+    def _transfer(self, reads: RankReads, dests: list[Dest], planner: LoadPlanner, *, streams: dict[Any, Any],
+                  group: Any, rank: int) -> None:
+        deferred: list[Dest] = []
+
+        def done(dest: Dest) -> None:
+            (deferred.append if dest.deferred else lambda d: d.finish(planner))(dest)
+
+        for dest in dests:
+            if dest.remaining == 0:
+                done(dest)
+        transfer = Transfer(rank=rank, group=group, step=self.step, root=self.storage.url,
+                            sources=self._sources, concurrency=self.concurrency, chunk=self.chunk_bytes,
+                            pinned=any(isinstance(d, StreamDest) and d.stream is not None for d in dests),
+                            on_read=self._on_read, on_receive=self._on_receive,
+                            batch_bytes=self.storage.read_batch_bytes)
+        try:
+            transfer.run(reads.tasks, dests, done)
+        finally:
+            for stream in streams.values():
+                stream.synchronize()
+        for dest in deferred:
+            dest.finish(planner)
+
+    def _loader(self, planner: LoadPlanner) -> Any:
+        return lambda req, blob: self._load_object(req, blob, planner)
+
+    def _load_object(self, req: ReadItem, blob: memoryview, planner: LoadPlanner) -> None:
+        """A non-tensor value: loaded here with the allowlist, never by DCP's planner (which unpickles anything)."""
+        if self.trust_pickles:
+            planner.load_bytes(req, io.BytesIO(blob))
+            return
+        try:
+            value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
+        except CorruptCheckpointError as exc:
+            raise self._located(exc) from exc.__cause__
+        if isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
+            # What DefaultLoadPlanner.load_bytes does after its torch.load(weights_only=False).
+            if planner.flatten_state_dict:
+                set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
+            else:
+                planner.state_dict[req.dest_index.fqn] = value
+            return
+        # A custom planner loads bytes its own way: hand it a re-serialization of the value the allowlisted load
+        # built, so whatever it unpickles names only classes that load admitted.
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        buf.seek(0)
+        planner.load_bytes(req, buf)
+
+
+def _side_stream(streams: dict[Any, Any], target: torch.Tensor) -> Any:
+    """The side stream of ``target``'s device (None for CPU targets): host-to-device copies overlap the reads."""
+    if target.device.type != "cuda":
+        return None
+    if target.device not in streams:
+        streams[target.device] = torch.cuda.Stream(device=target.device)
+    return streams[target.device]
+
+
+def _done() -> Future[None]:
+    fut: Future[None] = Future()
+    fut.set_result(None)
+    return fut

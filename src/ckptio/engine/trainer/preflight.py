@@ -1,0 +1,83 @@
+"""The checks a Checkpointer runs on its durable root before it writes anything: residency, capabilities, volumes,
+and one test write.
+
+Owns the order and the verdict: residency first (reads only; on by default, so a public bucket is refused
+unless ``allow_public=True``), then the store's capabilities (:mod:`ckptio.storage.capabilities`, which writes
+only its own sentinel objects and removes them). A store that does not honour the conditional writes the commit
+rests on is refused with :class:`~ckptio.errors.StoreCapabilityError` unless the config opts into
+``commit="lease"``; there is no silent downgrade. Then the volume policy of a POSIX root, and a small write and
+delete, so that a root that cannot be written fails at construction, not at the first background save. Runs on
+rank 0 only (the Checkpointer shares the verdict). It must never write a checkpoint byte, and never change a
+store setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+
+from ckptio.config import CheckpointerConfig
+from ckptio.engine.owner_record import OwnerRecord, claim_root, release_root
+from ckptio.engine.side_group import SaveIds, SideGroup
+from ckptio.errors import CkptError, StoreCapabilityError
+from ckptio.policy.residency import check_residency, resolve_residency
+from ckptio.policy.volumes import enforce_volume_policy
+from ckptio.storage import PosixRoot, parse_root
+from ckptio.storage.base import Storage
+from ckptio.storage.capabilities import StoreCapabilities, capability_problems, detect_capabilities
+
+log = logging.getLogger("ckptio")
+
+
+def preflight(storage: Storage, config: CheckpointerConfig, group: SideGroup,
+              resources: contextlib.ExitStack) -> tuple[OwnerRecord | None, SaveIds]:
+    """Every rank together: rank 0 checks the store (:func:`check_store`) and claims the root (its release
+    registered on ``resources``); every rank gets the verdict, raised on each, and the run's save ids (rank 0's
+    nonce: ``group.SaveIds``). Returns rank 0's owner record (None elsewhere, or without a lease)."""
+    error: CkptError | None = None
+    owner: OwnerRecord | None = None
+    nonce = secrets.randbits(48)
+    if group.rank == 0:
+        try:
+            check_store(storage, config)
+            if config.lease_s > 0:
+                owner = claim_root(storage, lease_s=config.lease_s, job_id=config.job_id)
+                resources.callback(release_root, storage, owner)
+        except CkptError as exc:
+            error = exc
+    error, nonce = group.broadcast_from_rank0((error, nonce))
+    if error is not None:
+        raise error
+    return owner, SaveIds(nonce)
+
+
+def check_store(storage: Storage, config: CheckpointerConfig) -> StoreCapabilities | None:
+    """Raise ResidencyError or StoreCapabilityError when ``storage`` may not take this job's checkpoints.
+
+    Returns the store's capabilities (None for a POSIX directory, whose create-only and compare-and-swap writes
+    are system calls the backend itself makes atomic: there is nothing to detect).
+    """
+    check_residency(storage, resolve_residency(config.residency, allow_public=config.allow_public,
+                                               store_private=config.store_private))
+    caps = None if storage.is_posix else _check_capabilities(storage, config)
+    # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
+    root = parse_root(storage.url) if storage.is_posix else None
+    if isinstance(root, PosixRoot):
+        enforce_volume_policy(root.path, config.data_dirs, mode=config.volume_check)
+    key = f".ckptio-write-test-{os.getpid()}"
+    storage.put(key, b"ok")
+    storage.delete(key)
+    return caps
+
+
+def _check_capabilities(storage: Storage, config: CheckpointerConfig) -> StoreCapabilities:
+    caps = detect_capabilities(storage)
+    problems = capability_problems(caps, commit=config.commit)
+    if problems:
+        raise StoreCapabilityError(" ".join(problems), root=storage.url)
+    if not caps.conditional_writes:
+        log.warning("ckptio: %s ignores conditional writes; commit='lease' relies on the ownership lease and a "
+                    "read-after-write check of each manifest (docs/s3.md, 'Lease mode')", storage.url)
+    return caps
