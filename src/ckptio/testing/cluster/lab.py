@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,16 +72,21 @@ class Lab:
         self.nodes = [LabNode(i, f"{self.prefix}-node{i}", f"{self.config.subnet}.{10 + i}", f"n{i}",
                               self.dir / "mnt" / f"node{i}", self.dir / "local" / f"node{i}")
                       for i in range(self.config.nodes)]
+        # Where a launched process finds its node's mount and local disk: one path on every node, as a cluster
+        # mounts its parallel filesystem (see jobs.launch).
+        self.pfs_path = self.dir / "pfs"
+        self.local_path = self.dir / "node-local"
         self.res = Resources(self.dir)
         self.pfs: MooseFS | GlusterFS | None = None
         self.s3: objstore.S3Endpoint | None = None
         self.timings = Timings()
+        self.started = False
         self._finalizer = weakref.finalize(self, _finalize, self.res)
         self._ports = itertools.count(29500)
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> Lab:
-        return self.start()
+        return self if self.started else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -89,6 +94,9 @@ class Lab:
     def start(self) -> Lab:
         """Build everything; on any failure tear down what was made and re-raise."""
         began = time.monotonic()
+        if self.started:
+            raise LabError(f"lab {self.prefix} was already started")
+        self.started = True
         try:
             self.dir.mkdir(parents=True, exist_ok=False)
             self.res.save()
@@ -113,9 +121,9 @@ class Lab:
         if errors:
             raise LabError("lab teardown left errors:\n" + "\n".join(errors))
 
-    def _timed(self, slot: str, fn: object) -> None:
+    def _timed(self, slot: str, fn: Callable[[], None]) -> None:
         began = time.monotonic()
-        fn()  # type: ignore[operator]
+        fn()
         setattr(self.timings, slot, time.monotonic() - began)
 
     def _network(self) -> None:
@@ -130,6 +138,8 @@ class Lab:
             netns.shape_link(self.fabric, ns, port, mbit, [a for a in addresses if a != address])
         for node in self.nodes:
             node.local.mkdir(parents=True, exist_ok=True)
+        self.pfs_path.mkdir()
+        self.local_path.mkdir()
 
     def _start_pfs(self) -> None:
         cls = MooseFS if self.config.pfs == "moosefs" else GlusterFS
