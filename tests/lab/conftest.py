@@ -1,10 +1,11 @@
-"""Fixtures of the cluster lab (issue 19): one shaped 2-node lab for the session, roots on its parallel filesystem
-and its S3, and two mounts of one volume on two nodes.
+"""Fixtures of the cluster lab (issue 19): one shaped 2-node lab for tests/lab, roots on its parallel filesystem
+and its S3, a GlusterFS lab, and two mounts of one volume on two nodes.
 
 The lab needs root, network namespaces, FUSE and the packages ``make labdeps`` installs; where any is missing,
-every lab test skips with the reason. The session's lab is shared by the lab tests: each works under a root of its
-own, and a test that loses a node revives it (``Lab.lose_node``), so the next test finds the lab whole. Labs left
-by a run that crashed are removed at the start (``cleanup_stale``: only those whose owning process is dead).
+every lab test skips with the reason. One lab is shared by the tests of this folder, and stopped after them: each
+works under a root of its own, and a test that loses a node revives it (``Lab.lose_node``), so the next test finds
+the lab whole. Labs left by a run that crashed are removed first (``cleanup_stale``: only those whose owning
+process is dead).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def skip_unless_lab(config: LabConfig) -> None:
         pytest.skip(f"cluster lab unavailable: {why}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def session_lab() -> Iterator[Lab]:
+    """One lab for every test of tests/lab, stopped after the last of them (package scope: the rest of the suite
+    does not run beside its idle daemons)."""
     try:
         cleanup_stale()
     except Exception:  # a machine without ip netns: start_lab says why below

@@ -126,16 +126,22 @@ class Lab:
         fn()
         setattr(self.timings, slot, time.monotonic() - began)
 
+    def _endpoints(self) -> list[tuple[str, str, str, float]]:
+        """(namespace, bridge port, address, Mbit/s) of the storage, then of every node."""
+        return [(self.storage_ns, "st", self.storage_address, self.config.store_mbit),
+                *((n.ns, n.port, n.address, self.config.node_mbit) for n in self.nodes)]
+
+    def peers(self, address: str) -> list[str]:
+        """The addresses an endpoint talks to, in the order of its htb classes (``1:a``, ``1:b``, ...)."""
+        return [a for _, _, a, _ in self._endpoints() if a != address]
+
     def _network(self) -> None:
-        endpoints = [(self.storage_ns, "st", self.storage_address, self.config.store_mbit)]
-        endpoints += [(n.ns, n.port, n.address, self.config.node_mbit) for n in self.nodes]
         self.res.add_namespace(self.fabric)
         netns.make_bridge(self.fabric)
-        addresses = [address for _, _, address, _ in endpoints]
-        for ns, port, address, mbit in endpoints:
+        for ns, port, address, mbit in self._endpoints():
             self.res.add_namespace(ns)
             netns.attach(self.fabric, ns, port, address, PREFIX_LEN)
-            netns.shape_link(self.fabric, ns, port, mbit, [a for a in addresses if a != address])
+            netns.shape_link(self.fabric, ns, port, mbit, self.peers(address))
         for node in self.nodes:
             node.local.mkdir(parents=True, exist_ok=True)
         self.pfs_path.mkdir()
@@ -208,6 +214,16 @@ class Lab:
         if revive and self.pfs is not None:
             self.pfs.mount(target.ns, target.mount)
         return time.monotonic() - began
+
+    def link_bytes(self, endpoint: int | str) -> dict[str, dict[str, int]]:
+        """Bytes each direction of a link has carried, per peer address, as its htb classes counted them:
+        ``{"up": {peer: n}, "down": {peer: n}}`` for node ``endpoint`` (an index) or ``"store"``."""
+        wanted = self.storage_ns if endpoint == "store" else self.nodes[int(endpoint)].ns
+        ns, port, address, _ = next(e for e in self._endpoints() if e[0] == wanted)
+        up, down = netns.class_bytes(ns, netns.DEVICE), netns.class_bytes(self.fabric, port)
+        classes = {f"1:{10 + i:x}": peer for i, peer in enumerate(self.peers(address))}
+        return {"up": {peer: up.get(c, 0) for c, peer in classes.items()},
+                "down": {peer: down.get(c, 0) for c, peer in classes.items()}}
 
     def procs(self) -> list[Proc]:
         """Every process the lab has started and not yet seen end (daemons and jobs)."""
