@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ckptio.testing.cluster import Lab, LabConfig
+from ckptio.testing.cluster import Lab, LabConfig, netns
 from ckptio.testing.cluster.jobs import RankJob, measure_mbit
 from tests.lab.conftest import start_lab
 
@@ -65,3 +65,30 @@ def test_every_lab_address_lives_in_a_lab_namespace(lab: Lab) -> None:
     for node in lab.nodes:
         assert _addresses(node.ns) == {"127.0.0.1", node.address}
     assert _addresses(lab.fabric) == {"127.0.0.1"}  # the bridge has no address: it only switches
+
+
+def _htb_rates(ns: str, dev: str) -> set[str]:
+    out = subprocess.run(["tc", "-n", ns, "class", "show", "dev", dev], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split(" ceil ")[1].split()[0] for line in out.splitlines() if " ceil " in line}
+
+
+def test_reshape_sets_both_directions_of_a_link(lab: Lab) -> None:
+    assert _htb_rates(lab.storage_ns, "eth0") == {"800Mbit"}
+    try:
+        lab.reshape("store", 200)
+        assert _htb_rates(lab.storage_ns, "eth0") == {"200Mbit"}  # the store's upload: what nodes read
+        assert _htb_rates(lab.fabric, "st") == {"200Mbit"}  # its download: what nodes write
+        assert _htb_rates(lab.nodes[0].ns, "eth0") == {"400Mbit"}  # the nodes' links are untouched
+    finally:
+        lab.reshape("store", 800)
+    assert _htb_rates(lab.fabric, "st") == {"800Mbit"}
+
+
+def test_the_forwarder_is_not_one_of_its_nodes_processes(lab: Lab) -> None:
+    """Its connections go out through node 0, but the process stays in the host's namespace: losing node 0
+    (which kills every process of that namespace) does not cut the host off from S3."""
+    forwarders = [p for p in lab.procs() if p.name.startswith("forward-")]
+    assert forwarders and all(p.alive() for p in forwarders)
+    assert not {p.pid for p in forwarders} & set(netns.pids(lab.nodes[0].ns))
+    assert lab.s3 is not None and lab.s3.client().list_objects_v2(Bucket=lab.s3.bucket)["ResponseMetadata"]

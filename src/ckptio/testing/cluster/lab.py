@@ -80,6 +80,7 @@ class Lab:
         self.pfs: MooseFS | GlusterFS | None = None
         self.s3: objstore.S3Endpoint | None = None
         self.timings = Timings()
+        self.rates = {self.storage_ns: self.config.store_mbit, **{n.ns: self.config.node_mbit for n in self.nodes}}
         self.started = False
         self._finalizer = weakref.finalize(self, _finalize, self.res)
         self._ports = itertools.count(29500)
@@ -128,8 +129,12 @@ class Lab:
 
     def _endpoints(self) -> list[tuple[str, str, str, float]]:
         """(namespace, bridge port, address, Mbit/s) of the storage, then of every node."""
-        return [(self.storage_ns, "st", self.storage_address, self.config.store_mbit),
-                *((n.ns, n.port, n.address, self.config.node_mbit) for n in self.nodes)]
+        return [(self.storage_ns, "st", self.storage_address, self.rates[self.storage_ns]),
+                *((n.ns, n.port, n.address, self.rates[n.ns]) for n in self.nodes)]
+
+    def _endpoint(self, endpoint: int | str) -> tuple[str, str, str, float]:
+        wanted = self.storage_ns if endpoint == "store" else self.nodes[int(endpoint)].ns
+        return next(e for e in self._endpoints() if e[0] == wanted)
 
     def peers(self, address: str) -> list[str]:
         """The addresses an endpoint talks to, in the order of its htb classes (``1:a``, ``1:b``, ...)."""
@@ -215,11 +220,17 @@ class Lab:
             self.pfs.mount(target.ns, target.mount)
         return time.monotonic() - began
 
+    def reshape(self, endpoint: int | str, mbit: float) -> None:
+        """Set one link's rate, both directions, while the lab runs (node ``endpoint`` or ``"store"``): a matrix
+        of store links needs no new lab. The htb trees are replaced whole; their byte counts start again."""
+        ns, port, address, _ = self._endpoint(endpoint)
+        netns.shape_link(self.fabric, ns, port, mbit, self.peers(address))
+        self.rates[ns] = mbit
+
     def link_bytes(self, endpoint: int | str) -> dict[str, dict[str, int]]:
         """Bytes each direction of a link has carried, per peer address, as its htb classes counted them:
         ``{"up": {peer: n}, "down": {peer: n}}`` for node ``endpoint`` (an index) or ``"store"``."""
-        wanted = self.storage_ns if endpoint == "store" else self.nodes[int(endpoint)].ns
-        ns, port, address, _ = next(e for e in self._endpoints() if e[0] == wanted)
+        ns, port, address, _ = self._endpoint(endpoint)
         up, down = netns.class_bytes(ns, netns.DEVICE), netns.class_bytes(self.fabric, port)
         classes = {f"1:{10 + i:x}": peer for i, peer in enumerate(self.peers(address))}
         return {"up": {peer: up.get(c, 0) for c, peer in classes.items()},
