@@ -4,15 +4,16 @@ Each synthetic rank holds what an FSDP rank of a transformer holds: a row shard 
 (their chunks tile the global tensor across ranks), ``--replicated`` small tensors every rank has (norms, a step
 counter: de-duplicated to one writer), and one pickled object. The script builds N such local plans (as DCP's
 ``create_local_plan`` would, planner data included), runs the coordinator's half —
-:func:`ckptio.engine.trainer.rank_plan.global_plan`, DCP's own global planning — and pickles what each rank receives
-back.
+:func:`ckptio.engine.trainer.rank_plan.global_plan`, ckptio's one-pass equivalent of DCP's global planning
+(``engine.trainer.global_plan``) — and pickles what each rank receives back.
 
-Printed per N: the coordinator's time; the bytes one rank receives (its own final plan, as ``scatter_object_list``
-sends it: padded to the largest); the bytes the coordinator receives (every local plan); the bytes moved across the
-job; and, for comparison, what the former all-gather moved (every rank received every plan). Linear growth means
-``coord_time_growth`` and ``job_bytes_growth`` ≈ 1 (time and bytes at the largest N over the smallest, divided by
-the rank ratio), ``per_rank_bytes_growth`` ≈ 1 (a rank's share does not grow), while the all-gather's job bytes
-grow with N² (``allgather_job_bytes_growth`` ≈ the rank ratio).
+Printed per N: the coordinator's time, beside DCP's own ``create_global_plan`` on the same plans in the same run
+(the anchor; both results are checked equal); the bytes one rank receives (its own final plan, as
+``scatter_object_list`` sends it: padded to the largest); the bytes the coordinator receives (every local plan); the
+bytes moved across the job; and, for comparison, what the former all-gather moved (every rank received every plan).
+Linear growth means ``coord_time_growth`` and ``job_bytes_growth`` ≈ 1 (time and bytes at the largest N over the
+smallest, divided by the rank ratio), ``per_rank_bytes_growth`` ≈ 1 (a rank's share does not grow), while the
+all-gather's job bytes grow with N² (``allgather_job_bytes_growth`` ≈ the rank ratio).
 
     .venv/bin/python bench/bench_plan_scale.py [--ranks 1024,2048,4096,8192,16384] [--sharded 8] [--replicated 4]
 """
@@ -23,6 +24,8 @@ import argparse
 import gc
 import pickle
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
@@ -59,20 +62,33 @@ def local_plans(n: int, sharded: int, replicated: int) -> list[SavePlan]:
     return plans
 
 
+def _timed(plan: Callable[[list[SavePlan]], tuple[list[SavePlan], Any]],
+           plans: list[SavePlan]) -> tuple[float, float, list[SavePlan], Any]:
+    """Wall and CPU seconds of one global planning: on a shared machine the CPU time is the figure that does not
+    depend on what else runs; the wall time is what the ranks wait for."""
+    gc.collect()
+    t0, c0 = time.perf_counter(), time.process_time()
+    final_plans, metadata = plan(plans)
+    return time.perf_counter() - t0, time.process_time() - c0, final_plans, metadata
+
+
 def measure(n: int, sharded: int, replicated: int) -> dict[str, float]:
     plans = local_plans(n, sharded, replicated)
     local_sizes = [len(pickle.dumps(p)) for p in plans]
-    planner = make_planner({}, is_coordinator=True)
-    gc.collect()
-    t0 = time.perf_counter()
-    final_plans, metadata = global_plan(planner, plans)
-    seconds = time.perf_counter() - t0
+    # The anchor, DCP's own global planning, on the same plans in the same run; then ckptio's.
+    dcp_seconds, dcp_cpu, dcp_plans, dcp_metadata = _timed(make_planner({}, is_coordinator=True).create_global_plan,
+                                                           plans)
+    seconds, cpu, final_plans, metadata = _timed(lambda p: global_plan(make_planner({}, is_coordinator=True), p),
+                                                 plans)
+    assert final_plans == dcp_plans and metadata == dcp_metadata
+    del dcp_plans, dcp_metadata
     own = [len(pickle.dumps(p)) for p in final_plans]
     gathered = sum(local_sizes)
     assert len(final_plans) == n and sum(len(p.items) for p in final_plans) == n * sharded + replicated + 1
     assert len(metadata.state_dict_metadata) == sharded + replicated + 1
     per_rank = max(own)  # scatter_object_list pads every rank's message to the largest
-    return {"n": n, "seconds": seconds, "per_rank": per_rank, "coordinator_in": gathered,
+    return {"n": n, "seconds": seconds, "cpu": cpu, "dcp_seconds": dcp_seconds, "dcp_cpu": dcp_cpu,
+            "per_rank": per_rank, "coordinator_in": gathered,
             "job": gathered + per_rank * n, "allgather_per_rank": gathered, "allgather_job": gathered * n}
 
 
@@ -85,15 +101,21 @@ def main() -> None:
     quiet_dcp()
     measure(64, args.sharded, args.replicated)  # warm-up: first-call costs are not the coordinator's
     rows = [measure(int(n), args.sharded, args.replicated) for n in args.ranks.split(",")]
-    print(f"{'ranks':>6} {'coord s':>8} {'rank recv KiB':>13} {'coord recv MiB':>14} {'job MiB':>9} "
+    print(f"{'ranks':>6} {'coord s':>8} {'cpu s':>6} {'DCP s':>7} {'cpu s':>6} {'rank recv KiB':>13} "
+          f"{'coord recv MiB':>14} {'job MiB':>9} "
           f"{'all-gather: rank recv MiB':>25} {'all-gather: job GiB':>19}")
     for r in rows:
-        print(f"{r['n']:6d} {r['seconds']:8.3f} {r['per_rank'] / 1024:13.1f} {r['coordinator_in'] / MiB:14.1f} "
+        print(f"{r['n']:6d} {r['seconds']:8.3f} {r['cpu']:6.3f} {r['dcp_seconds']:7.3f} {r['dcp_cpu']:6.3f} "
+              f"{r['per_rank'] / 1024:13.1f} {r['coordinator_in'] / MiB:14.1f} "
               f"{r['job'] / MiB:9.1f} {r['allgather_per_rank'] / MiB:25.1f} {r['allgather_job'] / (1 << 30):19.1f}")
     first, last = rows[0], rows[-1]
     scale = last["n"] / first["n"]
     ratio_line(
         ranks=f"{first['n']}-{last['n']}",
+        plan_max_ranks_s=last["seconds"],
+        plan_max_ranks_cpu_s=last["cpu"],
+        plan_vs_dcp_at_max=last["seconds"] / last["dcp_seconds"],
+        plan_cpu_vs_dcp_at_max=last["cpu"] / last["dcp_cpu"],
         coord_time_growth=last["seconds"] / first["seconds"] / scale,
         job_bytes_growth=last["job"] / first["job"] / scale,
         per_rank_bytes_growth=last["per_rank"] / first["per_rank"],

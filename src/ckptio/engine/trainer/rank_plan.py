@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from ckptio.engine.side_group import SideGroup
+from ckptio.engine.trainer.global_plan import global_save_plan
 from ckptio.errors import UnsupportedStateError
 
 # ---- save planning ------------------------------------------------------------------------------------------------
@@ -116,9 +117,9 @@ def check_supported(flat: dict[str, Any]) -> None:
 
 def global_plan(planner: DefaultSavePlanner, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
     """The coordinator's half of planning: DCP's global planning (de-duplication of replicated items, chunk
-    validation, metadata) over every rank's local plan. Returns each rank's final plan, in rank order, and the
-    metadata (without storage_data). Linear in the total number of items."""
-    return planner.create_global_plan(all_plans)
+    validation, metadata) over every rank's local plan, computed in one pass (``engine.trainer.global_plan``).
+    Returns each rank's final plan, in rank order, and the metadata (without storage_data)."""
+    return global_save_plan(planner, all_plans)
 
 
 @dataclass(frozen=True, slots=True)
