@@ -3,15 +3,16 @@
 Each synthetic rank holds what an FSDP rank of a transformer holds: a row shard of ``--sharded`` large tensors
 (their chunks tile the global tensor across ranks), ``--replicated`` small tensors every rank has (norms, a step
 counter: de-duplicated to one writer), and one pickled object. The script builds N such local plans (as DCP's
-``create_local_plan`` would, planner data included), runs the coordinator's half —
-:func:`ckptio.engine.trainer.rank_plan.global_plan`, ckptio's one-pass equivalent of DCP's global planning
-(``engine.trainer.global_plan``) — and pickles what each rank receives back.
+``create_local_plan`` would, planner data included) and times the coordinator's whole work on them, from the bytes
+the ranks sent to the bytes it sends back: DCP's (unpickle every ``SavePlan``, ``create_global_plan``, pickle every
+final plan) — the anchor, in the same run — and ckptio's (unpickle every rank's plain-value plan, ``plan_globally``,
+pickle every rank's answer; ``engine.trainer.global_plan``). Both results are checked equal, final plans and
+metadata.
 
-Printed per N: the coordinator's time, beside DCP's own ``create_global_plan`` on the same plans in the same run
-(the anchor; both results are checked equal); the bytes one rank receives (its own final plan, as
-``scatter_object_list`` sends it: padded to the largest); the bytes the coordinator receives (every local plan); the
-bytes moved across the job; and, for comparison, what the former all-gather moved (every rank received every plan).
-Linear growth means ``coord_time_growth`` and ``job_bytes_growth`` ≈ 1 (time and bytes at the largest N over the
+Printed per N: the coordinator's wall and CPU seconds, ckptio's and DCP's; the bytes one rank receives (its answer,
+as ``scatter_object_list`` sends it: padded to the largest); the bytes the coordinator receives (every local plan);
+the bytes moved across the job; and, for comparison, what an all-gather would move (every rank receives every
+plan). Linear growth means ``coord_time_growth`` and ``job_bytes_growth`` ≈ 1 (time and bytes at the largest N over the
 smallest, divided by the rank ratio), ``per_rank_bytes_growth`` ≈ 1 (a rank's share does not grow), while the
 all-gather's job bytes grow with N² (``allgather_job_bytes_growth`` ≈ the rank ratio).
 
@@ -28,11 +29,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from _common import MiB, quiet_dcp, ratio_line
-from ckptio.engine.trainer.rank_plan import global_plan, make_planner
+from ckptio.engine.trainer.global_plan import (
+    collector_paused,
+    encode_local_plan,
+    finish_local_plan,
+    plan_globally,
+)
+from ckptio.engine.trainer.rank_plan import make_planner
 
 
 def _item(fqn: str, offsets: tuple[int, ...], sizes: tuple[int, ...], global_size: tuple[int, ...],
@@ -62,34 +69,46 @@ def local_plans(n: int, sharded: int, replicated: int) -> list[SavePlan]:
     return plans
 
 
-def _timed(plan: Callable[[list[SavePlan]], tuple[list[SavePlan], Any]],
-           plans: list[SavePlan]) -> tuple[float, float, list[SavePlan], Any]:
-    """Wall and CPU seconds of one global planning: on a shared machine the CPU time is the figure that does not
+def _timed(work: Callable[[], tuple[Any, Any]]) -> tuple[float, float, Any, Any]:
+    """Wall and CPU seconds of one coordinator's work: on a shared machine the CPU time is the figure that does not
     depend on what else runs; the wall time is what the ranks wait for."""
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
-    final_plans, metadata = plan(plans)
-    return time.perf_counter() - t0, time.process_time() - c0, final_plans, metadata
+    out = work()
+    return time.perf_counter() - t0, time.process_time() - c0, *out
+
+
+def dcp_coordinator(blobs: list[bytes]) -> tuple[list[bytes], Metadata]:
+    """DCP's coordinator: unpickle every rank's SavePlan (as gather_object does), plan, pickle each final plan."""
+    plans = [pickle.loads(b) for b in blobs]
+    final_plans, metadata = make_planner({}, is_coordinator=True).create_global_plan(plans)
+    return [pickle.dumps(p) for p in final_plans], metadata
+
+
+def ckptio_coordinator(blobs: list[bytes]) -> tuple[list[bytes], Metadata]:
+    """ckptio's: unpickle every rank's plain-value plan, plan, pickle each rank's answer."""
+    with collector_paused():  # as coordinated_plan gathers
+        plans = [pickle.loads(b) for b in blobs]
+    answers, metadata = plan_globally(plans)
+    return [pickle.dumps(a) for a in answers], metadata
 
 
 def measure(n: int, sharded: int, replicated: int) -> dict[str, float]:
     plans = local_plans(n, sharded, replicated)
-    local_sizes = [len(pickle.dumps(p)) for p in plans]
-    # The anchor, DCP's own global planning, on the same plans in the same run; then ckptio's.
-    dcp_seconds, dcp_cpu, dcp_plans, dcp_metadata = _timed(make_planner({}, is_coordinator=True).create_global_plan,
-                                                           plans)
-    seconds, cpu, final_plans, metadata = _timed(lambda p: global_plan(make_planner({}, is_coordinator=True), p),
-                                                 plans)
-    assert final_plans == dcp_plans and metadata == dcp_metadata
-    del dcp_plans, dcp_metadata
-    own = [len(pickle.dumps(p)) for p in final_plans]
-    gathered = sum(local_sizes)
-    assert len(final_plans) == n and sum(len(p.items) for p in final_plans) == n * sharded + replicated + 1
+    dcp_in = [pickle.dumps(p) for p in plans]
+    ours_in = [pickle.dumps(encode_local_plan(p)) for p in plans]
+    # The anchor, DCP's own coordinator, on the same plans in the same run; then ckptio's.
+    dcp_seconds, dcp_cpu, dcp_out, dcp_metadata = _timed(lambda: dcp_coordinator(dcp_in))
+    seconds, cpu, ours_out, metadata = _timed(lambda: ckptio_coordinator(ours_in))
+    finals = [finish_local_plan(p, pickle.loads(a)) for p, a in zip(plans, ours_out, strict=True)]
+    assert finals == [pickle.loads(b) for b in dcp_out] and metadata == dcp_metadata
+    assert sum(len(p.items) for p in finals) == n * sharded + replicated + 1
     assert len(metadata.state_dict_metadata) == sharded + replicated + 1
-    per_rank = max(own)  # scatter_object_list pads every rank's message to the largest
+    per_rank = max(map(len, ours_out))  # scatter_object_list pads every rank's message to the largest
+    gathered = sum(map(len, ours_in))
     return {"n": n, "seconds": seconds, "cpu": cpu, "dcp_seconds": dcp_seconds, "dcp_cpu": dcp_cpu,
-            "per_rank": per_rank, "coordinator_in": gathered,
-            "job": gathered + per_rank * n, "allgather_per_rank": gathered, "allgather_job": gathered * n}
+            "per_rank": per_rank, "coordinator_in": gathered, "job": gathered + per_rank * n,
+            "allgather_per_rank": gathered, "allgather_job": gathered * n}
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The one-pass global planner gives exactly what DCP's ``DefaultSavePlanner.create_global_plan`` gives.
+"""The plain-value global planner gives exactly what DCP's ``DefaultSavePlanner.create_global_plan`` gives.
 
 Equality is checked field by field, index hints included (``MetadataIndex`` equality ignores them), on plans built
 by hand (row shards, replicated tensors of uneven sizes that exercise DCP's balancing, objects) and on local plans
@@ -7,13 +7,15 @@ DCP builds from real state dicts; invalid plans raise the same ``ValueError``; o
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
-from ckptio.engine.trainer.global_plan import global_save_plan
+from ckptio.engine.trainer.global_plan import encode_local_plan, finish_local_plan, global_save_plan, plan_globally
 from ckptio.engine.trainer.rank_plan import make_planner
 
 
@@ -87,3 +89,10 @@ def test_another_planner_is_planned_by_dcp(monkeypatch):
                         lambda self, plans: calls.append(len(plans)) or ([], None))
     global_save_plan(planner, synthetic_plans(3))
     assert calls == [3]
+
+
+def test_the_plain_values_cross_a_pickle_as_the_gather_sends_them():
+    plans = real_plans(3)
+    answers, metadata = plan_globally([pickle.loads(pickle.dumps(encode_local_plan(p))) for p in plans])
+    ours = [finish_local_plan(p, pickle.loads(pickle.dumps(a))) for p, a in zip(plans, answers, strict=True)]
+    assert_same((ours, metadata), make_planner({}, is_coordinator=True).create_global_plan(real_plans(3)))
