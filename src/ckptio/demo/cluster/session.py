@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster import lab_rank
-from ckptio.testing.cluster import Lab, LabConfig
+from ckptio.testing.cluster import Lab, LabConfig, Proc
 from ckptio.testing.cluster.jobs import RankJob, read_loader, write_dataset
 
 DATA_DIR = "loader-data"
@@ -50,19 +50,18 @@ class LabSession:
     """One running lab with a loader on each node; ``with LabSession(config) as s: ...``."""
 
     config: LabConfig
+    loaders: bool = True
     data_files: int = 4
     data_file_mib: int = 8
     lab: Lab = field(init=False)
     loader_outs: list[Path] = field(default_factory=list)
+    loader_procs: list[Proc] = field(default_factory=list)
 
     def __enter__(self) -> LabSession:
         self.lab = Lab(self.config).start()
         try:
-            write_dataset(self.lab.nodes[0].mount / DATA_DIR, files=self.data_files, size=self.data_file_mib << 20)
-            for node in self.lab.nodes:
-                out = self.lab.dir / f"loader-{node.index}.jsonl"
-                self.lab.start_loader(node.index, self.lab.pfs_path / DATA_DIR, out, interval_s=0.25)
-                self.loader_outs.append(out)
+            if self.loaders:
+                self.start_loaders()
         except BaseException:
             self.lab.close()
             raise
@@ -70,6 +69,24 @@ class LabSession:
 
     def __exit__(self, *exc: object) -> None:
         self.lab.close()
+
+    def start_loaders(self) -> None:
+        """A loader on every node reading the data set on the parallel filesystem, again and again."""
+        data = self.lab.nodes[0].mount / DATA_DIR
+        if not data.exists():
+            write_dataset(data, files=self.data_files, size=self.data_file_mib << 20)
+        self.loader_outs = []
+        for node in self.lab.nodes:
+            out = self.lab.dir / f"loader-{node.index}-{time.monotonic_ns()}.jsonl"
+            self.loader_procs.append(self.lab.start_loader(node.index, self.lab.pfs_path / DATA_DIR, out,
+                                                           interval_s=0.25))
+            self.loader_outs.append(out)
+
+    def stop_loaders(self) -> None:
+        for proc in self.loader_procs:
+            proc.stop(0.0)
+            self.lab.res.forget(proc)
+        self.loader_procs = []
 
     def loader_samples(self) -> list[list[dict[str, float]]]:
         return [read_loader(out) for out in self.loader_outs]
@@ -117,17 +134,21 @@ class LabSession:
         job.kill()
         drop_page_cache()
         run, _ = self.run_job(spec, nodes, ranks_per_node)
+        if self.loader_procs:  # the lost node's loader went with it: the next run finds one on every node again
+            self.stop_loaders()
+            self.start_loaders()
         return Recovery(killed=killed, relaunched=run.launched, ranks=run.records)
 
-    def probe(self, node: int, target: str, out: Path, *, writers: int, file_size: str,
-              seconds: float) -> subprocess.Popen[str]:
-        """Start ``ckptio probe TARGET --out OUT`` inside ``node`` (its mount, its link); wait on the result."""
-        argv = [sys.executable, "-m", "ckptio._cli.main", "probe", target, "--writers", str(writers),
+    def probe(self, node: int, target: str, out: Path, *, writers: int, file_size: str, seconds: float,
+              start_at: float) -> Proc:
+        """Start ``ckptio probe TARGET --out OUT`` inside ``node`` (its mount, its link); it begins measuring at
+        wall time ``start_at``, after its imports, so probes on several nodes measure the store together."""
+        wait_then_run = ("import sys, time; from ckptio._cli import main, probe_cmd; "
+                         f"time.sleep(max(0.0, {start_at!r} - time.time())); sys.exit(main.main(sys.argv[1:]))")
+        argv = [sys.executable, "-c", wait_then_run, "probe", target, "--writers", str(writers),
                 "--file-size", file_size, "--files-per-writer", "1", "--small-files", "64",
                 "--max-seconds", f"{seconds:g}", "--out", str(out), "--json", "--store-private"]
-        proc = self.lab.launch(node, argv, name=f"probe-{node}-{time.monotonic_ns()}", stdout=subprocess.PIPE)
-        assert proc.popen is not None
-        return proc.popen
+        return self.lab.launch(node, argv, name=f"probe-{node}-{time.monotonic_ns()}", stdout=subprocess.PIPE)
 
 
 def drop_page_cache() -> None:

@@ -1,0 +1,184 @@
+"""``ckptio demo --cluster``: the main job at cluster shape in the lab, ckptio against DCP-best, beside the planner.
+
+Phases, each announced: the lab (what it set up), the probes (``ckptio probe`` inside every node, against the
+parallel filesystem and S3), then per run — ckptio on the parallel FS, DCP-best on the parallel FS, ckptio on S3 —
+a calm phase and the saves, with a loader reading on every node; after the two parallel-FS runs a node is lost for
+real and the job resumes (ckptio from its local level and the partner copy, DCP-best from the durable store). Each
+run's figures are printed beside ``ckptio plan``'s prediction for it. DCP-best runs on the parallel FS only: torch
+ships no S3 writer of its own (its fsspec writer needs s3fs, which ckptio does not depend on).
+
+This module sequences and prints; the ranks measure (:mod:`~ckptio.demo.cluster.lab_rank`), the figures are
+:mod:`~ckptio.demo.cluster.figures`', the predictions :mod:`~ckptio.demo.cluster.planner`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ckptio.demo.cluster import planner
+from ckptio.demo.cluster.figures import RecoveryFigures, TrainFigures, recovery_figures, train_figures
+from ckptio.demo.cluster.session import LabSession
+from ckptio.demo.cluster.table import recovery_table, setup_lines, train_table
+from ckptio.errors import ConfigError
+from ckptio.testing.cluster import LabConfig
+
+LOST_NODE = 1
+"""The node the demo loses (never node 0: the job's rendezvous is there)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    """What ``ckptio demo --cluster`` runs."""
+
+    nodes: int = 4
+    """Node namespaces of the lab (each with its own shaped link)."""
+    ranks_per_node: int = 1
+    """Ranks on every node (1 or 2: the machine's cores run every rank, writer and loader)."""
+    node_mbit: float = 400.0
+    """Each node's link, Mbit/s per direction."""
+    store_mbit: float = 800.0
+    """The storage namespace's link, Mbit/s per direction: the parallel FS and S3 share it."""
+    state_mib: float = 16.0
+    """Checkpointed bytes per rank (weights and two Adam moments)."""
+    grad_mib: float = 2.0
+    """The gradient all-reduced across the nodes every step."""
+    every: int = 10
+    """Save every this many steps."""
+    saves: int = 4
+    """Saves per run (after an untimed first one)."""
+    calm_steps: int = 20
+    """Steps before any save: the clean step, the calm all-reduce and loader rates."""
+    durable_every: int = 2
+    """ckptio's two levels: every save local with a partner copy, every k-th durable."""
+    partner_pace: float | None = None
+    """ckptio's ``partner_pace`` (bytes/s per node); None: full speed."""
+    flush_pace: float | str | None = None
+    """ckptio's ``flush_pace``."""
+    stores: tuple[str, ...] = ("pfs", "s3")
+    """Where ckptio runs (DCP-best runs on the parallel FS)."""
+    out: Path = field(default_factory=lambda: Path("ckptio-demo-cluster"))
+    """Where the probes' profiles go."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 2:
+            raise ConfigError(f"--nodes must be >= 2 (one is lost), got {self.nodes}")
+        if self.ranks_per_node not in (1, 2):
+            raise ConfigError(f"--ranks-per-node must be 1 or 2, got {self.ranks_per_node}")
+        if self.saves < 2 or self.every < 2 or self.durable_every < 2:
+            raise ConfigError("need saves >= 2, every >= 2 and durable_every >= 2")
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def lab(self) -> LabConfig:
+        return LabConfig(nodes=self.nodes, node_mbit=self.node_mbit, store_mbit=self.store_mbit)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """One run: its figures, the planner's prediction, and the recovery when a node was lost."""
+
+    name: str
+    saver: str
+    store: str
+    figures: TrainFigures
+    plan: dict[str, Any]
+    recovery: RecoveryFigures | None = None
+
+
+@dataclass
+class ClusterOutcome:
+    config: ClusterConfig
+    runs: list[RunOutcome]
+    stores: dict[str, planner.StoreFigures]
+    wall_s: float = 0.0
+
+    def run(self, name: str) -> RunOutcome | None:
+        return next((r for r in self.runs if r.name == name), None)
+
+
+def spec_for(config: ClusterConfig, saver: str, root: str, local: str | None, *, hang: bool) -> dict[str, Any]:
+    """What every rank of a run is told (``lab_rank``'s SPEC). The lab's S3 has no public-access API: it is
+    declared private, as an on-prem store would be."""
+    options: dict[str, Any] = {"keep_last": 2, "volume_check": "off", "lease_s": 0, "partner_timeout_s": 30.0,
+                               "commit_timeout_s": 120, "store_private": root.startswith("s3://")}
+    if local is not None:
+        options.update(local_dir=local, durable_every=config.durable_every, replicas=1)
+    if config.partner_pace is not None:
+        options["partner_pace"] = config.partner_pace
+    if config.flush_pace is not None:
+        options["flush_pace"] = config.flush_pace
+    return {"phase": "train", "saver": saver, "root": root, "state_mib": config.state_mib,
+            "grad_mib": config.grad_mib, "every": config.every, "steps": config.every * config.saves,
+            "calm_steps": config.calm_steps, "hang": hang, "options": options}
+
+
+def durable_steps(config: ClusterConfig) -> set[int]:
+    """The steps of ckptio's saves that go durable: the k-th call of ``save`` and every k-th after it (the first,
+    untimed save at step 0 is the first call)."""
+    return {n * config.every for n in range(1, config.saves + 1) if (n + 1) % config.durable_every == 0}
+
+
+def run_cluster_demo(config: ClusterConfig, console: Console | None = None) -> ClusterOutcome:
+    """Run the whole cluster demo; raises LabUnavailable where the lab cannot run."""
+    console = console or Console(width=140)
+    began = time.monotonic()
+    config.out.mkdir(parents=True, exist_ok=True)
+    with LabSession(config.lab(), loaders=False) as session:
+        for line in setup_lines(session.lab, config):
+            console.print(line)
+        nodes = list(range(config.nodes))
+        stores = {}
+        for store in config.stores:
+            console.print(f"[dim]· ckptio probe on {config.nodes} nodes at once against the {store} …[/]")
+            stores[store] = planner.probe_store(session, nodes, store, config.out,
+                                                ranks_per_node=config.ranks_per_node)
+        outcome = ClusterOutcome(config, [], stores)
+        session.start_loaders()  # after the probes: they measure the store the job gets when the loaders idle
+        local_rate = planner.probe_local(session.lab.dir / "probe-local", config.out / "probe-local.json")
+        for name, saver, store in _runs(config):
+            console.print(f"[dim]· {name} …[/]")
+            outcome.runs.append(run_one(session, config, name, saver, store, figures=stores[store],
+                                        local_rate=local_rate))
+        outcome.wall_s = time.monotonic() - began
+    console.print(train_table(outcome))
+    console.print(recovery_table(outcome))
+    console.print(f"cluster demo finished in {outcome.wall_s:.0f} s")
+    return outcome
+
+
+def _runs(config: ClusterConfig) -> list[tuple[str, str, str]]:
+    runs = [("ckptio on the parallel FS", "ckptio", "pfs"), ("DCP-best on the parallel FS", "dcp-best", "pfs")]
+    if "s3" in config.stores:
+        runs.append(("ckptio on S3", "ckptio", "s3"))
+    return [r for r in runs if r[2] in config.stores]
+
+
+def run_one(session: LabSession, config: ClusterConfig, name: str, saver: str, store: str, *,
+            figures: planner.StoreFigures, local_rate: float) -> RunOutcome:
+    """One run; on the parallel FS it ends with a node loss and a resume."""
+    tag = f"{saver}-{store}-{time.monotonic_ns()}"
+    root = session.pfs_root(tag)[0] if store == "pfs" else session.s3_root(tag)
+    local = str(session.lab.local_path / tag) if saver == "ckptio" else None
+    lose = store == "pfs"
+    spec = spec_for(config, saver, root, local, hang=lose)
+    nodes, rpn = list(range(config.nodes)), config.ranks_per_node
+    run, job = session.run_job(spec, nodes, rpn)
+    durable = durable_steps(config) if saver == "ckptio" else None
+    result = train_figures(run.records, session.loader_samples(), every=config.every, durable=durable)
+    recovery = None
+    if lose:
+        resumed = session.lose_and_resume(job, {**spec, "phase": "resume", "hang": False}, LOST_NODE, nodes, rpn)
+        recovery = recovery_figures(resumed.killed, resumed.relaunched, resumed.ranks)
+    job_shape = planner.JobShape(
+        ranks=config.ranks, ranks_per_node=rpn, state_bytes_per_rank=config.state_mib * 2**20,
+        step_time_s=result.clean_step_s, every=config.every,
+        durable_every=config.durable_every if saver == "ckptio" else 1,
+        network_bytes_per_s=config.node_mbit * 1e6 / 8, local_bytes_per_s=local_rate)
+    return RunOutcome(name, saver, store, result, planner.plan(job_shape, figures), recovery)
