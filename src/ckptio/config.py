@@ -73,6 +73,7 @@ class CheckpointerOptions(TypedDict, total=False):
     flush_pace: float | Literal["auto"] | None
     flush_pace_fraction: float
     flush_pace_local: bool
+    partner_pace: float | None
 
 
 def unknown_option_error(name: str, valid: list[str]) -> ConfigError:
@@ -323,7 +324,14 @@ class CheckpointerConfig:
 
     flush_pace_local: bool = False
     """Pace the local tier's write too (off by default: it holds the staging slot, and the durable store is what
-    other tenants share). Partner copies are never paced: a partner refuses a transfer slower than its deadline."""
+    other tenants share). Partner copies have their own pace: ``partner_pace``."""
+
+    partner_pace: float | None = None
+    """Bytes per second for the node's partner copies, shared evenly by its ranks, so the copies leave the fabric to
+    the training's collectives (issue 19's lab: an unpaced copy slows the all-reduce that shares the NIC). None: as
+    fast as the link takes them. A copy is never paced below the partner's minimum transfer rate (it would miss the
+    partner's deadline), and goes to full speed like a paced flush: when the next save arrives, on an emergency save
+    and in ``close()`` (engine.partner.client)."""
 
     def writer_config(self) -> WriterConfig:
         """The part of this config the writer process reads (same field names: a projection, never a copy). Its
@@ -365,6 +373,8 @@ class CheckpointerConfig:
             (self.node_id is not None and not self.node_id, "node_id must not be empty"),
             (self.flush_pace is not None and self.flush_pace != "auto" and not float(self.flush_pace) > 0,
              f'flush_pace must be None, "auto" or bytes per second > 0, got {self.flush_pace!r}'),
+            (self.partner_pace is not None and not self.partner_pace > 0,
+             f"partner_pace must be None or bytes per second > 0, got {self.partner_pace!r}"),
             (not 0 < self.flush_pace_fraction <= 1,
              f"flush_pace_fraction must be within (0, 1], got {self.flush_pace_fraction}"),
         ]
@@ -413,7 +423,10 @@ class WriterConfig:
     """CPU niceness the writer adds to itself; its I/O goes to the lowest best-effort class when > 0."""
 
     flush_pace_local: bool
-    """Whether the local tier's writes and the partner copies are paced like the durable one."""
+    """Whether the local tier's writes are paced like the durable one."""
+
+    partner_pace: float | None
+    """The node's budget for partner copies, bytes per second (None: full speed)."""
 
     def __post_init__(self) -> None:
         reject_non_finite(self)  # a projection of a checked config, but it crosses into another process

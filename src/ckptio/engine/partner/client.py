@@ -1,6 +1,10 @@
 """The client side of the partner channel: send a rank's files to a partner (hashing them on the way), and fetch
 a file from a holder node into a local path, kept only when it matches the digest in the durable record.
 
+Copies may be paced (``partner_pace``): :func:`copy_rate` states the rule, and the writer's flush pacer
+(engine.writer.flush_pacer) turns the rate into waits before each chunk, and releases them when a save needs the
+fabric back at full speed.
+
 Both authenticate first (:func:`~ckptio.engine.partner.auth.connect`) and stream in chunks: memory per transfer
 is one chunk, whatever the file's size. Failures are named: ReplicationError (unreachable, refused, not
 authenticated), NotFoundError (the holder does not have it), ChecksumError (the bytes are not the recorded ones).
@@ -15,17 +19,29 @@ from ckptio.engine.partner.digest import check_digest
 from ckptio.engine.partner.files import receive_to_file, send_hashed
 from ckptio.engine.partner.limits import PartnerLimits
 from ckptio.errors import ChecksumError, CkptError, NotFoundError, ReplicationError
+from ckptio.storage.base import Pacer
 
 SendFile = tuple[str, str, int, str]
 """(name, local path, size, crc32c) of one file to copy."""
 
 
+def copy_rate(node_bytes_per_s: float | None, ranks_on_node: int, limits: PartnerLimits) -> float | None:
+    """One rank's partner-copy rate: an even share of its node's ``partner_pace`` (the node's ranks copy the same
+    shapes at the same steps), never below the partner's minimum transfer rate: a slower copy would miss the
+    partner's deadline and lose the redundancy it is for. None: full speed."""
+    if node_bytes_per_s is None:
+        return None
+    return max(node_bytes_per_s / max(1, ranks_on_node), limits.min_rate)
+
+
 def send_files(host: str, port: int, step: int, files: list[SendFile], *, secret: bytes, timeout_s: float,
-               who: str, digests: dict[str, str] | None = None, limits: PartnerLimits | None = None) -> dict[str, str]:
+               who: str, digests: dict[str, str] | None = None, limits: PartnerLimits | None = None,
+               pacer: Pacer | None = None) -> dict[str, str]:
     """Copy ``files`` to the partner at ``host:port`` over one authenticated connection and return each file's
     digest, computed from the bytes as they were sent. With ``digests`` (from an earlier partner) nothing is
     hashed again and those are sent; the partner still checks them against what it receives. ReplicationError
-    unless every file is acknowledged; each operation gets ``timeout_s``, each file the transfer deadline."""
+    unless every file is acknowledged; each operation gets ``timeout_s``, each file the transfer deadline. With
+    ``pacer``, each chunk goes when the pacer lets it."""
     limits = limits or PartnerLimits.for_timeout(timeout_s)
     where = f"partner {who} at {host}:{port}"
     out: dict[str, str] = {}
@@ -43,7 +59,7 @@ def send_files(host: str, port: int, step: int, files: list[SendFile], *, secret
                                     deadline)
                 known = digests.get(name) if digests is not None else None
                 digest = send_hashed(channel.sock, path, size, crc, deadline=deadline, idle_s=limits.idle_s,
-                                     hash_it=known is None) or known
+                                     hash_it=known is None, pacer=pacer) or known
                 assert digest is not None
                 channel.send_header({"op": "put-end", "digest": digest}, deadline)
                 reply = channel.recv_header(time.monotonic() + limits.idle_s)

@@ -20,6 +20,7 @@ import crc32c
 from ckptio.engine.partner.auth import recv_exact, send_all
 from ckptio.engine.partner.digest import CHUNK, finish, new_hasher
 from ckptio.errors import ReplicationError
+from ckptio.storage.base import Pacer
 from ckptio.storage.posix.posix_storage import TMP_PREFIX
 
 _SENDFILE_PIECE = 8 * CHUNK
@@ -72,8 +73,9 @@ def receive_to_file(sock: socket.socket, final: str, size: int, *, deadline: flo
 
 
 def send_hashed(sock: socket.socket, path: str, size: int, crc: str, *, deadline: float, idle_s: float,
-                hash_it: bool) -> str | None:
-    """Send the first ``size`` bytes of ``path``, read in chunks; returns their digest (None unless ``hash_it``).
+                hash_it: bool, pacer: Pacer | None = None) -> str | None:
+    """Send the first ``size`` bytes of ``path``, read in chunks (each after ``pacer`` lets it go, when paced);
+    returns their digest (None unless ``hash_it``).
     ReplicationError when the file no longer matches its size or crc32c: the digest recorded for the partner
     copy must be the digest of the bytes the rank index describes, never of a file damaged after it was written."""
     hasher, value, left = new_hasher() if hash_it else None, 0, size
@@ -88,6 +90,8 @@ def send_hashed(sock: socket.socket, path: str, size: int, crc: str, *, deadline
             value = crc32c.crc32c(chunk, value)
             if hasher is not None:
                 hasher.update(chunk)
+            if pacer is not None:
+                pacer.take(k)
             send_all(sock, chunk, deadline, idle_s=idle_s)
             left -= k
     if f"{value:08x}" != crc:

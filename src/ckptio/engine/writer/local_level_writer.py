@@ -23,18 +23,20 @@ import time
 from dataclasses import replace
 
 from ckptio.engine.partner import PartnerLimits, PartnerServer, file_digest, send_files
+from ckptio.engine.partner.client import copy_rate
 from ckptio.engine.protocol import LevelsStart, Outbox, SaveJob, WriterStart
+from ckptio.engine.writer.flush_pacer import FlushPacer
 from ckptio.errors import ReplicationError
 from ckptio.format import FileRecord, ItemRecord, RankIndex, committed_steps, index_key
 from ckptio.format.local_level import own_copy_key
 from ckptio.obs.events import Event, Phase
-from ckptio.storage.base import Storage
+from ckptio.storage.base import Pacer, Storage
 
 
 class LocalLevelWriter:
     """One writer's part of the local level: partner server, replication, rank index."""
 
-    def __init__(self, start: WriterStart, out: Outbox, records: Storage) -> None:
+    def __init__(self, start: WriterStart, out: Outbox, records: Storage, pacer: FlushPacer | None = None) -> None:
         assert start.levels is not None and start.local is not None
         self.start, self.out, self.records = start, out, records
         self.levels: LevelsStart = start.levels
@@ -43,6 +45,11 @@ class LocalLevelWriter:
         self.server = PartnerServer(socket.socket(fileno=self.levels.listen_fd), self.local, secret=self.levels.secret,
                                     limits=PartnerLimits.for_timeout(self.levels.timeout_s))
         self._down_until: dict[int, float] = {}
+        # partner_pace (lab helper, issue 19 item 4): the copies take the writer's flush pacer, so they go full speed
+        # whenever a paced flush would.
+        self.pacer = pacer or FlushPacer()
+        on_node = sum(peer.node == self.levels.node for peer in self.levels.peers)
+        self.copy_rate = copy_rate(start.config.partner_pace, on_node, PartnerLimits.for_timeout(self.levels.timeout_s))
 
     def prepare(self, job: SaveJob, files: list[FileRecord], items: list[ItemRecord]) -> None:
         """Copy the files to the partners that answer, then write this rank's index (runs on the level's thread)."""
@@ -62,15 +69,16 @@ class LocalLevelWriter:
         t0 = time.monotonic()
         digests: dict[str, str] | None = None
         sent = 0
-        for partner in self.levels.partner_ranks:
-            node = self.peers[partner].node
-            try:
-                digests = self._send(job, partner, sendable, digests)
-            except ReplicationError as exc:
-                self.out.event(Event.REPLICA_FAILED, job.step, partner=partner, node=node, error=str(exc))
-                continue
-            holders.append(node)
-            sent += 1
+        with self.pacer.begin(self.copy_rate) as flush:
+            for partner in self.levels.partner_ranks:
+                node = self.peers[partner].node
+                try:
+                    digests = self._send(job, partner, sendable, digests, flush.pacer)
+                except ReplicationError as exc:
+                    self.out.event(Event.REPLICA_FAILED, job.step, partner=partner, node=node, error=str(exc))
+                    continue
+                holders.append(node)
+                sent += 1
         if digests is None:
             digests = {name: file_digest(path) for name, path, _, _ in sendable}
         self.out.event(Event.PHASE, job.step, phase=Phase.REPLICATE, seconds=time.monotonic() - t0,
@@ -79,7 +87,7 @@ class LocalLevelWriter:
         return holders, digests
 
     def _send(self, job: SaveJob, partner: int, sendable: list[tuple[str, str, int, str]],
-              digests: dict[str, str] | None) -> dict[str, str]:
+              digests: dict[str, str] | None, pacer: Pacer | None = None) -> dict[str, str]:
         """One partner's copies, unless it failed within the last ``partner_timeout_s`` (ReplicationError)."""
         peer = self.peers[partner]
         who = f"rank {partner} on node {peer.node!r}"
@@ -88,7 +96,7 @@ class LocalLevelWriter:
                                    "again before then", step=job.step)
         try:
             sent = send_files(peer.host, peer.port, job.step, sendable, secret=self.levels.secret, digests=digests,
-                              timeout_s=self.levels.timeout_s, who=who)
+                              timeout_s=self.levels.timeout_s, who=who, pacer=pacer)
         except ReplicationError:
             self._down_until[partner] = time.monotonic() + self.levels.timeout_s
             raise

@@ -90,7 +90,7 @@ class Writer:
         self._local: StepCommitter | None = None
         self._local_writer: LocalLevelWriter | None = None
         if records is not None:
-            self._local_writer = LocalLevelWriter(start, out, records)
+            self._local_writer = LocalLevelWriter(start, out, records, self.pacer)
             # The local level keeps its newest step only: it is the fast way back, the durable level the safe one.
             self._local = StepCommitter(CommitLevel("local", records, keep_last=1, retire_also=(start.durable,),
                                                     after_commit=evict), start, out, self.live, markers=self.markers)
