@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Development pins torch to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv sysdeps labdeps s3rver demo test lint typecheck unit bench clean
+.PHONY: venv sysdeps labdeps lab s3rver demo test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ labdeps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	      $(LAB_PACKAGES) >/dev/null; } || echo "labdeps: apt-get failed; the cluster lab tests will skip"; \
 	fi
+
+# The main job at cluster shape in the lab (issue 19): needs root; installs what the lab needs, then prints the
+# table (bench/bench_lab.py: the demo's runs, the fabric, the planner's matrix and the RATIOS line).
+lab: venv labdeps
+	$(BIN)/python bench/bench_lab.py $(ARGS)
 
 # s3rver (npm, pinned by package.json + package-lock.json) is the test session's second S3 implementation: one
 # that ignores conditional writes (tests/conftest.py starts it). Without Node.js the tests that need it skip.

@@ -171,12 +171,31 @@ def train(spec: dict[str, Any], rank: int) -> None:
     say(rank=rank, result={"calm": [{"s": s, "reduce_s": r} for s, r in calm], "calm_span": calm_span,
                            "steps": steps, "saves": saves})
     dist.barrier()
+    if spec.get("restore_after") and saver is not None:
+        restore_timed(saver, state, rank)
     if spec.get("hang"):
         say(rank=rank, hanging=time.time())
         while True:  # training goes on until the node is lost (SIGKILL)
             step(None)
     if saver is not None:
         saver.close()
+
+
+def restore_timed(saver: Saver, state: dict[str, Any], rank: int) -> None:
+    """Every rank restores the newest committed step at once, from a cold page cache (rank 0 empties the host's,
+    every node's); prints ``{"restored": ...}`` with the seconds it took."""
+    if rank == 0:
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        except OSError:
+            pass
+    dist.barrier()
+    began = time.time()
+    restored = saver.restore(state)
+    say(rank=rank, restored={"seconds": time.time() - began, **restored})
+    dist.barrier()
 
 
 def resume(spec: dict[str, Any], rank: int, times: dict[str, float]) -> None:

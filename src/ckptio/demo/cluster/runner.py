@@ -14,93 +14,15 @@ This module sequences and prints; the ranks measure (:mod:`~ckptio.demo.cluster.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from ckptio.demo.cluster import planner
-from ckptio.demo.cluster.figures import RecoveryFigures, TrainFigures, recovery_figures, train_figures
+from ckptio.demo.cluster.figures import recovery_figures, train_figures
+from ckptio.demo.cluster.outcome import ClusterConfig, ClusterOutcome, RunOutcome
 from ckptio.demo.cluster.session import LabSession
 from ckptio.demo.cluster.table import recovery_table, setup_lines, train_table
-from ckptio.errors import ConfigError
-from ckptio.testing.cluster import LabConfig
-
-LOST_NODE = 1
-"""The node the demo loses (never node 0: the job's rendezvous is there)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ClusterConfig:
-    """What ``ckptio demo --cluster`` runs."""
-
-    nodes: int = 4
-    """Node namespaces of the lab (each with its own shaped link)."""
-    ranks_per_node: int = 1
-    """Ranks on every node (1 or 2: the machine's cores run every rank, writer and loader)."""
-    node_mbit: float = 400.0
-    """Each node's link, Mbit/s per direction."""
-    store_mbit: float = 800.0
-    """The storage namespace's link, Mbit/s per direction: the parallel FS and S3 share it."""
-    state_mib: float = 16.0
-    """Checkpointed bytes per rank (weights and two Adam moments)."""
-    grad_mib: float = 2.0
-    """The gradient all-reduced across the nodes every step."""
-    every: int = 10
-    """Save every this many steps."""
-    saves: int = 4
-    """Saves per run (after an untimed first one)."""
-    calm_steps: int = 20
-    """Steps before any save: the clean step, the calm all-reduce and loader rates."""
-    durable_every: int = 2
-    """ckptio's two levels: every save local with a partner copy, every k-th durable."""
-    partner_pace: float | None = None
-    """ckptio's ``partner_pace`` (bytes/s per node); None: full speed."""
-    flush_pace: float | str | None = None
-    """ckptio's ``flush_pace``."""
-    stores: tuple[str, ...] = ("pfs", "s3")
-    """Where ckptio runs (DCP-best runs on the parallel FS)."""
-    out: Path = field(default_factory=lambda: Path("ckptio-demo-cluster"))
-    """Where the probes' profiles go."""
-
-    def __post_init__(self) -> None:
-        if self.nodes < 2:
-            raise ConfigError(f"--nodes must be >= 2 (one is lost), got {self.nodes}")
-        if self.ranks_per_node not in (1, 2):
-            raise ConfigError(f"--ranks-per-node must be 1 or 2, got {self.ranks_per_node}")
-        if self.saves < 2 or self.every < 2 or self.durable_every < 2:
-            raise ConfigError("need saves >= 2, every >= 2 and durable_every >= 2")
-
-    @property
-    def ranks(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-    def lab(self) -> LabConfig:
-        return LabConfig(nodes=self.nodes, node_mbit=self.node_mbit, store_mbit=self.store_mbit)
-
-
-@dataclass(frozen=True, slots=True)
-class RunOutcome:
-    """One run: its figures, the planner's prediction, and the recovery when a node was lost."""
-
-    name: str
-    saver: str
-    store: str
-    figures: TrainFigures
-    plan: dict[str, Any]
-    recovery: RecoveryFigures | None = None
-
-
-@dataclass
-class ClusterOutcome:
-    config: ClusterConfig
-    runs: list[RunOutcome]
-    stores: dict[str, planner.StoreFigures]
-    wall_s: float = 0.0
-
-    def run(self, name: str) -> RunOutcome | None:
-        return next((r for r in self.runs if r.name == name), None)
 
 
 def spec_for(config: ClusterConfig, saver: str, root: str, local: str | None, *, hang: bool) -> dict[str, Any]:
@@ -174,7 +96,7 @@ def run_one(session: LabSession, config: ClusterConfig, name: str, saver: str, s
     result = train_figures(run.records, session.loader_samples(), every=config.every, durable=durable)
     recovery = None
     if lose:
-        resumed = session.lose_and_resume(job, {**spec, "phase": "resume", "hang": False}, LOST_NODE, nodes, rpn)
+        resumed = session.lose_and_resume(job, {**spec, "phase": "resume", "hang": False}, config.lost_node, nodes, rpn)
         recovery = recovery_figures(resumed.killed, resumed.relaunched, resumed.ranks)
     job_shape = planner.JobShape(
         ranks=config.ranks, ranks_per_node=rpn, state_bytes_per_rank=config.state_mib * 2**20,

@@ -9,7 +9,7 @@ from rich.table import Table
 from ckptio.demo.cluster.figures import RECOVERY_PHASES
 
 if TYPE_CHECKING:
-    from ckptio.demo.cluster.runner import ClusterConfig, ClusterOutcome
+    from ckptio.demo.cluster.outcome import ClusterConfig, ClusterOutcome
     from ckptio.testing.cluster import Lab
 
 _PLAN_MODE = {"ckptio": "ckptio", "dcp-best": "dcp_best"}
@@ -27,7 +27,8 @@ def setup_lines(lab: Lab, config: ClusterConfig) -> list[str]:
         f"  the job: {config.state_mib:g} MiB of state per rank, a {config.grad_mib:g} MiB all-reduce across the "
         f"nodes every step, {config.calm_steps} calm steps, then a save every {config.every} steps, {config.saves} "
         f"saves; ckptio keeps a local level with a partner copy on the next node and goes durable every "
-        f"{config.durable_every}th save; then node {1} is lost (killed, its disk wiped) and the job resumes.",
+        f"{config.durable_every}th save; then node {config.lost_node} is lost (killed, its disk wiped) and the "
+        "job resumes.",
         f"  lab started in {lab.timings.start_s:.1f} s (network {lab.timings.network_s:.1f}, parallel FS "
         f"{lab.timings.pfs_s:.1f}, S3 {lab.timings.s3_s:.1f}, mounts {lab.timings.mounts_s:.1f}); under {lab.dir}",
     ]
