@@ -37,10 +37,12 @@ class ClusterConfig:
     """Steps before any save: the clean step, the calm all-reduce and loader rates."""
     durable_every: int = 2
     """ckptio's two levels: every save local with a partner copy, every k-th durable."""
-    partner_pace: float | None = None
-    """ckptio's ``partner_pace`` (bytes/s per node); None: full speed."""
-    flush_pace: float | str | None = None
-    """ckptio's ``flush_pace``."""
+    paced_run: bool = True
+    """Also run ckptio paced on the parallel FS (the fabric's figure: the all-reduce beside paced copies)."""
+    partner_pace_share: float = 0.3
+    """The paced run's ``partner_pace``: this share of a node's link."""
+    flush_pace: float | str | None = "auto"
+    """The paced run's ``flush_pace``."""
     stores: tuple[str, ...] = ("pfs", "s3")
     """Where ckptio runs (DCP-best runs on the parallel FS)."""
     out: Path = field(default_factory=lambda: Path("ckptio-demo-cluster"))

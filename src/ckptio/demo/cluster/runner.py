@@ -25,17 +25,17 @@ from ckptio.demo.cluster.session import LabSession
 from ckptio.demo.cluster.table import recovery_table, setup_lines, train_table
 
 
-def spec_for(config: ClusterConfig, saver: str, root: str, local: str | None, *, hang: bool) -> dict[str, Any]:
+def spec_for(config: ClusterConfig, saver: str, root: str, local: str | None, *, hang: bool,
+             paced: bool = False) -> dict[str, Any]:
     """What every rank of a run is told (``lab_rank``'s SPEC). The lab's S3 has no public-access API: it is
     declared private, as an on-prem store would be."""
     options: dict[str, Any] = {"keep_last": 2, "volume_check": "off", "lease_s": 0, "partner_timeout_s": 30.0,
                                "commit_timeout_s": 120, "store_private": root.startswith("s3://")}
     if local is not None:
         options.update(local_dir=local, durable_every=config.durable_every, replicas=1)
-    if config.partner_pace is not None:
-        options["partner_pace"] = config.partner_pace
-    if config.flush_pace is not None:
-        options["flush_pace"] = config.flush_pace
+    if paced:
+        options.update(partner_pace=config.partner_pace_share * config.node_mbit * 1e6 / 8,
+                       flush_pace=config.flush_pace)
     return {"phase": "train", "saver": saver, "root": root, "state_mib": config.state_mib,
             "grad_mib": config.grad_mib, "every": config.every, "steps": config.every * config.saves,
             "calm_steps": config.calm_steps, "hang": hang, "options": options}
@@ -66,8 +66,8 @@ def run_cluster_demo(config: ClusterConfig, console: Console | None = None) -> C
         local_rate = planner.probe_local(session.lab.dir / "probe-local", config.out / "probe-local.json")
         for name, saver, store in _runs(config):
             console.print(f"[dim]· {name} …[/]")
-            outcome.runs.append(run_one(session, config, name, saver, store, figures=stores[store],
-                                        local_rate=local_rate))
+            outcome.runs.append(run_one(session, config, name, saver.removesuffix("-paced"), store,
+                                        figures=stores[store], local_rate=local_rate, paced=saver.endswith("-paced")))
         outcome.wall_s = time.monotonic() - began
     console.print(train_table(outcome))
     console.print(recovery_table(outcome))
@@ -77,19 +77,21 @@ def run_cluster_demo(config: ClusterConfig, console: Console | None = None) -> C
 
 def _runs(config: ClusterConfig) -> list[tuple[str, str, str]]:
     runs = [("ckptio on the parallel FS", "ckptio", "pfs"), ("DCP-best on the parallel FS", "dcp-best", "pfs")]
+    if config.paced_run:
+        runs.append(("ckptio paced on the parallel FS", "ckptio-paced", "pfs"))
     if "s3" in config.stores:
         runs.append(("ckptio on S3", "ckptio", "s3"))
     return [r for r in runs if r[2] in config.stores]
 
 
 def run_one(session: LabSession, config: ClusterConfig, name: str, saver: str, store: str, *,
-            figures: planner.StoreFigures, local_rate: float) -> RunOutcome:
-    """One run; on the parallel FS it ends with a node loss and a resume."""
+            figures: planner.StoreFigures, local_rate: float, paced: bool = False) -> RunOutcome:
+    """One run; unpaced on the parallel FS it ends with a node loss and a resume."""
     tag = f"{saver}-{store}-{time.monotonic_ns()}"
     root = session.pfs_root(tag)[0] if store == "pfs" else session.s3_root(tag)
     local = str(session.lab.local_path / tag) if saver == "ckptio" else None
-    lose = store == "pfs"
-    spec = spec_for(config, saver, root, local, hang=lose)
+    lose = store == "pfs" and not paced
+    spec = spec_for(config, saver, root, local, hang=lose, paced=paced)
     nodes, rpn = list(range(config.nodes)), config.ranks_per_node
     run, job = session.run_job(spec, nodes, rpn)
     durable = durable_steps(config) if saver == "ckptio" else None
