@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ckptio.demo.cluster import matrix
+from ckptio.demo.cluster import matrix, planner
 from ckptio.demo.cluster.outcome import ClusterConfig, ClusterOutcome
 from ckptio.demo.cluster.runner import run_cluster_demo
 from ckptio.demo.cluster.session import LabSession
@@ -33,11 +33,11 @@ from ckptio.testing.cluster import LabConfig, LabUnavailable
 def run_matrix(console: Console, out: Path, state_mib: float) -> list[matrix.PointResult]:
     results: list[matrix.PointResult] = []
     with LabSession(LabConfig(nodes=4, node_mbit=400.0, store_mbit=800.0), loaders=False) as session:
-        probes: dict[tuple[float, int], object] = {}
+        probes: dict[tuple[float, int], planner.StoreFigures] = {}
         for point in matrix.DEFAULT_POINTS:
             console.print(f"[dim]· matrix: {point.label()} …[/]")
             results.append(matrix.run_point(session, point, state_mib=state_mib, grad_mib=2.0, saves=3, out=out,
-                                            probes=probes))  # type: ignore[arg-type]
+                                            probes=probes))
     return results
 
 

@@ -57,7 +57,18 @@ class LabSession:
     loader_outs: list[Path] = field(default_factory=list)
     loader_procs: list[Proc] = field(default_factory=list)
 
+    owns_lab: bool = True
+
+    @classmethod
+    def on(cls, lab: Lab) -> LabSession:
+        """A session on a lab that someone else started and will stop (a test's shared lab); no loaders."""
+        session = cls(lab.config, loaders=False, owns_lab=False)
+        session.lab = lab
+        return session
+
     def __enter__(self) -> LabSession:
+        if not self.owns_lab:
+            return self
         self.lab = Lab(self.config).start()
         try:
             if self.loaders:
@@ -68,7 +79,9 @@ class LabSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.lab.close()
+        self.stop_loaders()
+        if self.owns_lab:
+            self.lab.close()
 
     def start_loaders(self) -> None:
         """A loader on every node reading the data set on the parallel filesystem, again and again."""

@@ -1,0 +1,56 @@
+"""The cluster demo's figures from hand-made rank records: what each definition counts (no lab needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptio.demo.cluster.figures import RECOVERY_PHASES, recovery_figures, train_figures
+from ckptio.demo.cluster.outcome import ClusterConfig
+from ckptio.demo.cluster.runner import durable_steps
+from ckptio.errors import ConfigError
+
+
+def _record(offset: float) -> dict:
+    # calm: steps of 0.1 s with 10 ms all-reduces; then saves at 2 and 4 (every 2); step 2 costs 0.3 s more.
+    steps = [{"step": i, "t": 10.0 + i, "s": 0.1 + (0.3 if i == 2 else 0.0), "reduce_s": 0.02 if i in (2, 3) else 0.01,
+              "in_flight": i in (2, 3)} for i in range(1, 6)]
+    saves = [{"step": 2, "requested": 12.0 + offset, "returned": 12.0, "durable": 13.0 + offset},
+             {"step": 4, "requested": 14.0, "returned": 14.0, "durable": 16.0}]
+    return {"calm": [{"s": 0.1, "reduce_s": 0.01}] * 5, "calm_span": [5.0, 9.0], "steps": steps, "saves": saves}
+
+
+def test_train_figures_follow_their_definitions() -> None:
+    loaders = [[{"t": 6.0, "mbit": 100.0}, {"t": 12.5, "mbit": 40.0}, {"t": 17.0, "mbit": 100.0}]]
+    f = train_figures([_record(0.0), _record(0.5)], loaders, every=2)
+    assert f.clean_step_s == pytest.approx(0.1)
+    assert f.lost_per_save_s == pytest.approx(0.15)  # 0.3 s on one save, 0 on the other: the median of two
+    assert f.flush_s == pytest.approx(1.75)  # first request → last durable: step 2 12 → 13.5, step 4 14 → 16
+    assert f.lag_max_s == pytest.approx(2.0)
+    assert f.allreduce_slowdown == pytest.approx(1.0)  # 20 ms while a save flies, 10 ms calm
+    assert f.loader_calm_mbit == [100.0] and f.loader_saving_mbit == [40.0]
+
+
+def test_only_the_durable_saves_count_as_flushes() -> None:
+    f = train_figures([_record(0.0)], [[]], every=2, durable={4})
+    assert f.flush_s == pytest.approx(2.0)
+
+
+def test_recovery_phases_add_up_from_the_kill() -> None:
+    times = {"launched": 101.0, "started": 101.5, "imported": 104.0, "process_group": 104.5, "checkpointer": 106.0,
+             "restore": 107.0, "first_step": 107.2}
+    ranks = [{"times": times, "step": 8, "level": "local", "sources": {"local": 2}},
+             {"times": {**times, "restore": 107.5, "first_step": 107.6}, "step": 8, "level": "local",
+              "sources": {"partner": 2}}]
+    rec = recovery_figures(100.0, 101.0, ranks)
+    assert list(rec.phases) == list(RECOVERY_PHASES)
+    assert rec.phases["relaunch"] == 1.0 and rec.phases["restore"] == pytest.approx(1.5)  # the slowest rank's
+    assert sum(rec.phases.values()) == pytest.approx(rec.total_s) == pytest.approx(7.6)
+    assert rec.sources == {"local": 2, "partner": 2} and rec.restored_step == 8
+
+
+def test_the_durable_saves_are_every_kth_call_counting_the_untimed_first() -> None:
+    assert durable_steps(ClusterConfig(every=10, saves=4, durable_every=2)) == {10, 30}
+    with pytest.raises(ConfigError):
+        ClusterConfig(nodes=1)
+    with pytest.raises(ConfigError):
+        ClusterConfig(lost_node=0)
