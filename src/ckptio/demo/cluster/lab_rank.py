@@ -44,11 +44,13 @@ def say(**fields: Any) -> None:
 
 
 def make_state(spec: dict[str, Any], rank: int) -> dict[str, Any]:
-    """Model weights and two Adam moments, ``state_mib`` in all, distinct per rank."""
+    """Model weights and two Adam moments, ``state_mib`` in all, distinct per rank. Every tensor is random, as a
+    trained model's moments are: MooseFS's client sends no all-zero blocks, so zeros would never cross the store's
+    link and every flush and restore would look faster than the link allows."""
     n = int(spec["state_mib"] * 2**20 / 4 / 3)
     g = torch.Generator().manual_seed(rank)
     return {"model": {"w": torch.randn(n, generator=g)},
-            "optim": {"m": torch.zeros(n), "v": torch.zeros(n), "step": torch.zeros(1)}}
+            "optim": {"m": torch.randn(n, generator=g), "v": torch.randn(n, generator=g).abs(), "step": torch.zeros(1)}}
 
 
 class Saver:
