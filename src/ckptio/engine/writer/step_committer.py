@@ -11,12 +11,11 @@ A level is a :class:`CommitLevel`: where its records live (the durable root, or 
   ``retired.json``.
 * Every other rank watches for the manifest of its own save; a step that rank 0 committed and retention already
   removed is found in ``retired.json`` — the one way a watcher learns that its step was retired, on both levels.
-* A failure or drop marker of the save (any rank's) ends the wait at once: ``SaveFailed``, or ``SaveDropped`` when a
-  rank gave the attempt up on purpose (the ranks agree on commit-or-drop through the store, never a collective).
+* A failure or drop marker of the save (any rank's) ends the wait at once: failed, or dropped when a rank gave the
+  attempt up on purpose (the ranks agree on commit-or-drop through the store, never a collective).
 
-The level that decides a save's outcome (``CommitRequest.reports``: the durable level, or the local level for a
-local-only save) tells the trainer :class:`SaveDone` / :class:`SaveFailed` / :class:`SaveDropped`; the other only
-emits ``level_committed`` / ``level_failed`` events. Cleanup runs after the outcome is sent, under
+Every outcome goes to the level's :class:`~ckptio.engine.writer.level_outcome.LevelOutcome`, the one place an
+attempt ends on a level (marker, deletion, message). Cleanup runs after the outcome is sent, under
 :meth:`LiveSteps.cleaning`, and leaves live steps alone: a failed deletion must never fail a committed save.
 
 It must never write a data file or a rank index (the job pipeline does), nor read a staging slot.
@@ -30,17 +29,16 @@ import pickle
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ckptio.engine.failure_markers import FailureMarkers, level_only
 from ckptio.engine.owner_record import ensure_lease
-from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveDropped, SaveFailed, WriterStart
+from ckptio.engine.protocol import Outbox, Rollback, WriterStart
+from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.errors import (
     AlreadyExistsError,
-    CkptError,
     CommitError,
     CorruptCheckpointError,
     RootInUseError,
@@ -60,12 +58,9 @@ from ckptio.format import (
     versions,
     write_manifest,
 )
-from ckptio.format.layout import data_file_name
-from ckptio.format.local_level import holder_nodes
 from ckptio.format.retention import read_retired
 from ckptio.format.rollback import (
     Superseded,
-    delete_data_files,
     drop_superseded,
     point_latest_at_newest,
     reinstate,
@@ -96,23 +91,24 @@ class CommitLevel:
 
 @dataclass(frozen=True, slots=True)
 class CommitRequest:
-    """One save whose rank index is in the level's records, handed from the job pipeline to the level's thread."""
+    """One save whose rank index is in the level's records, handed from the level to its committer thread."""
 
-    step: int
-    save_id: int
+    attempt: Attempt
     metadata_skeleton: bytes | None
     """Rank 0 only: the plan's pickled DCP Metadata without storage_data."""
-    n_files: int = 0
-    """This rank's data files in the save (deleted from ``discard_tiers`` should it fail)."""
-    discard_tiers: tuple[Storage, ...] = ()
-    """Where this rank's data files of a failed attempt are deleted (never a tier another level still reads)."""
     rollback: Rollback | None = None
     replaces: tuple[int, ...] = ()
     """Save ids whose manifest of this step this save may supersede (the trainer's earlier saves of it)."""
-    reports: bool = True
-    """This level's outcome is the save's outcome (else it is reported by events only)."""
     prepare: Callable[[], None] | None = field(default=None, compare=False)
-    """Runs first on the level's thread (the local level's replication and rank index); raising fails the level."""
+    """Runs first on the level's thread (the local level's copies and rank index); raising fails the level."""
+
+    @property
+    def step(self) -> int:
+        return self.attempt.step
+
+    @property
+    def save_id(self) -> int:
+        return self.attempt.save_id
 
     def may_replace(self, manifest: Manifest | None) -> bool:
         """May this save supersede ``manifest`` (None: unreadable) of its step? Its trainer's own earlier save of
@@ -124,34 +120,24 @@ class CommitRequest:
             manifest is None or manifest.save_id not in rollback.own_save_ids)
 
 
-def report_failure(out: Outbox, start: WriterStart, step: int, save_id: int, exc: BaseException) -> None:
-    """Tell the trainer a save failed, always with a CkptError (it names the root, step and rank)."""
-    out.event(Event.SAVE_FAILED, step, error=str(exc), error_type=type(exc).__name__)
-    if not isinstance(exc, CkptError):
-        wrapped = StorageError(f"{type(exc).__name__}: {exc}", root=start.durable.url, step=step, rank=start.rank)
-        wrapped.__cause__ = None
-        exc = wrapped
-    out.send(SaveFailed(step, save_id, exc))
-
-
-def discard_attempt(tiers: Sequence[Storage], rank: int, step: int, save_id: int, n_files: int) -> None:
-    """Delete this rank's data files of a failed save from ``tiers`` (best effort: the disk may be failing)."""
-    names = [data_file_name(rank, n, save_id) for n in range(n_files)]
-    for tier in tiers:
-        with contextlib.suppress(StorageError):
-            delete_data_files(tier, step, names)
-
-
 class _Dropped(Exception):
     """A rank gave up this save on purpose (a drop marker): it commits nowhere and is reported as skipped."""
+
+
+class _FailedElsewhere(Exception):
+    """Another rank's failure marker ended the wait: the failure is already on the store, not marked again."""
+
+    def __init__(self, error: CommitError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class StepCommitter:
     """The commit (rank 0) or watch (other ranks) thread of one writer for one level, with its cleanup."""
 
     def __init__(self, level: CommitLevel, start: WriterStart, out: Outbox, live: LiveSteps, *,
-                 markers: FailureMarkers) -> None:
-        self.level, self.start, self.out, self.live, self.markers = level, start, out, live, markers
+                 outcome: LevelOutcome) -> None:
+        self.level, self.start, self.out, self.live, self.outcome = level, start, out, live, outcome
         self.records = level.records
         self._requests: queue.Queue[CommitRequest | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"ckptio-commit-{level.name}", daemon=True)
@@ -159,10 +145,6 @@ class StepCommitter:
 
     def submit(self, request: CommitRequest) -> None:
         self._requests.put(request)
-
-    def backlog(self) -> int:
-        """Requests queued and not started (the local level fails fast on a stuck partner when this grows)."""
-        return self._requests.qsize()
 
     def close(self) -> None:
         """Finish the queued commits, then stop the thread."""
@@ -172,49 +154,29 @@ class StepCommitter:
     # ---- one request --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while (request := self._requests.get()) is not None:
+            attempt = request.attempt
             try:
                 if request.prepare is not None:
                     request.prepare()
                 manifest, superseded = self._commit(request) if self.start.rank == 0 else self._watch(request)
             except _Dropped as drop:
-                self._ended(request)
-                if request.reports:
-                    self.out.send(SaveDropped(request.step, request.save_id, str(drop)))
+                self.outcome.dropped(attempt, str(drop))
+                continue
+            except _FailedElsewhere as failed:
+                self.outcome.failed(attempt, failed.error, mark=False)
                 continue
             except BaseException as exc:
-                if self.start.rank == 0:
-                    self.markers.mark(level_only(self.level.name), request.step, "commit", request.save_id, exc)
-                self._ended(request)
-                self._failed(request, exc)
+                self.outcome.failed(attempt, exc, who="commit" if self.start.rank == 0 else None)
                 continue
             # Cleanup holds off new saves' registration, so it cannot miss one that starts meanwhile.
             with self.live.cleaning():
                 self.live.remove(request.step)
-                self._succeeded(request, manifest)
+                self.outcome.committed(attempt, manifest)
                 live = self.live.steps()
                 if self.level.after_commit is not None:
                     self.level.after_commit(request.step, live)
                 if self.start.rank == 0:
                     self._retain(request.step, live, superseded, manifest)
-
-    def _ended(self, request: CommitRequest) -> None:
-        discard_attempt(request.discard_tiers, self.start.rank, request.step, request.save_id, request.n_files)
-        self.live.remove(request.step)
-
-    def _succeeded(self, request: CommitRequest, manifest: Manifest) -> None:
-        if self.level.name != "durable":
-            self.out.event(Event.LEVEL_COMMITTED, request.step, level=self.level.name, durable_too=not request.reports,
-                           holders=holder_nodes(manifest))
-        if request.reports:
-            info = CommitInfo(total_bytes=manifest.total_bytes, files=len(manifest.files))
-            self.out.send(SaveDone(request.step, request.save_id, info))
-
-    def _failed(self, request: CommitRequest, exc: BaseException) -> None:
-        if self.level.name != "durable":
-            self.out.event(Event.LEVEL_FAILED, request.step, level=self.level.name, error=str(exc),
-                           error_type=type(exc).__name__)
-        if request.reports:
-            report_failure(self.out, self.start, request.step, request.save_id, exc)
 
     def _wait_for(self, request: CommitRequest, ready: Callable[[], T | None]) -> T:
         """Poll ``ready()`` with backoff until it returns non-None, a failure marker appears, or time runs out."""
@@ -228,8 +190,9 @@ class StepCommitter:
             markers = read_failure_markers(self.records, request.step, request.save_id)
             failures = [text for text, dropped in markers if not dropped]
             if failures:
-                raise CommitError(f"{self.level.name} level: another rank failed this save: " + "; ".join(failures),
-                                  root=self.records.url, step=request.step, rank=self.start.rank)
+                raise _FailedElsewhere(CommitError(f"{self.level.name} level: another rank failed this save: "
+                                                   + "; ".join(failures), root=self.records.url, step=request.step,
+                                                   rank=self.start.rank))
             if markers:  # dropped on purpose by a rank: no rank's index of it ever completes the set
                 raise _Dropped("; ".join(text for text, _ in markers))
             if time.monotonic() > deadline:
