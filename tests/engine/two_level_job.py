@@ -7,7 +7,8 @@ step saved twice holds different values), expect_variant (of the state restored)
 "exit" (close and exit), "hang" (wait to be killed), "twice" (save each step twice: variant 0, then 1),
 "mismatch" (restore into a state with an extra key), "unreachable" (stop the partner's writer during saves),
 "sigterm" (train with maybe_save until SIGTERM), "sigterm-save" (the same, calling save), "sigterm-idle" (one
-save, then no save call until killed).
+save, then no save call until killed), "stage-fails" (one save, then a local-level save whose staging copy fails
+on rank 1: every rank says how its save ended and how long that took).
 Each rank's state at step s is a pure function of (s, rank, variant), under a key of its own (no DCP
 de-duplication), so a restore is checked bit-exactly. Prints one JSON line per event of interest.
 """
@@ -49,8 +50,9 @@ def main() -> None:
     ck = ckptio.Checkpointer(spec["root"], local_dir=spec["local"], node_id=spec["node"],
                              durable_every=spec["durable_every"], replicas=spec.get("replicas", 1), lease_s=0,
                              keep_last=2, fsync=False, partner_timeout_s=spec.get("partner_timeout_s", 20.0),
-                             commit_timeout_s=120, every_steps=1, preempt_grace_s=spec.get("grace", 30.0),
-                             volume_check="off", events_path=spec.get("events"),
+                             commit_timeout_s=spec.get("commit_timeout_s", 120), every_steps=1,
+                             preempt_grace_s=spec.get("grace", 30.0), volume_check="off",
+                             events_path=spec.get("events"),
                              max_pending=4 if spec["mode"] == "unreachable" and rank == 1 else 1)
     if spec["mode"] == "mismatch":
         target = {**blank(rank), "extra": torch.zeros(3)}
@@ -71,6 +73,8 @@ def main() -> None:
         unreachable(ck, rank, start, stopped_s=spec["partner_timeout_s"] + 2.0)
     elif spec["mode"].startswith("sigterm"):
         until_sigterm(ck, rank, start, spec["mode"])
+    elif spec["mode"] == "stage-fails":
+        stage_fails(ck, rank, start)
     else:
         for step in range(start, start + spec["steps"]):
             ck.save(step, state_for(step, rank, spec.get("variant", 0))).wait()
@@ -101,6 +105,24 @@ def until_sigterm(ck: ckptio.Checkpointer, rank: int, start: int, mode: str) -> 
             ck.save(step, state_for(step, rank))
         say(rank=rank, saved=step)
         time.sleep(0.05)
+
+
+def stage_fails(ck: ckptio.Checkpointer, rank: int, start: int) -> None:
+    """Step start commits; at step start+1 rank 1's staging copy raises (every rank's save there is local-level
+    only), and each rank says how its save ended and after how long."""
+    ck.save(start, state_for(start, rank)).wait()
+    dist.barrier()
+    if rank == 1:
+        def broken_copy(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("injected: the staging copy failed")
+
+        torch._foreach_copy_ = broken_copy  # type: ignore[assignment]  # this process's copies only
+    t0 = time.monotonic()
+    try:
+        ck.save(start + 1, state_for(start + 1, rank)).wait()
+        say(rank=rank, outcome="committed", seconds=time.monotonic() - t0)
+    except CkptError as exc:
+        say(rank=rank, outcome=type(exc).__name__, error=str(exc), seconds=time.monotonic() - t0)
 
 
 def unreachable(ck: ckptio.Checkpointer, rank: int, start: int, *, stopped_s: float) -> None:
