@@ -391,6 +391,10 @@ class WriterConfig:
     keep_last: int
     """Committed steps kept on the durable tier (0 keeps all); rank 0's committer applies it after each commit."""
 
+    max_pending: int
+    """Staging slots: a level's committer may also be this many saves behind before the writer holds the next
+    save's files back (written but uncommitted saves stay at most ``max_pending`` + 1 per level)."""
+
     upload_concurrency: int
     """Threads that serialize, write and upload files of one save."""
 

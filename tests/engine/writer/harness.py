@@ -149,11 +149,11 @@ def state(seed: int, *, keys: tuple[str, ...] = ("w",), numel: int = 4096) -> di
     return {k: torch.randn(numel, generator=gen) for k in keys}
 
 
-def eventually(cond: Callable[[], object], timeout: float = 30.0) -> None:
-    """Cleanup runs after the outcome is sent: wait for what it does."""
+def eventually(cond: Callable[[], object], timeout: float = 30.0, why: Callable[[], object] = lambda: "") -> None:
+    """Cleanup runs after the outcome is sent: wait for what it does (``why``: what to show if it never does)."""
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, "condition never held"
+        assert time.monotonic() < deadline, f"condition never held {why()}"
         time.sleep(0.01)
 
 
@@ -180,3 +180,10 @@ def two_level_starts(root: Path, tmp_path: Path, *, world_size: int = 2, local_s
                              partner_ranks=((rank + 1) % world_size,), timeout_s=10.0, secret=secret)
         starts.append(dataclasses.replace(start, levels=levels))
     return starts
+
+
+def run(writer: Any, job: SaveJob) -> None:
+    """What the writer process does with a SaveJob: register its step as live the moment it arrives (a cleanup
+    running then finishes first), then run it on the pipeline."""
+    writer.live.add(job.step)
+    writer.run_job(job)

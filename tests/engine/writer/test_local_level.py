@@ -15,7 +15,7 @@ from ckptio.format import committed_steps, read_manifest
 from ckptio.format.local_level import local_records
 from ckptio.storage import open_storage
 from ckptio.testing.wrappers import FaultStorage
-from tests.engine.writer.harness import Inbox, eventually, plan_ranks, save_job, state, two_level_starts
+from tests.engine.writer.harness import Inbox, eventually, plan_ranks, run, save_job, state, two_level_starts
 
 LOCAL = JobLevels(durable=False, local=True)
 BOTH = JobLevels(durable=True, local=True)
@@ -31,7 +31,7 @@ def _run(writers: list[Writer], starts, tmp_path: Path, *, step: int, save_id: i
     for r in reversed(range(len(ws))):
         if r != skip_plan_of:
             ws[r].add_plan(plans[r].plan)
-        ws[r].run_job(save_job(plans[r], states[r], tmp_path / f"slot{r}", step=step, save_id=save_id,
+        run(ws[r], save_job(plans[r], states[r], tmp_path / f"slot{r}", step=step, save_id=save_id,
                                levels=levels))
     return inboxes
 

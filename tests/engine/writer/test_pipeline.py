@@ -16,7 +16,7 @@ from ckptio.errors import CkptError
 from ckptio.format import committed_steps, read_manifest
 from ckptio.storage import open_storage
 from ckptio.testing.wrappers import FaultStorage
-from tests.engine.writer.harness import Inbox, eventually, load_step, plan_ranks, save_job, state, writer_start
+from tests.engine.writer.harness import Inbox, eventually, load_step, plan_ranks, run, save_job, state, writer_start
 
 
 def _writer(writers: list[Writer], inbox: Inbox, root: Path | object, **kw: object) -> Writer:
@@ -32,7 +32,7 @@ def test_a_save_commits_frees_its_slot_once_and_reads_back_bit_exact(root, tmp_p
     s["epoch"] = 3  # a pickled object rides in file 0
     (rank0,) = plan_ranks([s])
     w.add_plan(rank0.plan)
-    w.run_job(save_job(rank0, s, tmp_path / "slot", step=1, save_id=11))
+    run(w, save_job(rank0, s, tmp_path / "slot", step=1, save_id=11))
     done = inbox.outcome(11)
     assert isinstance(done, SaveDone) and done.info.total_bytes > 0
     assert inbox.slots_freed(11) == 1 and len(inbox.outcomes(11)) == 1
@@ -48,7 +48,7 @@ def test_two_ranks_commit_one_step_together(root, tmp_path, writers):
     ws = [_writer(writers, inboxes[r], root, rank=r, world_size=2) for r in (1, 0)][::-1]
     for r in (1, 0):  # rank 1 first: rank 0's committer then finds both indexes at once
         ws[r].add_plan(plans[r].plan)
-        ws[r].run_job(save_job(plans[r], states[r], tmp_path / f"slot{r}", step=4, save_id=7))
+        run(ws[r], save_job(plans[r], states[r], tmp_path / f"slot{r}", step=4, save_id=7))
     assert all(isinstance(ib.outcome(7), SaveDone) for ib in inboxes)
     back = load_step(root / "step-00000004", {**states[0], **states[1]})
     assert torch.equal(back["a"], states[0]["a"]) and torch.equal(back["b"], states[1]["b"])
@@ -63,8 +63,8 @@ def test_a_failed_shared_part_fails_every_rank_at_once_through_its_marker(root, 
     ws = [_writer(writers, inboxes[r], root, rank=r, world_size=2, commit_timeout_s=60.0) for r in (0, 1)]
     ws[0].add_plan(plans[0].plan)
     t0 = time.monotonic()
-    ws[0].run_job(save_job(plans[0], states[0], tmp_path / "slot0", step=2, save_id=5))
-    ws[1].run_job(save_job(plans[1], states[1], tmp_path / "slot1", step=2, save_id=5))  # plan never added
+    run(ws[0], save_job(plans[0], states[0], tmp_path / "slot0", step=2, save_id=5))
+    run(ws[1], save_job(plans[1], states[1], tmp_path / "slot1", step=2, save_id=5))  # plan never added
     failed = [ib.outcome(5) for ib in inboxes]
     assert all(isinstance(f, SaveFailed) and isinstance(f.error, CkptError) for f in failed)
     assert time.monotonic() - t0 < 30  # the marker, not the 60 s timeout
@@ -82,7 +82,7 @@ def test_a_failed_durable_index_fails_the_save_and_deletes_its_files(root, tmp_p
     s = state(3)
     (rank0,) = plan_ranks([s])
     w.add_plan(rank0.plan)
-    w.run_job(save_job(rank0, s, tmp_path / "slot", step=3, save_id=9))
+    run(w, save_job(rank0, s, tmp_path / "slot", step=3, save_id=9))
     failed = inbox.outcome(9)
     assert isinstance(failed, SaveFailed) and "injected EIO" in str(failed.error)
     assert inbox.slots_freed(9) == 1
@@ -96,15 +96,17 @@ def test_retention_keeps_the_newest_steps_and_a_step_saved_again_supersedes_its_
     (rank0,) = plan_ranks([s])
     w.add_plan(rank0.plan)
     for step in (1, 2, 3):
-        w.run_job(save_job(rank0, s, tmp_path / "slot", step=step, save_id=step))
+        run(w, save_job(rank0, s, tmp_path / "slot", step=step, save_id=step))
         assert isinstance(inbox.outcome(step), SaveDone)
     newer = state(5)
-    w.run_job(save_job(rank0, newer, tmp_path / "slot", step=3, save_id=4, replaces=(3,)))
+    run(w, save_job(rank0, newer, tmp_path / "slot", step=3, save_id=4, replaces=(3,)))
     assert isinstance(inbox.outcome(4), SaveDone)
     storage = open_storage(str(root))
     eventually(lambda: committed_steps(storage) == [2, 3])
     assert read_manifest(storage, 3).save_id == 4
-    eventually(lambda: [p.name for p in (root / "step-00000003").glob("*.distcp")] == ["__0_0-0000000000004.distcp"])
+    eventually(lambda: [p.name for p in (root / "step-00000003").glob("*.distcp")] == ["__0_0-0000000000004.distcp"],
+               why=lambda: (sorted(p.name for p in (root / "step-00000003").iterdir()), inbox.events("retry"),
+                            inbox.summary()))
     assert torch.equal(load_step(root / "step-00000003", newer)["w"], newer["w"])
 
 
@@ -114,10 +116,10 @@ def test_a_local_tier_holds_the_files_until_the_next_commit_evicts_them(root, tm
     s = state(6)
     (rank0,) = plan_ranks([s])
     w.add_plan(rank0.plan)
-    w.run_job(save_job(rank0, s, tmp_path / "slot", step=1, save_id=1))
+    run(w, save_job(rank0, s, tmp_path / "slot", step=1, save_id=1))
     assert isinstance(inbox.outcome(1), SaveDone)
     assert (local / "step-00000001").is_dir()  # a cache of the newest step
-    w.run_job(save_job(rank0, s, tmp_path / "slot", step=2, save_id=2))
+    run(w, save_job(rank0, s, tmp_path / "slot", step=2, save_id=2))
     assert isinstance(inbox.outcome(2), SaveDone)
     eventually(lambda: not (local / "step-00000001").exists())
     assert (local / "step-00000002").is_dir()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.protocol import JobLevels, SaveDone, SaveDropped, SaveFailed
+from ckptio.engine.writer.level_cleanup import CommittedSteps
 from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.engine.writer.step_committer import CommitLevel, CommitRequest, StepCommitter
@@ -25,8 +26,8 @@ def _committer(root: Path, inbox: Inbox, *, rank: int, world_size: int = 2, **op
     discarded: list[Attempt] = []
     outcome = LevelOutcome("durable", start, inbox.outbox(rank), live, markers=FailureMarkers(start.durable),
                            discard=discarded.append)
-    committer = StepCommitter(CommitLevel("durable", start.durable, keep_last=0), start, inbox.outbox(rank), live,
-                              outcome=outcome)
+    committer = StepCommitter(CommitLevel("durable", CommittedSteps(start.durable), keep_last=0), start,
+                              inbox.outbox(rank), live, outcome=outcome)
     committer.discarded = discarded  # type: ignore[attr-defined]
     return committer
 

@@ -21,6 +21,7 @@ from ckptio.engine.protocol import Outbox, WriterStart
 from ckptio.engine.writer.first_tier import SavedFiles
 from ckptio.engine.writer.flush_pacer import PacedFlush
 from ckptio.engine.writer.flushes import Flushes
+from ckptio.engine.writer.level_cleanup import CommittedSteps
 from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.engine.writer.local_tier import LocalTier
@@ -28,7 +29,6 @@ from ckptio.engine.writer.step_committer import CommitLevel, CommitRequest, Step
 from ckptio.errors import StorageError
 from ckptio.format import FileRecord, RankIndex, index_key, record_key, step_dir
 from ckptio.format.layout import data_file_name
-from ckptio.format.local_level import local_records
 from ckptio.format.rollback import delete_data_files
 from ckptio.obs.events import Event, Phase
 from ckptio.storage.base import join_key
@@ -40,14 +40,14 @@ class DurableLevel:
     name = "durable"
 
     def __init__(self, start: WriterStart, out: Outbox, live: LiveSteps, *, flushes: Flushes,
-                 local_tier: LocalTier | None, markers: FailureMarkers) -> None:
+                 local_tier: LocalTier | None, markers: FailureMarkers, committed: CommittedSteps,
+                 other_levels: tuple[CommittedSteps, ...] = ()) -> None:
         self.start, self.out, self.flushes, self.local_tier = start, out, flushes, local_tier
         self.storage = start.durable
         self.outcome = LevelOutcome(self.name, start, out, live, markers=markers, discard=self._discard)
-        other_records = (local_records(start.durable),) if start.levels is not None else ()
         evict = local_tier.evict_below if local_tier is not None else None
         self.committer = StepCommitter(
-            CommitLevel(self.name, start.durable, keep_last=start.config.keep_last, retire_also=other_records,
+            CommitLevel(self.name, committed, keep_last=start.config.keep_last, retire_also=other_levels,
                         after_commit=evict),
             start, out, live, outcome=self.outcome)
 

@@ -29,6 +29,7 @@ from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import PartnerLimits, PartnerServer, file_digest, send_files
 from ckptio.engine.protocol import LevelsStart, Outbox, SaveJob, WriterStart
 from ckptio.engine.writer.first_tier import SavedFiles
+from ckptio.engine.writer.level_cleanup import CommittedSteps
 from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.engine.writer.local_tier import LocalTier
@@ -36,7 +37,7 @@ from ckptio.engine.writer.step_committer import CommitLevel, CommitRequest, Step
 from ckptio.errors import ReplicationError, StorageFullError
 from ckptio.format import FileRecord, ItemRecord, RankIndex, committed_steps, index_key
 from ckptio.format.layout import data_file_name
-from ckptio.format.local_level import local_records, own_copy_key
+from ckptio.format.local_level import own_copy_key
 from ckptio.obs.events import Event, Phase
 
 
@@ -46,15 +47,14 @@ class LocalLevel:
     name = "local"
 
     def __init__(self, start: WriterStart, out: Outbox, live: LiveSteps, *, tier: LocalTier,
-                 markers: FailureMarkers) -> None:
+                 markers: FailureMarkers, committed: CommittedSteps, durable: CommittedSteps) -> None:
         assert start.levels is not None
         self.start, self.out, self.tier = start, out, tier
-        self.records = local_records(start.durable)
+        self.records = committed.records
         self.outcome = LevelOutcome(self.name, start, out, live, markers=markers, discard=self._discard)
         self.copies = PartnerCopies(start, out, start.levels, tier)
         self.committer = StepCommitter(
-            CommitLevel(self.name, self.records, keep_last=1, retire_also=(start.durable,),
-                        after_commit=tier.evict_below),
+            CommitLevel(self.name, committed, keep_last=1, retire_also=(durable,), after_commit=tier.evict_below),
             start, out, live, outcome=self.outcome)
 
     def take(self, saved: SavedFiles, attempt: Attempt) -> None:

@@ -25,12 +25,15 @@ from ckptio.engine.protocol import JobLevels, Outbox, SaveJob, WriterPlan, Write
 from ckptio.engine.writer.durable_level import DurableLevel
 from ckptio.engine.writer.first_tier import FirstTier, SavedFiles, Slot
 from ckptio.engine.writer.flushes import Flushes
+from ckptio.engine.writer.level_cleanup import CommittedSteps
 from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.engine.writer.local_level import LocalLevel
 from ckptio.engine.writer.local_tier import LocalTier
+from ckptio.engine.writer.step_committer import StepCommitter
 from ckptio.errors import StorageError
 from ckptio.format.local_level import local_records
+from ckptio.obs.events import Event
 
 
 class Level(Protocol):
@@ -38,6 +41,7 @@ class Level(Protocol):
 
     name: str
     outcome: LevelOutcome
+    committer: StepCommitter
 
     def take(self, saved: SavedFiles, attempt: Attempt) -> None: ...
 
@@ -60,12 +64,15 @@ class Writer:
             budget=self.config.local_capacity_bytes, rank=start.rank)
         markers = FailureMarkers(start.durable, records)
         self.first_tier = FirstTier(start, out, self.flushes, self.local_tier)
+        durable = CommittedSteps(start.durable)
+        local = CommittedSteps(records) if records is not None else None
         self.durable = DurableLevel(start, out, self.live, flushes=self.flushes, local_tier=self.local_tier,
-                                    markers=markers)
+                                    markers=markers, committed=durable, other_levels=(local,) if local else ())
         self.local: LocalLevel | None = None
-        if start.levels is not None:
+        if local is not None:
             assert self.local_tier is not None
-            self.local = LocalLevel(start, out, self.live, tier=self.local_tier, markers=markers)
+            self.local = LocalLevel(start, out, self.live, tier=self.local_tier, markers=markers, committed=local,
+                                    durable=durable)
 
     def add_plan(self, plan: WriterPlan) -> None:
         self._plans = {plan.plan_id: plan}  # jobs are in order, so older plans are never referenced again
@@ -92,6 +99,7 @@ class Writer:
             if plan is None:
                 raise StorageError(f"no plan {job.plan_id} for this save", step=job.step, rank=self.start.rank)
             self._check_residency()
+            self._wait_for_commits(job, targets)
             saved = self.first_tier.write(job, plan, slot, fallback=levels.durable)
         except BaseException as exc:
             slot.free()
@@ -100,6 +108,16 @@ class Writer:
             return
         for level in targets:
             level.take(saved, attempt)
+
+    def _wait_for_commits(self, job: SaveJob, targets: list[Level]) -> None:
+        """Back-pressure: write this save's files only once each of its levels' committers is at most
+        ``max_pending`` saves behind, so no level holds more than ``max_pending`` + 1 written but uncommitted
+        saves. The slot stays held meanwhile, and the trainer's ``overflow`` rule (block or skip) does the rest."""
+        for level in targets:
+            behind = level.committer.unfinished()
+            waited = level.committer.wait_for_room(self.config.max_pending)
+            if behind > self.config.max_pending:
+                self.out.event(Event.COMMIT_BEHIND, job.step, level=level.name, waited_s=waited, unfinished=behind)
 
     def _check_residency(self) -> None:
         if self.config.residency is None:

@@ -6,9 +6,9 @@ A level is a :class:`CommitLevel`: where its records live (the durable root, or 
 :class:`StepCommitter` thread per level, jobs in order, and both levels follow the same steps:
 
 * Rank 0 commits: every rank index of this save present → after a restore, retire the abandoned trajectory on every
-  level (``format.rollback``) → the step's commit lock → uncommit the step this save supersedes → ``.metadata`` →
-  manifest, create-only (the commit) → ``latest`` → retention, which records the steps it removes in the level's
-  ``retired.json``.
+  level (``format.rollback``) → the commit point under the step's lock (``commit_point``: ``.metadata`` and the
+  manifest, create-only, or the crash-atomic supersede of a step saved again) → ``latest`` → cleanup
+  (``level_cleanup``: retention, which records the steps it removes in the level's ``retired.json``).
 * Every other rank watches for the manifest of its own save; a step that rank 0 committed and retention already
   removed is found in ``retired.json`` — the one way a watcher learns that its step was retired, on both levels.
 * A failure or drop marker of the save (any rank's) ends the wait at once: failed, or dropped when a rank gave the
@@ -18,57 +18,45 @@ Every outcome goes to the level's :class:`~ckptio.engine.writer.level_outcome.Le
 attempt ends on a level (marker, deletion, message). Cleanup runs after the outcome is sent, under
 :meth:`LiveSteps.cleaning`, and leaves live steps alone: a failed deletion must never fail a committed save.
 
+**Back-pressure.** The committer counts the requests it has not finished (queued, committing, or cleaning up);
+:meth:`StepCommitter.wait_for_room` holds the job pipeline before it writes the next save's files while that count
+exceeds ``max_pending``. So at most ``max_pending`` + 1 saves per level are written but not committed; the staging
+slots the pipeline holds meanwhile make the trainer's ``overflow`` rule (block or skip) apply.
+
 It must never write a data file or a rank index (the job pipeline does), nor read a staging slot.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import pickle
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ckptio.engine.owner_record import ensure_lease
 from ckptio.engine.protocol import Outbox, Rollback, WriterStart
+from ckptio.engine.writer.commit_point import CommitPoint
+from ckptio.engine.writer.level_cleanup import CommittedSteps, LevelCleanup
 from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
-from ckptio.errors import (
-    AlreadyExistsError,
-    CommitError,
-    CorruptCheckpointError,
-    RootInUseError,
-    StorageError,
-)
+from ckptio.errors import CommitError, CorruptCheckpointError, StorageError
 from ckptio.format import (
     Manifest,
     RankIndex,
-    apply_retention,
     checksum,
-    committed_steps,
     manifest_key,
     read_failure_markers,
-    remove_unlisted_files,
     step_dir,
     update_latest,
     versions,
-    write_manifest,
 )
 from ckptio.format.retention import read_retired
-from ckptio.format.rollback import (
-    Superseded,
-    drop_superseded,
-    point_latest_at_newest,
-    reinstate,
-    retire_abandoned,
-    uncommit,
-)
+from ckptio.format.rollback import Superseded, point_latest_at_newest, retire_abandoned
 from ckptio.obs.events import Event, Phase
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import join_key
 
 T = TypeVar("T")
 
@@ -79,12 +67,13 @@ class CommitLevel:
 
     name: str
     """``durable`` or ``local`` (events, messages)."""
-    records: Storage
-    """Where rank indexes, markers, ``.metadata``, manifests, ``latest`` and ``retired.json`` live."""
+    committed: CommittedSteps
+    """The level's records (rank indexes, markers, ``.metadata``, manifests, ``latest``, ``retired.json``) and the
+    steps committed there."""
     keep_last: int
     """Committed steps kept by retention (0: all)."""
-    retire_also: tuple[Storage, ...] = ()
-    """The other levels' records: a rollback retires the abandoned trajectory on every level at once."""
+    retire_also: tuple[CommittedSteps, ...] = ()
+    """The other levels: a rollback retires the abandoned trajectory on every level at once."""
     after_commit: Callable[[int, frozenset[int]], None] | None = None
     """Rank-local cleanup after a commit of ``step`` (the local tier's eviction), given the live steps."""
 
@@ -120,6 +109,14 @@ class CommitRequest:
             manifest is None or manifest.save_id not in rollback.own_save_ids)
 
 
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    """What rank 0's commit of a request leaves for cleanup."""
+
+    manifest: Manifest
+    superseded: Superseded | None = None
+
+
 class _Dropped(Exception):
     """A rank gave up this save on purpose (a drop marker): it commits nowhere and is reported as skipped."""
 
@@ -138,45 +135,79 @@ class StepCommitter:
     def __init__(self, level: CommitLevel, start: WriterStart, out: Outbox, live: LiveSteps, *,
                  outcome: LevelOutcome) -> None:
         self.level, self.start, self.out, self.live, self.outcome = level, start, out, live, outcome
-        self.records = level.records
+        self.records = level.committed.records
+        config = start.config
+        self.point = CommitPoint(level.name, self.records, timeout_s=config.commit_timeout_s,
+                                 verify=config.commit == "lease",
+                                 check_lease=lambda: ensure_lease(start.durable, start.owner))
+        self.cleanup = LevelCleanup(level.name, level.committed, start, out, live, keep_last=level.keep_last)
         self._requests: queue.Queue[CommitRequest | None] = queue.Queue()
+        self._room = threading.Condition()
+        self._unfinished = 0
         self._thread = threading.Thread(target=self._loop, name=f"ckptio-commit-{level.name}", daemon=True)
         self._thread.start()
 
     def submit(self, request: CommitRequest) -> None:
+        with self._room:
+            self._unfinished += 1
         self._requests.put(request)
 
+    def wait_for_room(self, limit: int) -> float:
+        """Return once at most ``limit`` requests are unfinished; the seconds waited."""
+        t0 = time.monotonic()
+        with self._room:
+            self._room.wait_for(lambda: self._unfinished <= limit)
+        return time.monotonic() - t0
+
+    def unfinished(self) -> int:
+        with self._room:
+            return self._unfinished
+
     def close(self) -> None:
-        """Finish the queued commits, then stop the thread."""
+        """Finish the queued commits and a last leftover sweep (rank 0), then stop the thread."""
         self._requests.put(None)
         self._thread.join()
 
     # ---- one request --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.start.rank == 0:
+            self.cleanup.at_start()
         while (request := self._requests.get()) is not None:
-            attempt = request.attempt
             try:
-                if request.prepare is not None:
-                    request.prepare()
-                manifest, superseded = self._commit(request) if self.start.rank == 0 else self._watch(request)
-            except _Dropped as drop:
-                self.outcome.dropped(attempt, str(drop))
-                continue
-            except _FailedElsewhere as failed:
-                self.outcome.failed(attempt, failed.error, mark=False)
-                continue
-            except BaseException as exc:
-                self.outcome.failed(attempt, exc, who="commit" if self.start.rank == 0 else None)
-                continue
-            # Cleanup holds off new saves' registration, so it cannot miss one that starts meanwhile.
-            with self.live.cleaning():
-                self.live.remove(request.step)
-                self.outcome.committed(attempt, manifest)
-                live = self.live.steps()
-                if self.level.after_commit is not None:
-                    self.level.after_commit(request.step, live)
-                if self.start.rank == 0:
-                    self._retain(request.step, live, superseded, manifest)
+                self._run(request)
+            finally:
+                with self._room:
+                    self._unfinished -= 1
+                    self._room.notify_all()
+        if self.start.rank == 0:
+            self.cleanup.sweep()
+
+    def _run(self, request: CommitRequest) -> None:
+        attempt, rank0 = request.attempt, self.start.rank == 0
+        try:
+            if request.prepare is not None:
+                request.prepare()
+            committed = self._commit(request) if rank0 else _Committed(self._watch(request))
+        except _Dropped as drop:
+            self.outcome.dropped(attempt, str(drop))
+            return
+        except _FailedElsewhere as failed:
+            self.outcome.failed(attempt, failed.error, mark=False)
+            self.cleanup.attempt_failed()
+            return
+        except BaseException as exc:
+            self.outcome.failed(attempt, exc, who="commit" if rank0 else None)
+            self.cleanup.attempt_failed()
+            return
+        # Cleanup holds off new saves' registration, so it cannot miss one that starts meanwhile.
+        with self.live.cleaning():
+            self.live.remove(request.step)
+            self.outcome.committed(attempt, committed.manifest)
+            live = self.live.steps()
+            if self.level.after_commit is not None:
+                self.level.after_commit(request.step, live)
+            if rank0:
+                self.cleanup.after_commit(request.step, live, committed.manifest, committed.superseded)
 
     def _wait_for(self, request: CommitRequest, ready: Callable[[], T | None]) -> T:
         """Poll ``ready()`` with backoff until it returns non-None, a failure marker appears, or time runs out."""
@@ -203,6 +234,7 @@ class StepCommitter:
 
     # ---- rank 0 -------------------------------------------------------------------------------------------------
     def _gather_indexes(self, request: CommitRequest) -> list[RankIndex] | None:
+        """Every rank's index of this save, or None."""
         world_size = self.start.world_size
         keys = [i.key for i in self.records.list(join_key(step_dir(request.step), "ranks") + "/")]
         if len(keys) < world_size:
@@ -224,33 +256,11 @@ class StepCommitter:
         if manifest.save_id != request.save_id and not request.may_replace(manifest):
             raise CommitError("step is already committed by another save", root=self.records.url, step=request.step)
 
-    def _lock_step(self, step: int, save_id: int) -> str:
-        """Create-only ``commit.lock`` in the step directory for the ``.metadata`` → manifest window: a second
-        committer of the same step (two jobs racing on one root with ownership off) fails here instead of
-        overwriting the winner's ``.metadata``. A lock older than ``commit_timeout_s`` is a crashed committer's."""
-        key = join_key(step_dir(step), "commit.lock")
-        body = json.dumps({"save_id": save_id, "time": time.time()}).encode()
-        for _ in range(2):
-            try:
-                self.records.put(key, body, mode="create")
-                return key
-            except AlreadyExistsError:
-                try:
-                    held = json.loads(self.records.get(key))
-                except (StorageError, ValueError):
-                    held = {}
-                if held.get("save_id") == save_id:
-                    return key
-                if time.time() - float(held.get("time", 0)) < self.start.config.commit_timeout_s:
-                    raise CommitError("another save is committing this step", root=self.records.url,
-                                      step=step) from None
-                self.records.delete(key)  # stale: its committer died
-        raise CommitError("cannot take the step's commit lock", root=self.records.url, step=step)
-
-    def _commit(self, request: CommitRequest) -> tuple[Manifest, Superseded | None]:
+    def _commit(self, request: CommitRequest) -> _Committed:
         records, step = self.records, request.step
         t0 = time.monotonic()
         indexes = self._wait_for(request, lambda: self._gather_indexes(request))
+        ready = time.monotonic()
         if request.metadata_skeleton is None:
             raise CorruptCheckpointError("rank 0 job carries no metadata", step=step)
         # Only rank 0's committer needs DCP's classes (unpickling the skeleton loads torch too): other ranks'
@@ -267,39 +277,16 @@ class StepCommitter:
         manifest = Manifest(step=step, world_size=self.start.world_size, save_id=request.save_id, files=files,
                             total_bytes=sum(f.size for f in files.values()), versions=versions(),
                             metadata_crc32c=checksum([raw_metadata]))
-        superseded, t2 = self._write_commit(request, manifest, raw_metadata)
-        t3 = time.monotonic()
-        self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t2 - t1, bytes=0, tier=self.level.name,
-                       waited_s=t1 - t0)
-        self.out.event(Event.PHASE, step, phase=Phase.MANIFEST, seconds=t3 - t2, bytes=0, tier=self.level.name)
+        superseded = self.point.write(manifest, raw_metadata, may_replace=request.may_replace)
+        t2 = time.monotonic()
+        self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t1 - ready, bytes=0, tier=self.level.name,
+                       waited_s=ready - t0)
+        self.out.event(Event.PHASE, step, phase=Phase.MANIFEST, seconds=t2 - t1, bytes=0, tier=self.level.name)
         if retired:
             point_latest_at_newest(records)
         else:
             update_latest(records, step)
-        return manifest, superseded
-
-    def _write_commit(self, request: CommitRequest, manifest: Manifest,
-                      raw_metadata: bytes) -> tuple[Superseded | None, float]:
-        """Under the step's lock: uncommit what this save supersedes, ``.metadata``, then the manifest. A step
-        saved again is uncommitted first, so that no reader ever pairs the old manifest with the new
-        ``.metadata``; should the new commit fail, the old one is put back."""
-        records, step = self.records, request.step
-        lock = self._lock_step(step, request.save_id)
-        try:
-            superseded = uncommit(records, step, save_id=request.save_id, may_replace=request.may_replace)
-            try:
-                records.put(join_key(step_dir(step), ".metadata"), raw_metadata)
-                t2 = time.monotonic()
-                ensure_lease(self.start.durable, self.start.owner)
-                write_manifest(records, manifest, verify=self.start.config.commit == "lease")
-            except BaseException:
-                if superseded is not None:
-                    reinstate(records, step, superseded)
-                raise
-        finally:
-            with contextlib.suppress(StorageError):
-                records.delete(lock)
-        return superseded, t2
+        return _Committed(manifest, superseded)
 
     def _retire(self, request: CommitRequest) -> list[int]:
         """After a restore, the first commit above the restored step retires the abandoned later steps first, on
@@ -309,17 +296,19 @@ class StepCommitter:
             return []
         retired: list[int] = []
         with self.live.cleaning() as live:
-            for records in (self.records, *self.level.retire_also):
-                retired += retire_abandoned(records, above=rollback.above, keep=request.step,
-                                            own_save_ids=rollback.own_save_ids, live=live,
-                                            markers_kept_s=self.start.config.commit_timeout_s)
+            for level in (self.level.committed, *self.level.retire_also):
+                gone = retire_abandoned(level.records, above=rollback.above, keep=request.step,
+                                        own_save_ids=rollback.own_save_ids, live=live,
+                                        markers_kept_s=self.start.config.commit_timeout_s)
+                level.forget(gone)
+                retired += gone
         if retired:
             self.out.event(Event.STEPS_RETIRED, request.step, restored_step=rollback.above,
                            retired=sorted(set(retired)), level=self.level.name)
         return retired
 
     # ---- other ranks --------------------------------------------------------------------------------------------
-    def _watch(self, request: CommitRequest) -> tuple[Manifest, None]:
+    def _watch(self, request: CommitRequest) -> Manifest:
         def manifest_ready() -> Manifest | None:
             try:
                 raw = self.records.get(manifest_key(request.step))
@@ -334,33 +323,4 @@ class StepCommitter:
             # Another save's manifest is the step this save supersedes: rank 0 replaces it, keep watching.
             return manifest if manifest.save_id == request.save_id else None
 
-        return self._wait_for(request, manifest_ready), None
-
-    # ---- cleanup (rank 0) ---------------------------------------------------------------------------------------
-    def _retain(self, step: int, live: frozenset[int], superseded: Superseded | None, manifest: Manifest) -> None:
-        """Garbage of a superseded save and steps beyond keep_last; runs after the trainer heard "done".
-
-        Retention waits (until a later commit) while a save of a step it could delete is live: it deletes only
-        committed steps below the newest and uncommitted directories below ``step``.
-        """
-        records, t0 = self.records, time.monotonic()
-        removed: list[int] = []
-        try:
-            ensure_lease(self.start.durable, self.start.owner)  # never delete in a root another job now owns
-            if superseded is not None:
-                drop_superseded(records, step, superseded, manifest)
-            if step not in live:  # a crashed attempt's leftovers; never while another save of this step runs
-                remove_unlisted_files(records, manifest)
-            if _no_live_step_below_newest(records, live - {step}):
-                # Markers stay as long as another rank's watcher may still wait for them (format.retention).
-                removed = apply_retention(records, keep_last=self.level.keep_last, newest_committed=step,
-                                          markers_kept_s=self.start.config.commit_timeout_s)
-        except (StorageError, CorruptCheckpointError, RootInUseError) as exc:
-            # A failed deletion must not fail the commit; retention is retried at the next one.
-            self.out.event(Event.RETRY, step, op="retention", attempt=1, error=str(exc))
-        self.out.event(Event.PHASE, step, phase=Phase.RETENTION, seconds=time.monotonic() - t0, bytes=0,
-                       tier=self.level.name, removed=removed)
-
-
-def _no_live_step_below_newest(records: Storage, others: Collection[int]) -> bool:
-    return not others or min(others) > max(committed_steps(records), default=-1)
+        return self._wait_for(request, manifest_ready)
