@@ -13,7 +13,7 @@ import torch
 from ckptio.engine.protocol import SaveDone, SaveFailed
 from ckptio.engine.writer.pipeline import Writer
 from ckptio.errors import CkptError
-from ckptio.format import committed_steps, read_manifest
+from ckptio.format import RankIndex, committed_steps, read_latest, read_manifest, verify_step
 from ckptio.storage import open_storage
 from ckptio.testing.wrappers import FaultStorage
 from tests.engine.writer.harness import Inbox, eventually, load_step, plan_ranks, run, save_job, state, writer_start
@@ -124,3 +124,45 @@ def test_a_local_tier_holds_the_files_until_the_next_commit_evicts_them(root, tm
     eventually(lambda: not (local / "step-00000001").exists())
     assert (local / "step-00000002").is_dir()
     assert torch.equal(load_step(root / "step-00000002", s)["w"], s["w"])
+
+
+def test_small_tensors_share_files_big_ones_get_their_own_and_the_records_agree(root, tmp_path, writers, inbox):
+    """300 tiny tensors and two 3 MiB ones with a 4 MiB file cap (formerly test_roundtrip's, through a
+    Checkpointer): the tiny ones are coalesced, the manifest lists exactly the data files, the index is the save's,
+    ``latest`` moves and verify passes."""
+    w = _writer(writers, inbox, root)
+    s = {f"t{i}": torch.full((4,), float(i)) for i in range(300)}
+    s["big0"], s["big1"] = torch.ones(768, 1024), torch.ones(768, 1024)
+    (rank0,) = plan_ranks([s], file_size_bytes=4 << 20)
+    w.add_plan(rank0.plan)
+    run(w, save_job(rank0, s, tmp_path / "slot", step=7, save_id=3))
+    assert isinstance(inbox.outcome(3), SaveDone)
+    storage = open_storage(str(root))
+    names = sorted(p.name for p in (root / "step-00000007").iterdir())
+    assert {".metadata", "manifest.json", "ranks"} <= set(names)
+    data_files = [n for n in names if n.endswith(".distcp")]
+    assert 2 <= len(data_files) <= 3, data_files
+    manifest = read_manifest(storage, 7)
+    assert set(manifest.files) == set(data_files) and manifest.world_size == 1
+    assert RankIndex.from_json(storage.get("step-00000007/ranks/0.json")).save_id == manifest.save_id == 3
+    assert read_latest(storage) == 7 and verify_step(storage, 7).ok
+    back = load_step(root / "step-00000007", s)
+    assert all(torch.equal(back[k], v) for k, v in s.items())
+
+
+def test_a_save_over_a_crashed_attempt_at_its_step_commits_and_its_leftovers_go(root, tmp_path, writers, inbox):
+    crashed = root / "step-00000005"
+    (crashed / "ranks").mkdir(parents=True)  # a crashed attempt: a data file and a stale rank index
+    (crashed / "__0_0-0000000000001.distcp").write_bytes(b"garbage")
+    (crashed / "ranks" / "0.json").write_text(
+        '{"format": "ckptio-rank-index/1", "step": 5, "rank": 0, "world_size": 1, "save_id": 1, "files": [], '
+        '"items": []}')
+    w = _writer(writers, inbox, root)
+    s = state(9)
+    (rank0,) = plan_ranks([s])
+    w.add_plan(rank0.plan)
+    run(w, save_job(rank0, s, tmp_path / "slot", step=5, save_id=2))
+    assert isinstance(inbox.outcome(2), SaveDone)
+    assert torch.equal(load_step(crashed, s)["w"], s["w"])
+    # The committed step lists only its own files; the crashed attempt's data file is gone.
+    eventually(lambda: not (crashed / "__0_0-0000000000001.distcp").exists())

@@ -88,3 +88,19 @@ def test_a_fresh_drop_marker_keeps_its_uncommitted_step_until_it_is_old(root):
     # Step 3 (no marker) and step 5 (a marker older than the bound) go; step 4's marker is still to be read.
     assert _steps(root) == ["step-00000004", "step-00000006"]
     assert fmt.read_failure_markers(storage, 4, 7) == [("rank2: rank 2 had no free staging slot", True)]
+
+
+def test_retiring_an_abandoned_step_keeps_a_fresh_marker_of_the_new_attempt_at_it(root, tmp_path):
+    """(Formerly tests/engine/test_steps.py's, with a whole Checkpointer.) The resumed run's attempt at step 15 was
+    dropped by a rank; a lagging rank still has to read that marker when the rollback retires the old step 15."""
+    from ckptio.format.rollback import retire_abandoned
+
+    _save_steps(root, tmp_path, [5, 10, 15, 20, 25], keep_last=0)
+    storage = PosixStorage(str(root))
+    fmt.write_failure(storage, 15, "rank1", 99, "rank 1 had no free staging slot", dropped=True)
+    retired = retire_abandoned(storage, above=10, keep=20, own_save_ids=(), live=(), markers_kept_s=600)
+    assert retired == [15, 25]
+    assert fmt.committed_steps(storage) == [5, 10, 20]
+    assert fmt.read_failure_markers(storage, 15, 99) == [("rank1: rank 1 had no free staging slot", True)]
+    assert not (root / fmt.step_dir(25)).exists()
+    assert not list((root / fmt.step_dir(15)).glob("*.distcp"))
