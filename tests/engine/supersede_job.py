@@ -1,16 +1,15 @@
-"""A one-rank job for tests/engine/test_supersede_crash.py: save step 1, then save it again, or restore.
+"""A one-rank job for tests/engine/test_supersede_crash.py: save step 1, then save it again.
 
-Usage: python supersede_job.py ROOT LOCAL_DIR LEVEL MODE. LEVEL ``durable`` saves every step durably;
-``local`` makes every save a local-level save (``durable_every`` large, no partner). MODE ``save``: save step 1
-(variant A) and wait, print ``saved A``, then save step 1 again (variant B) and wait (the test kills the job at a
-point of that supersede). MODE ``restore``: restore the newest step and print ``restored <step> <variant>``
-(``A``, ``B`` or ``neither``) and the level it came from.
+Usage: python supersede_job.py BASE LEVEL (the root is BASE/root, the local dir BASE/local). LEVEL ``durable``
+saves every step durably; ``local`` makes every save a local-level save (``durable_every`` large, no partner).
+Saves step 1 (variant A) and waits, prints ``saved A``, then saves step 1 again (variant B): the test kills the
+job at a point of that supersede.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -22,21 +21,21 @@ def state_for(variant: str) -> dict:
     return {"w": torch.randn(256, 1024, generator=g), "step": 1}
 
 
+def job_options(base: Path, level: str) -> dict:
+    """The job's options for a root under ``base`` (``root``, ``local``)."""
+    options = {"keep_last": 2, "lease_s": 0, "fsync": False, "volume_check": "off", "commit_timeout_s": 60}
+    if level == "local":
+        options.update(local_dir=str(base / "local"), durable_every=1000, replicas=0)
+    return options
+
+
 def main() -> None:
-    root, local, level, mode = sys.argv[1:5]
-    options = {"local_dir": local, "durable_every": 1000, "replicas": 0} if level == "local" else {}
-    ck = ckptio.Checkpointer(root, keep_last=2, lease_s=0, fsync=False, volume_check="off", commit_timeout_s=60,
-                             **options)
-    if mode == "save":
-        ck.save(1, state_for("A")).wait(timeout=120)
-        print("saved A", flush=True)
-        ck.save(1, state_for("B")).wait(timeout=120)
-        print("saved B", flush=True)
-    else:
-        target = {"w": torch.zeros(256, 1024), "step": -1}
-        step = ck.restore(target)
-        variant = next((v for v in "AB" if torch.equal(target["w"], state_for(v)["w"])), "neither")
-        print(json.dumps({"restored": step, "variant": variant, "level": ck.last_restore.level}), flush=True)
+    base, level = Path(sys.argv[1]), sys.argv[2]
+    ck = ckptio.Checkpointer(str(base / "root"), **job_options(base, level))
+    ck.save(1, state_for("A")).wait(timeout=120)
+    print("saved A", flush=True)
+    ck.save(1, state_for("B")).wait(timeout=120)  # the test kills the job at a point of this supersede
+    print("saved B", flush=True)
     ck.close()
 
 
