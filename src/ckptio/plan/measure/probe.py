@@ -10,7 +10,7 @@ time bound by more than one chunk's write per writer.
 A POSIX directory is probed with plain system calls (so writes can stop mid-file when time is up, and the page
 cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://``, or a wrapped
 store in tests) through the storage protocol, one object per file. The writers' serialize rate is measured on
-this host too (:mod:`ckptio.plan.measure.serialize`): it is the stage before the store.
+this host too (:mod:`ckptio.plan.measure.serialize_rate`): it is the stage before the store.
 
 Before it writes anything to a store, the probe checks residency (a public bucket is refused unless the given
 :class:`~ckptio.policy.residency.Residency` allows it) and then the store's capabilities
@@ -40,7 +40,7 @@ from ckptio.plan.measure.clock import Clock, Progress
 from ckptio.plan.measure.fio import run_fio
 from ckptio.plan.measure.probe_targets import PosixTarget, ProbeTarget, StorageTarget
 from ckptio.plan.measure.profile import ConcurrencyPoint, StorageProfile
-from ckptio.plan.measure.serialize import serialize_bytes_per_s
+from ckptio.plan.measure.serialize_rate import serialize_bytes_per_s
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.storage import PosixRoot, open_storage, parse_root
 from ckptio.storage.base import Storage
