@@ -1,11 +1,11 @@
 """The inputs of the two-level model: the node-local level, the failure classes, and each level's times.
 
 Owns what the multi-level model (:mod:`ckptio.plan.costs.multilevel`) and the failure simulator
-(:mod:`ckptio.plan.simulation.failures`) both read: the local level as the planner sees it (:class:`LocalLevel`:
-per-node bandwidths, replicas, ranks per node), the job's failures split into the classes that decide which level can
-restore (:class:`FailureRates`), and the seconds each level takes to commit a save and to restore one
-(:class:`LevelTimes`). It must never optimize a schedule (``multilevel`` does) nor draw a failure
-(:mod:`ckptio.plan.simulation.failures`).
+(:mod:`ckptio.plan.simulation.failure_injection`) both read: the local level as the planner sees it
+(:class:`LocalLevel`: per-node bandwidths, replicas, ranks per node), the job's failures split into the classes that
+decide which level can restore (:class:`FailureRates`), and the seconds each level takes to commit a save and to restore
+one (:class:`LevelTimes`). It must never optimize a schedule (``multilevel`` does) nor draw a failure
+(:mod:`ckptio.plan.simulation.failure_injection`).
 
 The failure classes (each a Poisson process; the rates add up to the job's ``1/MTBF``):
 

@@ -1,8 +1,8 @@
 """The two-level plan: how often to save to the node-local level (with partner copies) and how often durably.
 
 Owns the multi-level model of ``ckptio plan``, its optimizer, and the answer it prints (:class:`TwoLevelPlan`). It must
-never touch storage or draw failures (``plan.simulation.failures`` checks this model by injecting them), and never size
-a checkpoint (``plan.job.checkpoint``) or a burst (``plan.costs.budget``): it reads their answers.
+never touch storage or draw failures (``plan.simulation.failure_injection`` checks this model by injecting them), and
+never size a checkpoint (``plan.job.checkpoint``) or a burst (``plan.costs.budget``): it reads their answers.
 
 The model is the first-order multi-level model of Di, Bouguerra, Bautista-Gomez and Cappello ("Optimization of
 multi-level checkpoint model for large scale HPC applications", IPDPS 2014), the multi-level form of Young's:
