@@ -14,7 +14,7 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.errors import ConfigError
-from ckptio.plan.measure.probe import ProbeConfig, probe
+from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.measure.profile import StorageProfile
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import ThrottledStorage
@@ -203,3 +203,14 @@ def test_an_interrupted_probe_leaves_nothing_behind(tmp_path: Path) -> None:
         assert proc.returncode == 130, err.decode()
         assert b"interrupted" in err
         assert os.listdir(targets[sig].parent) == [], f"{sig!r} left {os.listdir(targets[sig].parent)}"
+
+
+def test_directory_capabilities_are_tried_and_leave_the_root_as_found(tmp_path: Path) -> None:
+    root = tmp_path / "new" / "root"
+    caps = target_capabilities(str(root))
+    assert caps.conditional_writes and caps.url == root.as_uri()
+    assert "link()" in caps.get("conditional_create").detail or "O_EXCL" in caps.get("conditional_create").detail
+    assert not (tmp_path / "new").exists(), "the parents the check had to create are removed"
+    (tmp_path / "kept").mkdir()
+    target_capabilities(tmp_path / "kept")
+    assert list((tmp_path / "kept").iterdir()) == []

@@ -14,8 +14,10 @@ this host too (:mod:`ckptio.plan.measure.serialize`): it is the stage before the
 
 Before it writes anything to a store, the probe checks residency (a public bucket is refused unless the given
 :class:`~ckptio.policy.residency.Residency` allows it) and then the store's capabilities
-(:mod:`ckptio.storage.capabilities`: conditional writes, multipart, ranged reads), which
-:func:`target_capabilities` returns afterwards without asking the store again.
+(:mod:`ckptio.storage.capabilities`: conditional writes, objects written in parts, ranged reads), which
+:func:`target_capabilities` returns afterwards without asking the store again. A directory's capabilities are
+tried too (its conditional writes are hard links and exclusive creates, which not every filesystem honours), in
+a scratch directory of their own.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ckptio.plan.measure.probe_targets import PosixTarget, ProbeTarget, StorageT
 from ckptio.plan.measure.profile import ConcurrencyPoint, StorageProfile
 from ckptio.plan.measure.serialize import serialize_bytes_per_s
 from ckptio.policy.residency import Residency, check_residency
-from ckptio.storage import PosixRoot, open_storage, parse_root
+from ckptio.storage import PosixRoot, PosixStorage, open_storage, parse_root
 from ckptio.storage.base import Storage
 from ckptio.storage.capabilities import StoreCapabilities, detect_capabilities
 
@@ -138,23 +140,24 @@ def probe(
     return run.profile()
 
 
-def check_store_target(storage: Storage, residency: Residency | None = None) -> StoreCapabilities | None:
-    """Residency, then capabilities, of a store about to be probed (None for a POSIX storage). Raises
-    ResidencyError or StoreCapabilityError (a store without the APIs residency needs) before any write."""
+def check_store_target(storage: Storage, residency: Residency | None = None) -> StoreCapabilities:
+    """Residency, then capabilities, of a store about to be probed. Raises ResidencyError or
+    StoreCapabilityError (a store without the APIs residency needs) before any write."""
     check_residency(storage, residency or Residency())
-    return None if storage.is_posix else detect_capabilities(storage)
+    return detect_capabilities(storage)
 
 
 def target_capabilities(
     target: str | os.PathLike[str] | Storage, residency: Residency | None = None
-) -> StoreCapabilities | None:
-    """What the store at ``target`` honours (cached in this process: free after :func:`probe` of it); None for
-    a POSIX directory. Checks residency first, like the probe."""
+) -> StoreCapabilities:
+    """What the store at ``target`` honours (cached in this process: free after :func:`probe` of it). Checks
+    residency first, like the probe. A directory is tried in a scratch directory below it, removed afterwards
+    with any parent it had to create, so that the root is left as it was found."""
     if isinstance(target, Storage):
         return check_store_target(target, residency)
     root = parse_root(target)
     if isinstance(root, PosixRoot):
-        return None
+        return _directory_capabilities(root)
     storage = open_storage(root)
     try:
         return check_store_target(storage, residency)
@@ -162,8 +165,22 @@ def target_capabilities(
         storage.close()
 
 
+def _directory_capabilities(root: PosixRoot) -> StoreCapabilities:
+    scratch = PosixTarget(root.path, _scratch_name(), fsync=True)
+    scratch.setup()
+    try:
+        caps = detect_capabilities(PosixStorage(scratch.root), refresh=True)
+    finally:
+        scratch.cleanup()
+    return StoreCapabilities(url=root.url, checks=caps.checks)
+
+
+def _scratch_name() -> str:
+    return f".ckptio-probe-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
 def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) -> ProbeTarget:
-    name = f".ckptio-probe-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    name = _scratch_name()
     if isinstance(target, Storage):
         return StorageTarget(target, name)
     root = parse_root(target)  # a clear ConfigError for schemes it does not know

@@ -211,7 +211,7 @@ class StorageTarget(ProbeTarget):
         self.storage = storage
         self.prefix = name
         self.url = storage.url
-        self.kind = "posix" if storage.is_posix else "object"
+        self.kind = "posix" if storage.local_directory() is not None else "object"
 
     def _key(self, name: str) -> str:
         return join_key(self.prefix, name)
@@ -247,8 +247,9 @@ class StorageTarget(ProbeTarget):
         self.storage.delete_prefix(self._key(prefix))
 
     def fio_directory(self) -> str | None:
-        if not self.storage.is_posix:
+        directory = self.storage.local_directory()
+        if directory is None:
             return None
-        path = self.storage.local_path(self._key("fio"))
+        path = directory.local_path(self._key("fio"))
         os.makedirs(path, exist_ok=True)
         return path

@@ -20,8 +20,16 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
+from ckptio.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    NotFoundError,
+    PreconditionError,
+    StorageError,
+    StorageFullError,
+)
 from ckptio.storage.base import (
     Buffer,
     Data,
@@ -30,6 +38,7 @@ from ckptio.storage.base import (
     Pacer,
     PutMode,
     Storage,
+    WriteConditions,
     WriteMode,
     as_buffers,
     check_put_mode,
@@ -44,7 +53,9 @@ from ckptio.storage.posix.direct_io import (
     write_all,
     write_direct,
 )
+from ckptio.storage.posix.root import PosixRoot
 from ckptio.storage.posix.writeback import PacedWriteback
+from ckptio.storage.root import Root
 
 TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
@@ -110,9 +121,23 @@ class PosixStorage(Storage):
     def url(self) -> str:
         return self._url
 
+    @classmethod
+    def open_root(cls, root: Root, **options: Any) -> PosixStorage:
+        """The storage of a directory root (the scheme registry's entry point); ``options`` are the keywords of
+        the constructor."""
+        if not isinstance(root, PosixRoot):
+            raise ConfigError(f"not a directory root: {root.url}")
+        try:
+            return cls(root.path, **options)
+        except TypeError as exc:
+            raise ConfigError(f"unknown POSIX storage option: {exc}") from None
+
+    def local_directory(self) -> PosixStorage:
+        return self
+
     @property
-    def is_posix(self) -> bool:
-        return True
+    def write_conditions(self) -> WriteConditions:
+        return WriteConditions(create="link()", swap="flock() on the directory")
 
     @property
     def region(self) -> str | None:
@@ -163,6 +188,10 @@ class PosixStorage(Storage):
                 self._write_buffered(tmp, file_chunks(path, _slice(pacer)), pacer)
 
         return self._commit(key, copy, check_put_mode(mode))
+
+    def copy_to(self, key: str, target: Storage, target_key: str, *, pacer: Pacer | None = None) -> ObjectInfo:
+        """Streams the file into ``target`` (:meth:`Storage.put_file`: S3 uploads it part by part)."""
+        return target.put_file(target_key, self.local_path(key), pacer=pacer)
 
     def _commit(self, key: str, fill: Callable[[str], None], mode: PutMode) -> ObjectInfo:
         path = self.local_path(key)
