@@ -295,7 +295,15 @@ class Storage(abc.ABC):
         return {k: self.get(k) for k in keys}
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """The distinct first path segments below ``prefix`` (``step-00000100`` under the root)."""
+        """The names one level below the directory ``prefix`` (whole segments; ``""`` is the root) under which
+        objects are stored, sorted: ``step-00000100`` under the root. (contract, every backend and wrapper)
+
+        It reads one level and never walks the tree below it: commit and retention call it on roots that hold
+        every kept step's files. A key directly at ``prefix`` is not a name; nor is anything reached through a
+        link. A name may be listed under which no object remains (a directory a crashed POSIX writer left empty):
+        callers treat each name as a candidate, never as proof that something is there. A missing ``prefix`` lists
+        nothing. This default filters :meth:`list` (a walk): backends override it with a one-level listing.
+        """
         base = join_key(prefix)
         cut = len(base) + 1 if base else 0
         seen = set()

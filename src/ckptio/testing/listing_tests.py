@@ -55,6 +55,18 @@ class ListingTests:
         assert storage.list_dirs("step-00000100") == ["ranks"]
         assert storage.list_dirs("missing") == []
 
+    def test_list_dirs_lists_one_level_of_names(self, storage: Storage) -> None:
+        for key in ("top", "a/x", "a/b/c/deep", "h-00ff/step-00000001/x", ".hidden/y"):
+            storage.put(key, b"1")
+        assert storage.list_dirs() == [".hidden", "a", "h-00ff"], "names one level down; never a key, never deeper"
+        assert storage.list_dirs("a") == storage.list_dirs("a/") == ["b"]
+        assert storage.list_dirs("a/b") == ["c"]
+        assert storage.list_dirs("top") == [], "a key is not a directory"
+        storage.delete("a/b/c/deep")
+        assert storage.list_dirs("a") == [], "a name goes once nothing is stored below it"
+        storage.delete("a/x")
+        assert storage.list_dirs() == [".hidden", "h-00ff"]
+
     def test_delete(self, storage: Storage) -> None:
         storage.put("d/x", b"1")
         storage.put("d/y", b"2")

@@ -14,6 +14,7 @@ system call is a residual race; docs/security.md.)
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import os
@@ -372,6 +373,20 @@ class PosixStorage(Storage):
                 except FileNotFoundError:  # deleted while listing
                     continue
                 yield ObjectInfo(key=key, size=st.st_size, etag=_etag(st))
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """One ``os.scandir`` of the directory ``prefix``: its subdirectories, never a walk below them (a root
+        holding many steps costs one directory read, not a stat of every file). Links are not followed, as for
+        every key; a directory a crashed writer left empty may be listed (the contract allows it)."""
+        base = join_key(prefix)
+        top = self.local_path(base) if base else self.root
+        try:
+            with os.scandir(top) as entries:
+                return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise self._error(exc, base) from exc
 
     def delete(self, key: str) -> None:
         path = self.local_path(key)
