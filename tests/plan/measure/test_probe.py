@@ -214,3 +214,14 @@ def test_directory_capabilities_are_tried_and_leave_the_root_as_found(tmp_path: 
     (tmp_path / "kept").mkdir()
     target_capabilities(tmp_path / "kept")
     assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_probe_reports_how_a_directory_excludes_other_clients(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["probe", str(tmp_path), "--writers", "1", "--file-size", "64KiB", "--files-per-writer", "1",
+            "--small-files", "8", "--max-seconds", "5", "--no-fsync", "--json"]
+    assert main(args) == 0
+    caps = json.loads(capsys.readouterr().out)["capabilities"]
+    assert caps["conditional_create"]["ok"] is True and "link()" in caps["conditional_create"]["detail"]
+    assert caps["compare_and_swap"]["ok"] is True and "O_EXCL lock file" in caps["compare_and_swap"]["detail"]
+    assert list(tmp_path.iterdir()) == []

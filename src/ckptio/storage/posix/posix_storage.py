@@ -1,8 +1,9 @@
 """POSIX directory storage: local NVMe/RAM tiers and parallel filesystems (Lustre, GPFS, NFS, …).
 
 Atomicity comes from the filesystem: data goes to a hidden temp file in the target directory, is fsynced, then
-``os.replace``d (overwrite) or ``os.link``ed (create-only: ``link`` fails when the target exists, on every POSIX
-filesystem including NFS), and the directory is fsynced so the name survives a power loss.
+``os.replace``d (overwrite) or published by a conditional write (:mod:`ckptio.storage.posix.exclusion`: create-only
+by ``link()``, compare-and-swap under an ``O_EXCL`` lock file; both exclude writers on other clients of a shared
+filesystem, never relying on ``flock``), and the directory is fsynced so the name survives a power loss.
 This module must never leave a temp file behind on a clean error path.
 
 Containment: a key names a path under the root and nothing else. ``..`` segments are refused, and so is any key
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import builtins
 import errno
-import fcntl
 import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -54,11 +54,12 @@ from ckptio.storage.posix.direct_io import (
     write_all,
     write_direct,
 )
+from ckptio.storage.posix.exclusion import Exclusion
+from ckptio.storage.posix.fs_ops import TMP_PREFIX, FileSystemOps
 from ckptio.storage.posix.root import PosixRoot
 from ckptio.storage.posix.writeback import PacedWriteback
 from ckptio.storage.root import Root
 
-TMP_PREFIX = ".tmp-"
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
 # A paced write's slice: the direct path's chunk, so that both reach the disk in pieces of one size.
@@ -105,14 +106,17 @@ class PosixStorage(Storage):
     ``direct_io``: write large objects with ``O_DIRECT``, bypassing the page cache
     (:mod:`ckptio.storage.posix.direct_io` says why). ``None`` (the default) does so for objects of 16 MiB or more when
     ``fsync`` is on, and falls back to buffered writes for good on a filesystem that refuses it; ``False`` never;
-    ``True`` for every object.
+    ``True`` for every object. ``ops``: the filesystem operations exclusion rests on
+    (:class:`~ckptio.storage.posix.fs_ops.FileSystemOps`; tests stand in a filesystem that refuses some).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, region: str | None = None,
-                 direct_io: bool | None = None) -> None:
+                 direct_io: bool | None = None, ops: FileSystemOps | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
         self.direct_io = direct_io
+        self.ops = ops or FileSystemOps()
+        self._exclusion = Exclusion(self.ops)
         self._direct_refused = False
         self._region = region
         # Percent-encoded (spaces, non-ASCII): ckptio.storage.parse_root turns it back into self.root.
@@ -138,18 +142,20 @@ class PosixStorage(Storage):
 
     @property
     def write_conditions(self) -> WriteConditions:
-        return WriteConditions(create="link()", swap="flock() on the directory")
+        create = "an O_EXCL lock file, then rename()" if self._exclusion.link_refused else "link()"
+        return WriteConditions(create=create, swap="an O_EXCL lock file, then rename()")
 
     @property
     def region(self) -> str | None:
         return self._region
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "fsync": self.fsync, "region": self._region, "direct_io": self.direct_io}
+        return {"root": self.root, "fsync": self.fsync, "region": self._region, "direct_io": self.direct_io,
+                "ops": self.ops}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["root"], fsync=state["fsync"], region=state["region"],  # type: ignore[misc]
-                      direct_io=state.get("direct_io"))
+                      direct_io=state.get("direct_io"), ops=state.get("ops"))
 
     def local_path(self, key: str) -> str:
         """The path of ``key``; StorageError when the key is not a plain relative key or when the path goes through
@@ -201,15 +207,13 @@ class PosixStorage(Storage):
         try:
             self._makedirs(directory)
             fill(tmp)
-            if isinstance(mode, IfMatch):
-                self._replace_if_match(tmp, path, key, mode.etag)
-            elif mode == "create":
-                self._link_create(tmp, path, key)
-            else:
-                os.replace(tmp, path)
+            # The published file is this one (rename and link keep the inode and mtime): its etag is the answer,
+            # never a stat of the name afterwards, which a racing writer may already have replaced.
+            st = os.stat(tmp)
+            self._publish(tmp, path, key, mode)
             if self.fsync:
                 _fsync_dir(directory)
-            return ObjectInfo(key=join_key(key), size=os.stat(path).st_size, etag=_etag(os.stat(path)))
+            return ObjectInfo(key=join_key(key), size=st.st_size, etag=_etag(st))
         except OSError as exc:
             if isinstance(exc, StorageError):
                 raise
@@ -219,6 +223,17 @@ class PosixStorage(Storage):
                 os.unlink(tmp)
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
+
+    def _publish(self, tmp: str, path: str, key: str, mode: PutMode) -> None:
+        if isinstance(mode, IfMatch):
+            etag = mode.etag
+            if not self._exclusion.swap(tmp, path, lambda st: st is not None and _etag(st) == etag):
+                raise PreconditionError(f"{key!r} changed (its etag is no longer {etag})", root=self.url, path=path)
+        elif mode == "create":
+            if not self._exclusion.create(tmp, path):
+                raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=path)
+        else:
+            os.replace(tmp, path)
 
     def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview], pacer: Pacer | None) -> bool:
         """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
@@ -256,30 +271,6 @@ class PosixStorage(Storage):
                 os.fsync(fd)
         finally:
             os.close(fd)
-
-    def _link_create(self, tmp: str, path: str, key: str) -> None:
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=path) from None
-
-    def _replace_if_match(self, tmp: str, path: str, key: str, if_match: str) -> None:
-        # flock on the directory serialises compare-and-swap between processes on this host; cross-host CAS on a
-        # shared filesystem is only as good as its flock (Lustre/GPFS honour it, some NFS mounts do not).
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(dfd, fcntl.LOCK_EX)
-            try:
-                current = _etag(os.stat(path))
-            except FileNotFoundError:
-                current = None
-            if current != if_match:
-                raise PreconditionError(
-                    f"{key!r} changed (etag {current} != {if_match})", root=self.url, path=path
-                )
-            os.replace(tmp, path)
-        finally:
-            os.close(dfd)
 
     def _makedirs(self, directory: str) -> None:
         if os.path.isdir(directory):
