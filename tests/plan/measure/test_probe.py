@@ -41,8 +41,12 @@ def test_probe_of_a_directory_measures_everything_and_leaves_nothing(tmp_path: P
     assert profile.per_writer_bytes_per_s > 0
     assert profile.read_bytes_per_s > 0
     assert profile.metadata_ops_per_s > 0
-    assert set(profile.metadata) == {"create", "stat", "rename", "list", "delete"}
+    # Every kind a commit makes, each measured alone (fsync: a 4 KiB rewrite made durable).
+    assert set(profile.metadata) == {"create", "stat", "rename", "list", "fsync", "unlink"}
     assert all(rate > 0 for rate in profile.metadata.values())
+    assert profile.to_json()["metadata"] == profile.metadata
+    kinds = [v for k, v in profile.metadata.items() if k != "fsync"]
+    assert profile.metadata_ops_per_s == pytest.approx(len(kinds) / sum(1 / v for v in kinds))
     assert profile.fsync_s is not None and profile.fsync_s >= 0
     assert profile.serialize_bytes_per_s is not None and profile.serialize_bytes_per_s > 0
     assert [p.writers for p in profile.concurrency] == [1, 2]
@@ -79,7 +83,7 @@ def test_probe_through_the_storage_protocol_never_overstates_a_throttle(tmp_path
     )
     profile = probe(store, _small(file_size_bytes=4 * MIB))
     assert profile.fsync_s is None
-    assert "rename" not in profile.metadata
+    assert set(profile.metadata) == {"create", "stat", "list", "unlink"}, "a store has no rename or fsync"
     assert 0 < profile.write_bytes_per_s <= cap * 1.1
     assert list(store.list("")) == []
 
@@ -225,3 +229,8 @@ def test_probe_reports_how_a_directory_excludes_other_clients(tmp_path: Path,
     assert caps["conditional_create"]["ok"] is True and "link()" in caps["conditional_create"]["detail"]
     assert caps["compare_and_swap"]["ok"] is True and "O_EXCL lock file" in caps["compare_and_swap"]["detail"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_fsync_the_probe_measures_no_fsync_rate(tmp_path: Path) -> None:
+    profile = probe(tmp_path, _small(fsync=False, max_seconds=5.0))
+    assert "fsync" not in profile.metadata and {"create", "unlink"} <= set(profile.metadata)
