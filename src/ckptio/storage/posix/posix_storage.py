@@ -60,6 +60,9 @@ from ckptio.storage.posix.root import PosixRoot
 from ckptio.storage.posix.writeback import PacedWriteback
 from ckptio.storage.root import Root
 
+# TMP_PREFIX is re-exported: the partner channel names its temp files with it.
+__all__ = ["READ_MIN_BYTES", "TMP_PREFIX", "PosixStorage"]
+
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
 # A paced write's slice: the direct path's chunk, so that both reach the disk in pieces of one size.
