@@ -87,3 +87,13 @@ def test_list_dirs_may_list_a_directory_a_crash_left_empty(tmp_path: Path) -> No
     (tmp_path / "step-00000010" / f"{TMP_PREFIX}manifest.json-1-ab").write_bytes(b"half")
     assert storage.list_dirs() == ["step-00000009", "step-00000010"]
     assert list(storage.list()) == []
+
+
+def test_a_clean_delete_leaves_no_name_behind(tmp_path: Path) -> None:
+    storage = PosixStorage(tmp_path, fsync=False)
+    storage.put("a/b/c/deep", b"1")
+    storage.put("a/x", b"1")
+    storage.delete("a/b/c/deep")
+    assert storage.list_dirs("a") == []
+    storage.delete("a/x")
+    assert storage.list_dirs() == [] and os.listdir(tmp_path) == []

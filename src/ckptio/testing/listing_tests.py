@@ -62,10 +62,12 @@ class ListingTests:
         assert storage.list_dirs("a") == storage.list_dirs("a/") == ["b"]
         assert storage.list_dirs("a/b") == ["c"]
         assert storage.list_dirs("top") == [], "a key is not a directory"
+        # Once nothing is stored below a name it may go (POSIX removes empty directories, S3 lists none) or stay
+        # (SeaweedFS keeps its directory entries): callers treat names as candidates. Never anything new.
         storage.delete("a/b/c/deep")
-        assert storage.list_dirs("a") == [], "a name goes once nothing is stored below it"
+        assert set(storage.list_dirs("a")) <= {"b"}
         storage.delete("a/x")
-        assert storage.list_dirs() == [".hidden", "h-00ff"]
+        assert {".hidden", "h-00ff"} <= set(storage.list_dirs()) <= {".hidden", "a", "h-00ff"}
 
     def test_delete(self, storage: Storage) -> None:
         storage.put("d/x", b"1")
