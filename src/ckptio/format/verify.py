@@ -29,7 +29,7 @@ from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_p
 from ckptio.format.local_level import LEVELS_LOCAL, holder_nodes, local_records
 from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum, record_key
 from ckptio.format.safe_pickle import load_metadata
-from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
+from ckptio.storage.base import HASHED_DIR_PREFIX, ReadStore, Storage, join_key
 
 _MAX_HASH_DIRS_SCANNED = 256
 
@@ -223,7 +223,7 @@ def verify_levels(storage: Storage, step: int | None = None) -> list[VerifyResul
     return results
 
 
-def check_file(storage: Storage, step: int, name: str, data: bytes, rec: FileRecord) -> None:
+def check_file(storage: ReadStore, step: int, name: str, data: bytes, rec: FileRecord) -> None:
     """Raise ChecksumError when ``data`` (a file read for restore) does not match its manifest record."""
     if len(data) != rec.size or checksum([data]) != rec.crc32c:
         raise ChecksumError(

@@ -9,18 +9,15 @@ and the reader's exchange of ranges), all on ckptio's side group. It runs no cod
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-
 from ckptio import format as fmt
+from ckptio.engine.restore.context import RestoreContext
+from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
 from ckptio.engine.side_group import SideGroup
-from ckptio.errors import CheckpointNotFoundError, CkptError, StructureMismatchError
+from ckptio.errors import CheckpointNotFoundError, CkptError
 from ckptio.storage.base import Storage
 
 
@@ -49,46 +46,16 @@ def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | 
     return step
 
 
-def unwrap_load_error(exc: CheckpointException, step: int) -> CkptError:
-    """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch."""
-    inners = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
-    for inner in inners:
-        if isinstance(inner, CkptError):
-            return inner
-    detail = "; ".join(sorted({f"{type(i).__name__}: {i}" for i in inners})) or repr(exc)
-    return StructureMismatchError(f"state does not match the checkpoint: {detail}", step=step)
-
-
-def restore_step(
-    storage: Storage,
-    state: dict[str, Any],
-    *,
-    step: int | None = None,
-    local: Storage | None = None,
-    group: SideGroup | None = None,
-    concurrency: int = 4,
-    trust_pickles: bool = False,
-    safe_globals: Sequence[Any] = (),
-) -> int | None:
-    group = group or SideGroup()
-    chosen = group.broadcast_from_rank0(_choose_step(storage, step, group))
+def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None = None) -> int | None:
+    """Load the newest committed step of ``ctx.durable`` (or ``step``) into ``state``, every rank of ``ctx.group``
+    together; the step loaded, or None when the root has none."""
+    group = ctx.group
+    chosen = group.broadcast_from_rank0(_choose_step(ctx.durable, step, group))
     if isinstance(chosen, CkptError):
         raise chosen
     if chosen is None:
         return None
-    reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency,
-                                 trust_pickles=trust_pickles, safe_globals=safe_globals,
-                                 process_group=group.group if group.distributed else None)
+    reader = CkptioStorageReader.in_context(ctx, fmt.read_manifest(ctx.durable, chosen))
     reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised here, not wrapped by DCP
-    try:
-        with warnings.catch_warnings():
-            # One process without a process group is a supported mode here, not a mistake worth a warning.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
-    except CheckpointException as exc:
-        raise unwrap_load_error(exc, chosen) from exc
-    except CkptError:
-        raise
-    except (RuntimeError, KeyError, ValueError, AssertionError) as exc:
-        raise StructureMismatchError(f"state does not match the checkpoint: {exc}", step=chosen) from exc
+    load_through(reader, state, process_group=ctx.process_group, step=chosen)
     return int(chosen)

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from ckptio.engine.restore.context import ReadOptions, RestoreContext
 from ckptio.engine.restore.destinations import Dest, StreamDest, make_dest
 from ckptio.engine.restore.read_plan import (
     CHUNK_BYTES,
@@ -50,46 +51,76 @@ from ckptio.engine.restore.read_plan import (
     need_range,
     plan_reads,
 )
-from ckptio.engine.restore.transfer import Source, Transfer
+from ckptio.engine.restore.transfer import Source, Transfer, TransferSpec
 from ckptio.engine.side_group import any_true_in, moves_cpu_tensors
 from ckptio.errors import CkptError, CorruptCheckpointError, StorageError
 from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, index_key, record_key, step_dir
 from ckptio.format.crosscheck import metadata_problems
 from ckptio.format.safe_pickle import load_metadata, load_object
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import ReadStore, join_key
+
+
+class ReadTally:
+    """What a rank's last ``read_data`` read, per source: the bytes, and the files served from the local tier."""
+
+    def __init__(self) -> None:
+        self.local_hits: list[str] = []
+        """Files served (wholly or partly) from the local tier (for reports and tests)."""
+        self.bytes_by_source: dict[str, int] = {}
+        """Bytes read from each source, and received from other ranks (``peers``)."""
+
+    def read(self, task: Task, label: str) -> None:
+        self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + task.length
+        if label == "local" and task.file not in self.local_hits:
+            self.local_hits.append(task.file)
+
+    def received(self, task: Task) -> None:
+        self.bytes_by_source["peers"] = self.bytes_by_source.get("peers", 0) + task.length
 
 
 class CkptioStorageReader(StorageReader):
-    """A DCP StorageReader over any ckptio storage: ranged, verified, shared reads; the local tier preferred."""
+    """A DCP StorageReader over any ckptio storage: ranged, verified, shared reads; the local tier preferred.
 
-    def __init__(self, storage: Storage, step: int, *, manifest: Manifest | None = None, local: Storage | None = None,
-                 concurrency: int = 4, trust_pickles: bool = False, safe_globals: Sequence[Any] = (),
-                 process_group: Any = None, chunk_bytes: int = CHUNK_BYTES, exchange: bool = True) -> None:
+    The keyword constructor is for DCP users; ckptio's own restore builds readers with :meth:`in_context`.
+    """
+
+    def __init__(self, storage: ReadStore, step: int, *, manifest: Manifest | None = None,
+                 local: ReadStore | None = None, concurrency: int = 4, trust_pickles: bool = False,
+                 safe_globals: Sequence[Any] = (), process_group: Any = None, chunk_bytes: int = CHUNK_BYTES,
+                 exchange: bool = True) -> None:
         from ckptio.format import read_manifest
 
+        options = ReadOptions(concurrency=concurrency, trust_pickles=trust_pickles, safe_globals=tuple(safe_globals),
+                              chunk_bytes=chunk_bytes, exchange=exchange)
+        self._open(storage, manifest or read_manifest(storage, step), local=local, process_group=process_group,
+                   options=options)
+
+    @classmethod
+    def in_context(cls, ctx: RestoreContext, manifest: Manifest) -> CkptioStorageReader:
+        """The reader of ``manifest``'s step on the durable root of ``ctx`` (its local tier preferred)."""
+        reader = cls.__new__(cls)
+        reader._open(ctx.durable, manifest, local=ctx.local, process_group=ctx.process_group, options=ctx.options)
+        return reader
+
+    def _open(self, storage: ReadStore, manifest: Manifest, *, local: ReadStore | None, process_group: Any,
+              options: ReadOptions) -> None:
         self.storage = storage
-        self.step = step
-        self.manifest = manifest or read_manifest(storage, step)
+        self.step = manifest.step
+        self.manifest = manifest
         self.local = local
-        self.concurrency = concurrency
-        self.trust_pickles = trust_pickles
-        self.safe_globals = tuple(safe_globals)
-        self.chunk_bytes = chunk_bytes
-        self.exchange = exchange
-        """Share ranges several ranks need (read once, sent over the process group); False: each rank reads all
-        it needs itself."""
+        self.options = options
         self.process_group = process_group
+        """The group ``dcp.load`` runs on (None: the default group, as DCP's own default)."""
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
         self._metadata: Metadata | None = None
         self._rank = 0
-        #: files served (wholly or partly) from the local tier in the last read_data (for reports and tests)
-        self.local_hits: list[str] = []
-        #: bytes this rank read from each source and received from other ranks in the last read_data
-        self.bytes_by_source: dict[str, int] = {}
+        self.tally = self._new_tally()
+
+    def _new_tally(self) -> ReadTally:
+        return ReadTally()
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        self.local_hits = []
-        self.bytes_by_source = {}
+        self.tally = self._new_tally()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -108,7 +139,7 @@ class CkptioStorageReader(StorageReader):
             check_file(self.storage, self.step, name, raw,
                        FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
         try:
-            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
+            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.options.trust_pickles))
         except CorruptCheckpointError as exc:
             raise self._located(exc) from exc.__cause__
         problems = metadata_problems(metadata, self.manifest)
@@ -143,8 +174,9 @@ class CkptioStorageReader(StorageReader):
         shapes = self._shapes()
         needs = [[(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes)) for req in p.items]
                  for p in plans]
-        exchange = len(plans) == 1 or (self.exchange and self._group_moves_cpu(len(plans)))
-        reads = plan_reads(needs, layout, exchange=exchange, readers_of=self._readers_of, chunk=self.chunk_bytes)
+        exchange = len(plans) == 1 or (self.options.exchange and self._group_moves_cpu(len(plans)))
+        reads = plan_reads(needs, layout, exchange=exchange, readers_of=self._readers_of,
+                           chunk=self.options.chunk_bytes)
         return [dataclasses.replace(p, storage_data=r) for p, r in zip(plans, reads, strict=True)]
 
     @staticmethod
@@ -244,14 +276,6 @@ class CkptioStorageReader(StorageReader):
         out.append(Source("durable", lambda offset, bufs: durable.readinto(key, bufs, offset=offset)))
         return out
 
-    def _on_read(self, task: Task, label: str) -> None:
-        self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + task.length
-        if label == "local" and task.file not in self.local_hits:
-            self.local_hits.append(task.file)
-
-    def _on_receive(self, task: Task) -> None:
-        self.bytes_by_source["peers"] = self.bytes_by_source.get("peers", 0) + task.length
-
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         reads, rank = plan.storage_data, self._rank
         shapes = self._shapes()
@@ -260,7 +284,7 @@ class CkptioStorageReader(StorageReader):
             layout = self._layout()
             needs = [(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes))
                      for req in plan.items]
-            reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.chunk_bytes)[0], 0
+            reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.options.chunk_bytes)[0], 0
         streams: dict[torch.device, Any] = {}
         dests: list[Dest] = []
         error: CkptError | None = None
@@ -292,11 +316,11 @@ class CkptioStorageReader(StorageReader):
         for dest in dests:
             if dest.remaining == 0:
                 done(dest)
-        transfer = Transfer(rank=rank, group=group, step=self.step, root=self.storage.url,
-                            sources=self._sources, concurrency=self.concurrency, chunk=self.chunk_bytes,
+        spec = TransferSpec(rank=rank, group=group, step=self.step, root=self.storage.url,
+                            concurrency=self.options.concurrency, chunk=self.options.chunk_bytes,
                             pinned=any(isinstance(d, StreamDest) and d.stream is not None for d in dests),
-                            on_read=self._on_read, on_receive=self._on_receive,
                             batch_bytes=self.storage.read_batch_bytes)
+        transfer = Transfer(spec, self._sources, self.tally)
         try:
             transfer.run(reads.tasks, dests, done)
         finally:
@@ -310,11 +334,11 @@ class CkptioStorageReader(StorageReader):
 
     def _load_object(self, req: ReadItem, blob: memoryview, planner: LoadPlanner) -> None:
         """A non-tensor value: loaded here with the allowlist, never by DCP's planner (which unpickles anything)."""
-        if self.trust_pickles:
+        if self.options.trust_pickles:
             planner.load_bytes(req, io.BytesIO(blob))
             return
         try:
-            value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
+            value = load_object(blob, safe_globals=self.options.safe_globals, path=req.storage_index.fqn)
         except CorruptCheckpointError as exc:
             raise self._located(exc) from exc.__cause__
         if isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes is DefaultLoadPlanner.load_bytes:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -71,18 +71,43 @@ class _Flight:
     """Sends (gloo works) and side-stream copies (CUDA events) that still use ``view``."""
 
 
-class Transfer:
-    """Runs one rank's tasks; ``sources(file)`` lists where a file can be read, best first."""
+class Tally(Protocol):
+    """Who hears what a transfer moved: a task read from a source (by its label), or received from its reader."""
 
-    def __init__(self, *, rank: int, group: Any, step: int, root: str, sources: Callable[[str], Sequence[Source]],
-                 concurrency: int, chunk: int, pinned: bool, on_read: Callable[[Task, str], None],
-                 on_receive: Callable[[Task], None], batch_bytes: int = 0) -> None:
-        self.rank, self.group, self.step, self.root = rank, group, step, root
-        self.batch_bytes = batch_bytes
-        """Adjacent tasks this rank reads into their targets' memory are read in one request up to this many
-        bytes (``Storage.read_batch_bytes``: stores that charge per request)."""
-        self.sources, self.concurrency, self.chunk, self.pinned = sources, max(1, concurrency), chunk, pinned
-        self.on_read, self.on_receive = on_read, on_receive
+    def read(self, task: Task, label: str) -> None: ...
+
+    def received(self, task: Task) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransferSpec:
+    """Where one rank's transfer runs and how hard it pushes."""
+
+    rank: int
+    """This rank in ``group``."""
+    group: Any
+    """The process group the ranges move on (None: one process, nothing moves)."""
+    step: int
+    root: str
+    """The step and the store's URL, for errors."""
+    concurrency: int
+    chunk: int
+    """Requests in flight, and the size of each of the ``concurrency`` bounce buffers."""
+    pinned: bool
+    """Bounce buffers in pinned memory (a target is on a GPU)."""
+    batch_bytes: int = 0
+    """Adjacent tasks this rank reads into their targets' memory are read in one request up to this many bytes
+    (``ReadStore.read_batch_bytes``: stores that charge per request)."""
+
+
+class Transfer:
+    """Runs one rank's tasks; ``sources(file)`` lists where a file can be read, best first; ``tally`` hears what
+    was read and received."""
+
+    def __init__(self, spec: TransferSpec, sources: Callable[[str], Sequence[Source]], tally: Tally) -> None:
+        self.rank, self.group, self.step, self.root = spec.rank, spec.group, spec.step, spec.root
+        self.batch_bytes, self.concurrency, self.chunk = spec.batch_bytes, max(1, spec.concurrency), spec.chunk
+        self.pinned, self.sources, self.tally = spec.pinned, sources, tally
         self.errors: list[BaseException] = []
         self._free: list[torch.Tensor] = []
         self._made = 0
@@ -217,7 +242,7 @@ class Transfer:
                 self.errors.append(outcome)
                 ok = False
             else:
-                self.on_read(task, outcome)
+                self.tally.read(task, outcome)
             for peer in task.receivers:  # even after a failure: the peer's own check rejects the bytes
                 flight.waits.append(send_async(torch.frombuffer(view, dtype=torch.uint8), self.group, peer, task.id))
         else:
@@ -227,7 +252,7 @@ class Transfer:
                 self.errors.append(self._checksum_error(task, bad, f"received from rank {task.reader}"))
                 ok = False
             else:
-                self.on_receive(task)
+                self.tally.received(task)
         if ok:
             for dest in dests:
                 lo, hi = max(task.offset, dest.lo), min(task.end, dest.hi)
