@@ -21,6 +21,7 @@
     │   └── ReplicationError                   a partner node did not take a copy of a local-level save
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
+    ├── PeerLostError          (ConnectionError) another rank died or never came during a restore (rank, phase)
     ├── RootInUseError                         another live job owns this checkpoint root
     ├── ResidencyError         (PermissionError) public bucket or forbidden region
     ├── VolumePolicyError                      the root breaks a volume rule and ``volume_check="error"``
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "NotFoundError",
+    "PeerLostError",
     "PreconditionError",
     "ReplicationError",
     "ResidencyError",
@@ -177,6 +179,20 @@ class CommitError(CkptError):
 
 class WriterDiedError(CkptError, RuntimeError):
     """The writer process of a rank exited while saves were pending."""
+
+
+class PeerLostError(CkptError, ConnectionError):
+    """Another rank of the job died, or never came, while this rank waited for it in a restore: ``rank`` names it
+    (None when the transport cannot tell which) and ``phase`` says where (``ready``: the gate before planning;
+    ``exchange``: while ranges moved between ranks; ``load``: in DCP's own collectives)."""
+
+    def __init__(self, message: str, *, phase: str | None = None, **context: Any) -> None:
+        self.phase = phase
+        super().__init__(message, **context)
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return {**super().context, **({"phase": self.phase} if self.phase is not None else {})}
 
 
 class RootInUseError(CkptError):

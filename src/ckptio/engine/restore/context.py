@@ -19,6 +19,11 @@ from ckptio.engine.side_group import SideGroup
 from ckptio.errors import ConfigError
 from ckptio.storage.base import Storage
 
+READY_TIMEOUT_S = 60.0
+"""How long ranks wait for one another at the readiness gate (:mod:`ckptio.engine.restore.readiness`), from the
+first to the last arrival: reading a manifest and ``.metadata`` takes far less on any store ckptio supports, and a
+rank that raised comes at once; only a rank that died or is stuck makes the others wait this long."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadOptions:
@@ -36,11 +41,13 @@ class ReadOptions:
     """Unpickle ``.metadata`` and values without the allowlist (the explicit opt-in of docs/security.md)."""
     safe_globals: tuple[Any, ...] = ()
     """Classes and functions a value's pickle may name beyond the allowlist."""
+    ready_timeout_s: float = READY_TIMEOUT_S
+    """The readiness gate's bound (:data:`READY_TIMEOUT_S`)."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.chunk_bytes < 1:
-            raise ConfigError(f"restore needs concurrency ≥ 1 and chunk_bytes ≥ 1, got {self.concurrency}, "
-                              f"{self.chunk_bytes}")
+        if self.concurrency < 1 or self.chunk_bytes < 1 or not 0 < self.ready_timeout_s < 86400:
+            raise ConfigError(f"restore needs concurrency ≥ 1, chunk_bytes ≥ 1 and 0 < ready_timeout_s < 1 day, got "
+                              f"{self.concurrency}, {self.chunk_bytes}, {self.ready_timeout_s}")
         object.__setattr__(self, "safe_globals", tuple(self.safe_globals))
 
     @classmethod

@@ -2,8 +2,9 @@
 ckptio's StorageReader (:mod:`ckptio.engine.restore.storage_reader`): ranged reads into the targets, checksums on every
 block, each range read from the store by one rank and sent to the others that need it, an intact local copy preferred.
 
-Runs on the training thread; its only collectives are the step broadcast and those inside ``dcp.load`` (planning,
-and the reader's exchange of ranges), all on ckptio's side group. It runs no code from the store unless
+Runs on the training thread; its only collectives are the step broadcast, the readiness gate
+(:mod:`ckptio.engine.restore.readiness`) and those inside ``dcp.load`` (planning, and the reader's exchange of
+ranges), all on ckptio's side group. It runs no code from the store unless
 ``trust_pickles`` says so (docs/security.md): the reader unpickles ``.metadata`` and values with allowlists.
 """
 
@@ -15,9 +16,9 @@ from typing import Any
 from ckptio import format as fmt
 from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.dcp_load import load_through
+from ckptio.engine.restore.readiness import check_ready, rank0_choice
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
-from ckptio.engine.side_group import SideGroup
-from ckptio.errors import CheckpointNotFoundError, CkptError
+from ckptio.errors import CheckpointNotFoundError
 from ckptio.storage.base import Storage
 
 
@@ -35,27 +36,34 @@ class RestoreReport:
     seconds: float = 0.0
 
 
-def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | CkptError | None:
-    if group.rank != 0:
-        return None
+def _choose_step(storage: Storage, step: int | None) -> int | None:
+    """Rank 0: the newest committed step, or ``step`` once its manifest is there."""
     if step is None:
         steps = fmt.committed_steps(storage)
         return steps[-1] if steps else None
     if not storage.exists(fmt.manifest_key(step)):
-        return CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step)
+        raise CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step)
     return step
 
 
 def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None = None) -> int | None:
     """Load the newest committed step of ``ctx.durable`` (or ``step``) into ``state``, every rank of ``ctx.group``
-    together; the step loaded, or None when the root has none."""
+    together; the step loaded, or None when the root has none.
+
+    Rank 0 chooses and broadcasts the step (what stops it there is broadcast too, since the others wait for it);
+    then every rank reads the step's records, and a rank that cannot fails every rank at the readiness gate
+    (:mod:`ckptio.engine.restore.readiness`), before DCP's planning."""
     group = ctx.group
-    chosen = group.broadcast_from_rank0(_choose_step(ctx.durable, step, group))
-    if isinstance(chosen, CkptError):
-        raise chosen
+    chosen = rank0_choice(group, lambda: _choose_step(ctx.durable, step))
     if chosen is None:
         return None
-    reader = CkptioStorageReader.in_context(ctx, fmt.read_manifest(ctx.durable, chosen))
-    reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised here, not wrapped by DCP
+    reader, error = None, None
+    try:
+        reader = CkptioStorageReader.in_context(ctx, fmt.read_manifest(ctx.durable, chosen))
+        reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised at the gate, not wrapped by DCP
+    except Exception as exc:  # reported to every rank at the gate, then raised here as it is
+        error = exc
+    check_ready(group, error, timeout_s=ctx.options.ready_timeout_s, step=chosen)
+    assert reader is not None
     load_through(reader, state, process_group=ctx.process_group, step=chosen)
     return int(chosen)

@@ -22,6 +22,7 @@ from ckptio import format as fmt
 from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
+from ckptio.engine.restore.readiness import gather_ready, rank0_choice
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
 from ckptio.errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, StructureMismatchError
 from ckptio.format import Manifest
@@ -42,14 +43,14 @@ class _Decision:
     note: str | None = None
 
 
-def _decide(durable: Storage, records: Storage, step: int | None, world_size: int) -> _Decision | CkptError:
+def _decide(durable: Storage, records: Storage, step: int | None, world_size: int) -> _Decision:
     """Rank 0: the durable candidate, the local candidate (or None) and why a local one was set aside."""
     durable_steps = fmt.committed_steps(durable)
     if step is not None:
         candidate: int | None = step if step in durable_steps else None
         local_steps = [step] if step in fmt.committed_steps(records) else []
         if candidate is None and not local_steps:
-            return CheckpointNotFoundError("no committed checkpoint for this step on any level",
+            raise CheckpointNotFoundError("no committed checkpoint for this step on any level",
                                            root=durable.url, step=step)
     else:
         candidate = durable_steps[-1] if durable_steps else None
@@ -84,10 +85,7 @@ class TwoLevelRestore:
         """The newest restorable step, from the fastest intact copies."""
         t0 = time.monotonic()
         group = self.group
-        decision = group.broadcast_from_rank0(
-            _decide(self.durable, self.records, step, group.world_size) if group.rank == 0 else None)
-        if isinstance(decision, CkptError):
-            raise decision
+        decision = rank0_choice(group, lambda: _decide(self.durable, self.records, step, group.world_size))
         local, note = decision.local, decision.note
         if local is not None:
             held = self._held(local)
@@ -134,13 +132,15 @@ class TwoLevelRestore:
         not match raises on every rank: no other copy would match better."""
         group = self.group
         reader = LevelsStorageReader(self.ctx, local, held=held, durable_fallback=durable_fallback)
-        error: CkptError | None = None
+        error: BaseException | None = None
         try:
             reader.read_metadata()
-        except CkptError as exc:
+        except Exception as exc:  # reported at the gate: every rank falls back together
             error = exc
-        if group.any_true(error is not None):
-            log.warning("ckptio: local-level step %s: metadata unusable: %s", local.step, error)
+        failures = gather_ready(group, error, timeout_s=self.ctx.options.ready_timeout_s, step=local.step)
+        if failures:
+            log.warning("ckptio: local-level step %s: metadata unusable on rank %s: %s", local.step,
+                        failures[0].rank, failures[0].message)
             return None
         try:
             load_through(reader, state, process_group=self.ctx.process_group, step=local.step)
