@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 
 import pytest
@@ -76,3 +77,51 @@ def test_a_rank_stuck_before_the_gate_is_named_after_the_bound(saved, tmp_path):
     first, _ = run_outcomes(2, _stuck_before_gate, str(tmp_path), root, wait_for=[0])
     assert first is not None and first["raised"] == "PeerLostError", first
     assert first["context"] == {"step": 7, "rank": 1, "phase": "ready"}, first
+
+
+def _die_when_reading() -> None:
+    """From now on, this rank dies (kill -9) the moment its transfer starts reading a range."""
+    from ckptio.engine.restore.transfer import Transfer
+
+    def die(self, items):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    Transfer._read_batch = die  # type: ignore[method-assign]
+
+
+def _lost_mid_exchange(rank: int, world: int, root: str) -> dict:
+    if rank == 1:
+        _die_when_reading()
+    # 4 MiB tasks: rank 0 reads the first half of "shared", rank 1 the second, each sends its half to the other.
+    return _restore_from(rank, world, [root, root], {"chunk_bytes": 4 << 20})
+
+
+def test_a_rank_killed_during_the_exchange_is_a_peer_lost_error(saved, tmp_path):
+    root, _ = saved
+    first, second = run_outcomes(2, _lost_mid_exchange, str(tmp_path), root, wait_for=[0])
+    assert second is None  # killed before it could report
+    assert first is not None and first["raised"] == "PeerLostError", first
+    assert first["context"]["rank"] == 1 and first["context"]["phase"] == "exchange", first
+
+
+SHARED_TWO_LEVELS = 6 << 20  # 24 MiB of float32: a 16 MiB task for rank 0 and an 8 MiB one for rank 1
+
+
+def _two_levels_lost_mid_exchange(rank: int, world: int, base: str) -> dict:
+    os.environ["CKPTIO_PARTNER_HOST"] = "127.0.0.1"
+    ck = ckptio.Checkpointer(os.path.join(base, "root"), local_dir=os.path.join(base, f"local-n{rank}"),
+                             node_id=f"n{rank}", durable_every=2, lease_s=0, fsync=False, volume_check="off",
+                             partner_timeout_s=20.0)
+    ck.save(1, {"shared": torch.arange(SHARED_TWO_LEVELS, dtype=torch.float32)}).wait(timeout=300)  # local only
+    torch.distributed.barrier()
+    if rank == 1:
+        _die_when_reading()
+    ck.restore({"shared": torch.zeros(SHARED_TWO_LEVELS)})
+    return {"level": ck.last_restore.level if ck.last_restore else None}
+
+
+def test_a_rank_killed_during_a_two_level_exchange_is_a_peer_lost_error(tmp_path):
+    first, second = run_outcomes(2, _two_levels_lost_mid_exchange, str(tmp_path), str(tmp_path), wait_for=[0])
+    assert second is None
+    assert first is not None and first["raised"] == "PeerLostError", first
+    assert first["context"]["rank"] == 1 and first["context"]["phase"] == "exchange", first

@@ -4,20 +4,26 @@ DCP wraps a failure of any rank in its planning or reading into a ``CheckpointEx
 a state that does not match the checkpoint surfaces as a ``RuntimeError``, ``KeyError``, ``ValueError`` or
 ``AssertionError`` from DCP's planner. The caller sees ckptio's own error either way: the ``CkptError`` a rank
 raised (a checksum, an untrusted pickle, a missing file), else :class:`~ckptio.errors.StructureMismatchError`
-naming what DCP said. Every restore path (one level, the local level of two) loads through :func:`load_through`,
-so the mapping is written once.
+naming what DCP said. A rank that is gone is :class:`~ckptio.errors.PeerLostError`: the one the reader's exchange
+found (DCP's gather of the outcome, which would have carried it, fails on the dead rank's connection), or, for a
+loss inside DCP's own collectives, the gloo transport error that says so (phase ``load``, rank unknown). Every
+restore path (one level, the local level of two) loads through :func:`load_through`, so the mapping is written once.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.storage import StorageReader
 
-from ckptio.errors import CkptError, StructureMismatchError
+from ckptio.engine.restore.storage_reader import CkptioStorageReader
+from ckptio.errors import CkptError, PeerLostError, StructureMismatchError
+
+# How gloo's TCP transport reports a peer whose process is gone (its sockets closed by the kernel).
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo/transport/tcp")
 
 
 def unwrap_load_error(exc: CheckpointException, step: int) -> CkptError:
@@ -30,7 +36,7 @@ def unwrap_load_error(exc: CheckpointException, step: int) -> CkptError:
     return StructureMismatchError(f"state does not match the checkpoint: {detail}", step=step)
 
 
-def load_through(reader: StorageReader, state: dict[str, Any], *, process_group: Any, step: int) -> None:
+def load_through(reader: CkptioStorageReader, state: dict[str, Any], *, process_group: Any, step: int) -> None:
     """``dcp.load`` of ``state`` through ``reader`` on ``process_group`` (every rank together); raises only
     ``CkptError``s, as the module docstring says."""
     try:
@@ -43,4 +49,8 @@ def load_through(reader: StorageReader, state: dict[str, Any], *, process_group:
     except CkptError:
         raise
     except (RuntimeError, KeyError, ValueError, AssertionError) as exc:
+        if isinstance(reader.failure, PeerLostError):
+            raise reader.failure from exc
+        if isinstance(exc, RuntimeError) and _PEER_GONE.search(str(exc)):
+            raise PeerLostError(f"a rank was lost in DCP's collectives: {exc}", step=step, phase="load") from exc
         raise StructureMismatchError(f"state does not match the checkpoint: {exc}", step=step) from exc

@@ -115,12 +115,16 @@ class CkptioStorageReader(StorageReader):
         self._metadata: Metadata | None = None
         self._rank = 0
         self.tally = self._new_tally()
+        self.failure: CkptError | None = None
+        """What stopped this rank's exchange in the last ``read_data`` (:func:`~ckptio.engine.restore.dcp_load.
+        load_through` raises it when DCP's own collectives fail after it)."""
 
     def _new_tally(self) -> ReadTally:
         return ReadTally()
 
     def reset(self, checkpoint_id: Any = None) -> None:
         self.tally = self._new_tally()
+        self.failure = None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -323,6 +327,9 @@ class CkptioStorageReader(StorageReader):
         transfer = Transfer(spec, self._sources, self.tally)
         try:
             transfer.run(reads.tasks, dests, done)
+        except CkptError as exc:
+            self.failure = exc  # DCP's gather of the outcome cannot carry it when a peer is gone
+            raise
         finally:
             for stream in streams.values():
                 stream.synchronize()

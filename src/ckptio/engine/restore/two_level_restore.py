@@ -24,7 +24,13 @@ from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
 from ckptio.engine.restore.readiness import gather_ready, rank0_choice
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
-from ckptio.errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, StructureMismatchError
+from ckptio.errors import (
+    CheckpointNotFoundError,
+    CkptError,
+    CorruptCheckpointError,
+    PeerLostError,
+    StructureMismatchError,
+)
 from ckptio.format import Manifest
 from ckptio.format.local_level import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
@@ -144,6 +150,8 @@ class TwoLevelRestore:
             return None
         try:
             load_through(reader, state, process_group=self.ctx.process_group, step=local.step)
+        except PeerLostError:
+            raise  # no collective can agree with a rank that is gone; no other copy would bring it back
         except CkptError as exc:
             error = exc
         if group.any_true(isinstance(error, StructureMismatchError)):
