@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ckptio.errors import CheckpointNotFoundError, ChecksumError, CorruptCheckpointError, StorageError
+from ckptio.format.blocks import crc32c
 from ckptio.format.commit import committed_steps, read_manifest
 from ckptio.format.crosscheck import index_findings, metadata_problems
 from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, step_dir
@@ -70,21 +71,40 @@ def verify_step(storage: Storage, step: int) -> VerifyResult:
                         warnings=warnings)
 
 
+_PIECE = 16 << 20
+"""A file is checked in pieces of this size: verifying a step costs one piece of memory, whatever its files' sizes."""
+
+
+def _file_problem(storage: Storage, key: str, rec: FileRecord) -> tuple[str | None, int]:
+    """Why the object at ``key`` is not the file ``rec`` describes (its size first, from ``head``: a record's claim
+    is never read into memory), or None; and how many bytes were read."""
+    size = storage.head(key).size
+    if size != rec.size:
+        return f"{key}: size {size} != manifest {rec.size} ({rec.name})", 0
+    piece, value, done = memoryview(bytearray(min(_PIECE, max(size, 1)))), 0, 0
+    while done < size:
+        got = storage.readinto(key, piece[: min(_PIECE, size - done)], offset=done)
+        if got == 0:
+            return f"{key}: ended at {done} of {size} bytes ({rec.name})", done
+        value, done = crc32c(piece[:got], value), done + got
+    if f"{value:08x}" != rec.crc32c:
+        return f"{key}: checksum {value:08x} != manifest {rec.crc32c} ({rec.name})", done
+    return None, done
+
+
 def _check_files(storage: Storage, manifest: Manifest) -> tuple[list[str], int]:
     problems: list[str] = []
     total = 0
-    for name, rec in sorted(manifest.files.items()):
+    for _name, rec in sorted(manifest.files.items()):
         key = record_key(manifest.step, rec)  # read_manifest checked that rec.name == name and the key is the step's
         try:
-            data = storage.get(key)
+            problem, read = _file_problem(storage, key, rec)
         except StorageError as exc:
             problems.append(f"{key}: missing or unreadable ({exc})")
             continue
-        total += len(data)
-        if len(data) != rec.size:
-            problems.append(f"{key}: size {len(data)} != manifest {rec.size} ({name})")
-        elif checksum([data]) != rec.crc32c:
-            problems.append(f"{key}: checksum {checksum([data])} != manifest {rec.crc32c} ({name})")
+        total += read
+        if problem:
+            problems.append(problem)
     return problems, total
 
 

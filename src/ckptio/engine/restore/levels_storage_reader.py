@@ -15,6 +15,7 @@ from ckptio.engine.partner import check_digest, fetch_verified
 from ckptio.engine.partner.digest import finish, new_hasher
 from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.read_plan import Task
+from ckptio.engine.restore.step_layout import check_real_sizes
 from ckptio.engine.restore.storage_reader import CkptioStorageReader, ReadTally
 from ckptio.engine.restore.transfer import Source
 from ckptio.errors import ChecksumError, CkptError
@@ -95,6 +96,11 @@ class LevelsStorageReader(CkptioStorageReader):
     def _readers_of(self, name: str) -> list[int] | None:
         holders = self.held.get(name, [])
         return [peer.rank for peer in self.level.peers if peer.node in holders] or None
+
+    def _check_claims(self, names: set[str]) -> None:
+        """A copy a node holds was sized against the manifest when its node reported it (``held``); a file no node
+        holds is read from the durable root, whose copy is held to the manifest here."""
+        check_real_sizes(self.durable, self.manifest, {name for name in names if not self.held.get(name)})
 
     def _sources(self, name: str) -> list[Source]:
         local, rec = self.local_dir, self.manifest.files[name]

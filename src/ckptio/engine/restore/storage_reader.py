@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -33,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
@@ -47,14 +46,14 @@ from ckptio.engine.restore.read_plan import (
     RankReads,
     StoreLayout,
     Task,
-    item_blocks,
     need_range,
     plan_reads,
 )
+from ckptio.engine.restore.step_layout import build_layout, check_real_sizes, chunk_shapes, read_item_records
 from ckptio.engine.restore.transfer import Source, Transfer, TransferSpec
 from ckptio.engine.side_group import any_true_in, moves_cpu_tensors
-from ckptio.errors import CkptError, CorruptCheckpointError, StorageError
-from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, index_key, record_key, step_dir
+from ckptio.errors import CkptError, CorruptCheckpointError
+from ckptio.format import FileRecord, Manifest, check_file, index_key, record_key, step_dir
 from ckptio.format.crosscheck import metadata_problems
 from ckptio.format.safe_pickle import load_metadata, load_object
 from ckptio.storage.base import ReadStore, join_key
@@ -178,6 +177,7 @@ class CkptioStorageReader(StorageReader):
         shapes = self._shapes()
         needs = [[(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes)) for req in p.items]
                  for p in plans]
+        self._check_claims({layout.places[req.storage_index].file for p in plans for req in p.items})
         exchange = len(plans) == 1 or (self.options.exchange and self._group_moves_cpu(len(plans)))
         reads = plan_reads(needs, layout, exchange=exchange, readers_of=self._readers_of,
                            chunk=self.options.chunk_bytes)
@@ -190,66 +190,17 @@ class CkptioStorageReader(StorageReader):
 
     def _shapes(self) -> dict[MetadataIndex, ChunkShape]:
         assert self._metadata is not None
-        shapes = {}
-        for fqn, md in self._metadata.state_dict_metadata.items():
-            if isinstance(md, TensorStorageMetadata):
-                size = torch.empty((), dtype=md.properties.dtype).element_size()
-                for chunk in md.chunks:
-                    shapes[MetadataIndex(fqn, chunk.offsets)] = ChunkShape(tuple(chunk.sizes), size,
-                                                                          md.properties.dtype)
-        return shapes
+        return chunk_shapes(self._metadata)
 
     def _layout(self) -> StoreLayout:
-        """Places and blocks of every item; a file any of whose items lacks usable block checksums is read whole."""
-        records, shapes = self._item_records(), self._shapes()
-        usable: dict[str, bool] = {}
-        for idx, info in self.storage_data.items():
-            rec = records.get(idx)
-            ok = (rec is not None and rec.has_blocks()
-                  and (rec.file, rec.file_offset, rec.length) == (info.relative_path, info.offset, info.length))
-            if ok and rec is not None and rec.data_offset is not None:  # raw bytes: they must be the chunk's
-                shape = shapes.get(idx)
-                ok = shape is not None and rec.data_length == shape.nbytes
-            usable[info.relative_path] = usable.get(info.relative_path, True) and ok
-        layout = StoreLayout()
-        for idx, info in self.storage_data.items():
-            name = info.relative_path
-            if not usable[name]:
-                layout.whole_files[name] = self.manifest.files[name]
-                layout.places[idx] = Place(name, info.offset, info.length)
-                continue
-            rec = records[idx]
-            raw = None if rec.data_offset is None else info.offset + rec.data_offset
-            layout.places[idx] = Place(name, info.offset, info.length, raw)
-            layout.blocks[idx] = item_blocks(rec)
-        return layout
+        """Places and blocks of every item (:mod:`ckptio.engine.restore.step_layout`)."""
+        records = read_item_records(self.storage, self.manifest, lambda rank: index_key(self.step, rank))
+        return build_layout(self.storage_data, records, self._shapes(), self.manifest.files)
 
-    def _index_key(self, rank: int) -> str:
-        return index_key(self.step, rank)
-
-    def _parse_index(self, raw: bytes, key: str) -> RankIndex:
-        return RankIndex.from_json(raw, key=key)
-
-    def _item_records(self) -> dict[MetadataIndex, ItemRecord]:
-        """Item records of the rank indexes that belong to this save (others are ignored: files read whole)."""
-        def read(rank: int) -> RankIndex | None:
-            key = self._index_key(rank)
-            try:
-                index = self._parse_index(self.storage.get(key), key)
-            except (StorageError, CorruptCheckpointError):
-                return None
-            same = (index.step, index.save_id, index.rank) == (self.step, self.manifest.save_id, rank)
-            files = self.manifest.files
-            if not same or any(f.name not in files or (files[f.name].size, files[f.name].crc32c) != (f.size, f.crc32c)
-                               for f in index.files):
-                return None
-            return index
-
-        ranks = range(self.manifest.world_size)
-        with ThreadPoolExecutor(max(1, min(16, len(ranks))), thread_name_prefix="ckptio-index") as pool:
-            indexes = list(pool.map(read, ranks))
-        return {MetadataIndex(it.fqn, it.offset, it.index_hint): it
-                for index in indexes if index is not None for it in index.items}
+    def _check_claims(self, names: set[str]) -> None:
+        """Hold the manifest's sizes of the files a plan reads to the objects' real sizes, before any rank allocates
+        by them (the durable copies: the local tier's are checked by every read that uses them)."""
+        check_real_sizes(self.storage, self.manifest, names)
 
     def _readers_of(self, name: str) -> Sequence[int] | None:
         """The ranks that may read ``name`` (None: any)."""
