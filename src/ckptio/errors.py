@@ -10,7 +10,8 @@
     ├── CheckpointNotFoundError(LookupError)   no such committed step
     ├── CorruptCheckpointError                 manifest/index/metadata (or an event file) unreadable or inconsistent
     │   ├── ChecksumError                      a file's bytes do not match the recorded checksum
-    │   └── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
+    │   ├── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
+    │   └── UnknownExtensionError              an item was stored through a DCP stream extension this process lacks
     ├── StorageError           (OSError)       a storage operation failed (after retries)
     │   ├── NotFoundError      (FileNotFoundError)
     │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
@@ -58,6 +59,7 @@ __all__ = [
     "StorageFullError",
     "StoreCapabilityError",
     "StructureMismatchError",
+    "UnknownExtensionError",
     "UnsupportedStateError",
     "UntrustedCheckpointError",
     "VolumePolicyError",
@@ -134,6 +136,13 @@ class UntrustedCheckpointError(CorruptCheckpointError):
     """A pickle read from the store (``.metadata`` or a non-tensor value) references a class or function outside
     the allowlist. Restore refuses it rather than run code chosen by whoever can write to the store; see
     docs/security.md for ``safe_globals`` and ``trust_pickles``."""
+
+
+class UnknownExtensionError(CorruptCheckpointError):
+    """An item of the checkpoint was written through a DCP stream extension (compression, encryption: its
+    ``transform_descriptors``) that this process cannot decode: not in the extension registry the reader was given
+    (DCP's default holds ZStandard), or its module is missing. The message names the descriptor. Its encoded bytes
+    are never handed to ``torch.load``."""
 
 
 class StorageError(CkptError, OSError):

@@ -41,6 +41,9 @@ class ReadOptions:
     """Unpickle ``.metadata`` and values without the allowlist (the explicit opt-in of docs/security.md)."""
     safe_globals: tuple[Any, ...] = ()
     """Classes and functions a value's pickle may name beyond the allowlist."""
+    extension_registry: Any = None
+    """DCP's ``ExtensionRegistry`` whose classes decode items stored through stream extensions (None: DCP's
+    default, which holds ZStandard)."""
     ready_timeout_s: float = READY_TIMEOUT_S
     """The readiness gate's bound (:data:`READY_TIMEOUT_S`)."""
 

@@ -74,7 +74,8 @@ class LevelsStorageReader(CkptioStorageReader):
         # ``.metadata``, the manifest and the rank indexes are the local level's records; data comes from nodes,
         # else from the durable root.
         self.local_dir: Storage = ctx.local
-        self._open(level.records, manifest, local=ctx.local, process_group=ctx.process_group, options=ctx.options)
+        self._open(level.records, manifest, step=manifest.step, local=ctx.local, process_group=ctx.process_group,
+                   options=ctx.options)
         self.durable = ctx.durable
         self.held = held
         self.digests = {name: rec.digest for name, rec in manifest.files.items() if rec.digest}

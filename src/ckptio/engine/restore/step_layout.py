@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Tenso
 from ckptio.engine.restore.read_plan import ChunkShape, Place, StoreLayout, item_blocks
 from ckptio.errors import CorruptCheckpointError, StorageError
 from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, record_key, step_dir
+from ckptio.format.blocks import Block
 from ckptio.format.crosscheck import index_block_problems
 from ckptio.storage.base import ReadStore, join_key
 
@@ -104,9 +105,22 @@ def build_layout(storage_data: dict[Any, Any], records: dict[Any, ItemRecord],
             layout.places[idx] = Place(name, info.offset, info.length)
             continue
         rec = records[idx]
-        raw = None if rec.data_offset is None else info.offset + rec.data_offset
+        # Bytes stored through a DCP stream extension are not the tensor's: they are gathered and decoded.
+        raw = None if rec.data_offset is None or getattr(info, "transform_descriptors", None) else (
+            info.offset + rec.data_offset)
         layout.places[idx] = Place(name, info.offset, info.length, raw)
         layout.blocks[idx] = item_blocks(rec)
+    return layout
+
+
+def build_plain_layout(storage_data: dict[Any, Any]) -> StoreLayout:
+    """The layout of a plain DCP checkpoint: each item is read on its own (its range, never the whole file), as one
+    block without a crc32c: what vouches for its bytes is the zip CRC-32 torch.save recorded inside it, checked once
+    the item is gathered (DCP records no checksum of its own)."""
+    layout = StoreLayout()
+    for idx, info in storage_data.items():
+        layout.places[idx] = Place(info.relative_path, info.offset, info.length)
+        layout.blocks[idx] = [Block(info.offset, info.length, "", idx.fqn)] if info.length else []
     return layout
 
 

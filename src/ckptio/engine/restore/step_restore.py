@@ -59,7 +59,7 @@ def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None
         return None
     reader, error = None, None
     try:
-        reader = CkptioStorageReader.in_context(ctx, fmt.read_manifest(ctx.durable, chosen))
+        reader = CkptioStorageReader.in_context(ctx, chosen, fmt.read_manifest(ctx.durable, chosen))
         reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised at the gate, not wrapped by DCP
     except Exception as exc:  # reported to every rank at the gate, then raised here as it is
         error = exc

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ckptio.engine.restore.context import ReadOptions, RestoreContext
-from ckptio.engine.restore.destinations import Dest, StreamDest, make_dest
+from ckptio.engine.restore.destinations import Dest, DestHooks, StreamDest, make_dest
 from ckptio.engine.restore.read_plan import (
     CHUNK_BYTES,
     ChunkShape,
@@ -49,14 +49,32 @@ from ckptio.engine.restore.read_plan import (
     need_range,
     plan_reads,
 )
-from ckptio.engine.restore.step_layout import build_layout, check_real_sizes, chunk_shapes, read_item_records
+from ckptio.engine.restore.step_layout import (
+    build_layout,
+    build_plain_layout,
+    check_real_sizes,
+    chunk_shapes,
+    read_item_records,
+)
+from ckptio.engine.restore.stored_blob import BlobOpener
 from ckptio.engine.restore.transfer import Source, Transfer, TransferSpec
 from ckptio.engine.side_group import any_true_in, moves_cpu_tensors
-from ckptio.errors import CkptError, CorruptCheckpointError
-from ckptio.format import FileRecord, Manifest, check_file, index_key, record_key, step_dir
+from ckptio.errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError
+from ckptio.format import (
+    MANIFEST,
+    METADATA,
+    FileRecord,
+    Manifest,
+    check_file,
+    index_key,
+    read_manifest,
+    record_key,
+    step_dir,
+)
 from ckptio.format.crosscheck import metadata_problems
+from ckptio.format.plain_dcp import is_plain_dcp, plain_manifest
 from ckptio.format.safe_pickle import load_metadata, load_object
-from ckptio.storage.base import ReadStore, join_key
+from ckptio.storage.base import ReadStore, Storage, join_key
 
 
 class ReadTally:
@@ -83,30 +101,40 @@ class CkptioStorageReader(StorageReader):
     The keyword constructor is for DCP users; ckptio's own restore builds readers with :meth:`in_context`.
     """
 
-    def __init__(self, storage: ReadStore, step: int, *, manifest: Manifest | None = None,
+    def __init__(self, storage: ReadStore, step: int | None, *, manifest: Manifest | None = None,
                  local: ReadStore | None = None, concurrency: int = 4, trust_pickles: bool = False,
                  safe_globals: Sequence[Any] = (), process_group: Any = None, chunk_bytes: int = CHUNK_BYTES,
-                 exchange: bool = True) -> None:
-        from ckptio.format import read_manifest
-
+                 exchange: bool = True, extension_registry: Any = None) -> None:
+        """``step``: the committed step of a ckptio root to read, or a step directory of it that a plain
+        ``dcp.save`` wrote; None: ``storage``'s root is itself a plain DCP directory. ``extension_registry``: DCP's
+        ``ExtensionRegistry`` for items stored through stream extensions (None: DCP's default, ZStandard)."""
         options = ReadOptions(concurrency=concurrency, trust_pickles=trust_pickles, safe_globals=tuple(safe_globals),
-                              chunk_bytes=chunk_bytes, exchange=exchange)
-        self._open(storage, manifest or read_manifest(storage, step), local=local, process_group=process_group,
-                   options=options)
+                              chunk_bytes=chunk_bytes, exchange=exchange, extension_registry=extension_registry)
+        if manifest is None and step is not None:
+            manifest = _manifest_or_plain(storage, step)
+        self._open(storage, manifest, step=step, local=local, process_group=process_group, options=options)
 
     @classmethod
-    def in_context(cls, ctx: RestoreContext, manifest: Manifest) -> CkptioStorageReader:
-        """The reader of ``manifest``'s step on the durable root of ``ctx`` (its local tier preferred)."""
+    def in_context(cls, ctx: RestoreContext, step: int, manifest: Manifest | None) -> CkptioStorageReader:
+        """The reader of ``step`` on the durable root of ``ctx`` (its local tier preferred): a committed step
+        (``manifest``), or a plain DCP checkpoint in the step's directory (None)."""
         reader = cls.__new__(cls)
-        reader._open(ctx.durable, manifest, local=ctx.local, process_group=ctx.process_group, options=ctx.options)
+        reader._open(ctx.durable, manifest, step=step, local=ctx.local, process_group=ctx.process_group,
+                     options=ctx.options)
         return reader
 
-    def _open(self, storage: ReadStore, manifest: Manifest, *, local: ReadStore | None, process_group: Any,
-              options: ReadOptions) -> None:
+    def _open(self, storage: ReadStore, manifest: Manifest | None, *, step: int | None, local: ReadStore | None,
+              process_group: Any, options: ReadOptions) -> None:
         self.storage = storage
-        self.step = manifest.step
-        self.manifest = manifest
-        self.local = local
+        self.step = step if step is not None else 0
+        """The step read (0 for a plain DCP directory at the store's root, which has none)."""
+        self.plain = manifest is None
+        """A plain DCP checkpoint: no manifest, no rank index; a manifest is made from ``.metadata`` and the files'
+        real sizes (:func:`~ckptio.format.plain_dcp.plain_manifest`), and every item is checked by its zip CRC-32."""
+        self.prefix = step_dir(step) if step is not None else ""
+        self.manifest = manifest if manifest is not None else Manifest(step=step or 0, world_size=0, save_id=0,
+                                                                        files={}, total_bytes=0)
+        self.local = local if not self.plain else None  # the local tier holds ckptio's own steps only
         self.options = options
         self.process_group = process_group
         """The group ``dcp.load`` runs on (None: the default group, as DCP's own default)."""
@@ -145,6 +173,8 @@ class CkptioStorageReader(StorageReader):
             metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.options.trust_pickles))
         except CorruptCheckpointError as exc:
             raise self._located(exc) from exc.__cause__
+        if self.plain:
+            self.manifest = plain_manifest(self.storage, self.prefix, self.step, metadata)
         problems = metadata_problems(metadata, self.manifest)
         if problems:
             # Reads must stay inside the files the manifest lists (and checksums): never a KeyError or a short read.
@@ -157,7 +187,7 @@ class CkptioStorageReader(StorageReader):
 
     def metadata_key(self) -> str:
         """Where ``.metadata`` is read from (the local level's reader reads its own)."""
-        return join_key(step_dir(self.step), ".metadata")
+        return join_key(self.prefix, METADATA) if self.prefix else METADATA
 
     def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
         exc.root, exc.step = exc.root or self.storage.url, self.step
@@ -194,6 +224,8 @@ class CkptioStorageReader(StorageReader):
 
     def _layout(self) -> StoreLayout:
         """Places and blocks of every item (:mod:`ckptio.engine.restore.step_layout`)."""
+        if self.plain:
+            return build_plain_layout(self.storage_data)
         records = read_item_records(self.storage, self.manifest, lambda rank: index_key(self.step, rank))
         return build_layout(self.storage_data, records, self._shapes(), self.manifest.files)
 
@@ -241,14 +273,14 @@ class CkptioStorageReader(StorageReader):
                      for req in plan.items]
             reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.options.chunk_bytes)[0], 0
         streams: dict[torch.device, Any] = {}
+        hooks = self._hooks(planner, streams)
         dests: list[Dest] = []
         error: CkptError | None = None
         try:
             for req in plan.items:
                 dests.append(make_dest(req, reads.places[req.storage_index],
                                        shapes.get(req.storage_index) if req.type != LoadItemType.BYTE_IO else None,
-                                       planner, step=self.step, load_object=self._loader(planner),
-                                       stream_for=lambda t: _side_stream(streams, t)))
+                                       planner, hooks))
         except CkptError as exc:
             error = exc
         group = self._group()
@@ -264,9 +296,16 @@ class CkptioStorageReader(StorageReader):
     def _transfer(self, reads: RankReads, dests: list[Dest], planner: LoadPlanner, *, streams: dict[Any, Any],
                   group: Any, rank: int) -> None:
         deferred: list[Dest] = []
+        unloadable: list[CkptError] = []
 
         def done(dest: Dest) -> None:
-            (deferred.append if dest.deferred else lambda d: d.finish(planner))(dest)
+            if dest.deferred:
+                deferred.append(dest)
+                return
+            try:
+                dest.finish(planner)
+            except CkptError as exc:  # raised once the walk is over: the other ranks still wait for our sends
+                unloadable.append(exc)
 
         for dest in dests:
             if dest.remaining == 0:
@@ -284,13 +323,19 @@ class CkptioStorageReader(StorageReader):
         finally:
             for stream in streams.values():
                 stream.synchronize()
+        if unloadable:
+            raise unloadable[0]
         for dest in deferred:
             dest.finish(planner)
 
-    def _loader(self, planner: LoadPlanner) -> Any:
-        return lambda req, blob: self._load_object(req, blob, planner)
+    def _hooks(self, planner: LoadPlanner, streams: dict[torch.device, Any]) -> DestHooks:
+        opener = BlobOpener(self.storage_data, registry=self.options.extension_registry, check_zip=self.plain,
+                            root=self.storage.url, step=self.step)
+        return DestHooks(step=self.step, open_blob=opener,
+                         load_object=lambda req, blob: self._load_object(req, blob, planner),
+                         stream_for=lambda t: _side_stream(streams, t))
 
-    def _load_object(self, req: ReadItem, blob: memoryview, planner: LoadPlanner) -> None:
+    def _load_object(self, req: ReadItem, blob: bytes | memoryview, planner: LoadPlanner) -> None:
         """A non-tensor value: loaded here with the allowlist, never by DCP's planner (which unpickles anything)."""
         if self.options.trust_pickles:
             planner.load_bytes(req, io.BytesIO(blob))
@@ -327,3 +372,16 @@ def _done() -> Future[None]:
     fut: Future[None] = Future()
     fut.set_result(None)
     return fut
+
+
+def _manifest_or_plain(storage: ReadStore, step: int) -> Manifest | None:
+    """``step``'s manifest, or None when its directory is a plain DCP checkpoint; CheckpointNotFoundError (naming
+    the missing manifest) when it is neither."""
+    try:
+        return read_manifest(storage, step)
+    except CheckpointNotFoundError as exc:
+        if isinstance(storage, Storage) and is_plain_dcp(storage, step):
+            return None
+        raise CheckpointNotFoundError(f"no committed checkpoint for this step: {step_dir(step)}/{MANIFEST} is missing "
+                                      "and the directory is not a plain DCP checkpoint either", root=storage.url,
+                                      step=step) from exc

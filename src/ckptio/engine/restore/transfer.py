@@ -50,6 +50,8 @@ class Source:
 def bad_block(view: memoryview, task: Task) -> tuple[Any, int] | None:
     """The first block of ``task`` whose bytes in ``view`` fail their checksum, with the crc found."""
     for block in task.blocks:
+        if not block.crc:  # a plain DCP item: its zip CRC-32 is checked once it is gathered
+            continue
         start = block.offset - task.offset
         found = crc32c(view[start : start + block.length])
         if found != int(block.crc, 16):
