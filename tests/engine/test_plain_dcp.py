@@ -1,5 +1,7 @@
 """A directory a plain ``dcp.save`` wrote (no manifest, no rank index) is read by ``CkptioStorageReader`` and checked
-by ``ckptio verify``, each item against the zip CRC-32s ``torch.save`` keeps inside it (DCP records no checksum)."""
+by ``ckptio verify``, each item against the zip CRC-32s ``torch.save`` keeps inside it (DCP records no checksum);
+``Checkpointer.restore`` takes it when it is the newest step (or the one asked for), and says so in ``last_restore``,
+but never an uncommitted ckptio save."""
 
 from __future__ import annotations
 
@@ -86,3 +88,47 @@ def test_an_uncommitted_ckptio_save_is_never_read_as_plain_dcp(tmp_path):
     os.unlink(os.path.join(attempt, "manifest.json"))
     with pytest.raises(CheckpointNotFoundError, match=r"manifest\.json is missing"):
         CkptioStorageReader(open_storage(root), 4)
+
+
+# ---- Checkpointer.restore on a root whose steps dcp.save wrote (issue 21 item 1) ------------------------------
+def _ck(root: str) -> ckptio.Checkpointer:
+    return ckptio.Checkpointer(root, volume_check="off")
+
+
+def test_restore_takes_the_newest_step_even_when_plain_dcp_wrote_it_and_says_so(tmp_path):
+    root = str(tmp_path / "root")
+    with _ck(root) as ck:
+        ck.save(3, {"w": torch.zeros(1 << 16), "o": {"lr": 0.1, "tags": []}}).wait(timeout=120)
+    dcp.save(_state(), checkpoint_id=os.path.join(root, "step-00000005"))  # a user moving from DCP
+    with _ck(root) as ck:
+        target = _blank()
+        assert ck.restore(target) == 5
+        assert torch.equal(target["w"], _state()["w"]) and target["o"] == _state()["o"]
+        report = ck.last_restore
+        assert report is not None and report.level == "dcp" and "plain DCP checkpoint" in (report.note or "")
+        assert ck.restore(_blank(), step=5) == 5 and ck.last_restore.level == "dcp"
+        target = {"w": torch.ones(1 << 16), "o": {"lr": 0.0, "tags": []}}
+        assert ck.restore(target, step=3) == 3 and ck.last_restore.level == "durable"
+        assert torch.equal(target["w"], torch.zeros(1 << 16))
+        with pytest.raises(CheckpointNotFoundError, match=r"step-00000006/manifest\.json is missing"):
+            ck.restore(_blank(), step=6)
+
+
+def test_a_root_holding_only_a_plain_dcp_checkpoint_is_not_empty(tmp_path):
+    root = str(tmp_path / "root")
+    os.makedirs(root)
+    dcp.save(_state(), checkpoint_id=os.path.join(root, "step-00000002"))
+    with _ck(root) as ck:
+        target = _blank()
+        assert ck.restore(target) == 2 and torch.equal(target["w"], _state()["w"])
+
+
+def test_an_uncommitted_ckptio_save_is_not_restored_as_plain_dcp(tmp_path):
+    root = str(tmp_path / "root")
+    with _ck(root) as ck:
+        ck.save(3, _state()).wait(timeout=120)
+    attempt = os.path.join(root, "step-00000004")
+    shutil.copytree(os.path.join(root, "step-00000003"), attempt)
+    os.unlink(os.path.join(attempt, "manifest.json"))
+    with _ck(root) as ck:
+        assert ck.restore(_blank()) == 3 and ck.last_restore.level == "durable"

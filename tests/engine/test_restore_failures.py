@@ -46,7 +46,7 @@ def saved(root):
 def _restore_from(rank: int, world: int, roots: list[str], options: dict) -> dict:
     state = {"shared": torch.zeros(N), "info": {}}
     ctx = RestoreContext(open_storage(roots[rank]), SideGroup(), options=ReadOptions(**options))
-    step = restore_step(ctx, state)
+    step = restore_step(ctx, state).step
     return {"step": step, "ok": bool(torch.equal(state["shared"], _state(step or 0)["shared"]))}
 
 

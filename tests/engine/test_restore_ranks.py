@@ -65,7 +65,7 @@ def _restore(rank: int, world: int, root: str, out: str, plain: bool) -> None:
     group = SideGroup()
     counting = CountingStorage(open_storage(root))
     state = _blank(world)
-    assert restore_step(RestoreContext(counting, group), state) == 7
+    assert restore_step(RestoreContext(counting, group), state).step == 7
     data = sum(n for key, n in counting.bytes_read.items() if key.endswith(".distcp"))
     report = {"ok": _check(state, 5), "data_bytes": data}
     if plain:  # plain DCP's own reader on the same checkpoint, at this world size

@@ -10,6 +10,8 @@ ranges), all on ckptio's side group. It runs no code from the store unless
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,51 +21,81 @@ from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.readiness import check_ready, rank0_choice
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
 from ckptio.errors import CheckpointNotFoundError
+from ckptio.format.plain_dcp import is_plain_dcp, newest_plain_dcp_step
 from ckptio.storage.base import Storage
+
+log = logging.getLogger("ckptio")
 
 
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
     """What a ``restore`` read: the step (None: nothing to restore), the level it came from, and per source
     (``local``, ``partner``, ``durable``) how many files it read there; ``note`` says why a newer step or a faster
-    level was set aside."""
+    level was set aside, or that the step is a plain DCP checkpoint."""
 
     step: int | None
     level: str
-    """``durable``, ``local`` or ``none``."""
+    """``durable``, ``local``, ``dcp`` (a plain DCP checkpoint in the durable root, no ckptio manifest) or
+    ``none``."""
     sources: dict[str, int] = field(default_factory=dict)
     note: str | None = None
     seconds: float = 0.0
 
 
-def _choose_step(storage: Storage, step: int | None) -> int | None:
-    """Rank 0: the newest committed step, or ``step`` once its manifest is there."""
+@dataclass(frozen=True, slots=True)
+class DurableStep:
+    """A step restore can load from the durable root: committed by ckptio, or a plain DCP checkpoint."""
+
+    step: int
+    plain: bool
+
+
+def choose_durable(storage: Storage, step: int | None) -> DurableStep | None:
+    """Rank 0: the newest step of the durable root — committed, or a plain DCP checkpoint newer than every
+    committed one (:mod:`ckptio.format.plain_dcp`) — or ``step`` when it is either. A plain DCP checkpoint is never
+    skipped: a user moving from ``dcp.save`` restores their last checkpoint."""
     if step is None:
         steps = fmt.committed_steps(storage)
-        return steps[-1] if steps else None
-    if not storage.exists(fmt.manifest_key(step)):
-        raise CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step)
-    return step
+        plain = newest_plain_dcp_step(storage, above=steps[-1] if steps else None)
+        if plain is not None:
+            return DurableStep(plain, True)
+        return DurableStep(steps[-1], False) if steps else None
+    if storage.exists(fmt.manifest_key(step)):
+        return DurableStep(step, False)
+    if is_plain_dcp(storage, step):
+        return DurableStep(step, True)
+    raise CheckpointNotFoundError(
+        f"no committed checkpoint for this step: {fmt.step_dir(step)}/{fmt.MANIFEST} is missing, and the directory "
+        "is not a plain DCP checkpoint either (a .metadata without ckptio's rank indexes)", root=storage.url,
+        step=step)
 
 
-def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None = None) -> int | None:
-    """Load the newest committed step of ``ctx.durable`` (or ``step``) into ``state``, every rank of ``ctx.group``
-    together; the step loaded, or None when the root has none.
+def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None = None) -> RestoreReport:
+    """Load the newest step of ``ctx.durable`` (or ``step``) into ``state``, every rank of ``ctx.group`` together
+    (:func:`choose_durable`: a plain DCP checkpoint is read through the same reader, and the report says so).
 
     Rank 0 chooses and broadcasts the step (what stops it there is broadcast too, since the others wait for it);
     then every rank reads the step's records, and a rank that cannot fails every rank at the readiness gate
     (:mod:`ckptio.engine.restore.readiness`), before DCP's planning."""
+    t0 = time.monotonic()
     group = ctx.group
-    chosen = rank0_choice(group, lambda: _choose_step(ctx.durable, step))
+    chosen = rank0_choice(group, lambda: choose_durable(ctx.durable, step))
     if chosen is None:
-        return None
+        return RestoreReport(step=None, level="none", seconds=time.monotonic() - t0)
     reader, error = None, None
     try:
-        reader = CkptioStorageReader.in_context(ctx, chosen, fmt.read_manifest(ctx.durable, chosen))
+        manifest = None if chosen.plain else fmt.read_manifest(ctx.durable, chosen.step)
+        reader = CkptioStorageReader.in_context(ctx, chosen.step, manifest)
         reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised at the gate, not wrapped by DCP
     except Exception as exc:  # reported to every rank at the gate, then raised here as it is
         error = exc
-    check_ready(group, error, timeout_s=ctx.options.ready_timeout_s, step=chosen)
+    check_ready(group, error, timeout_s=ctx.options.ready_timeout_s, step=chosen.step)
     assert reader is not None
-    load_through(reader, state, process_group=ctx.process_group, step=chosen)
-    return int(chosen)
+    load_through(reader, state, process_group=ctx.process_group, step=chosen.step)
+    note = None
+    if chosen.plain:
+        note = (f"step {chosen.step} is a plain DCP checkpoint ({fmt.step_dir(chosen.step)} has no ckptio manifest): "
+                "restored through ckptio's reader, each item checked against the zip CRC-32s torch.save keeps")
+        log.info("ckptio: %s", note)
+    return RestoreReport(step=chosen.step, level="dcp" if chosen.plain else "durable", note=note,
+                         seconds=time.monotonic() - t0)

@@ -23,7 +23,7 @@ from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
 from ckptio.engine.restore.readiness import gather_ready, rank0_choice
-from ckptio.engine.restore.step_restore import RestoreReport, restore_step
+from ckptio.engine.restore.step_restore import RestoreReport, choose_durable, restore_step
 from ckptio.errors import (
     CheckpointNotFoundError,
     CkptError,
@@ -51,15 +51,18 @@ class _Decision:
 
 def _decide(durable: Storage, records: Storage, step: int | None, world_size: int) -> _Decision:
     """Rank 0: the durable candidate, the local candidate (or None) and why a local one was set aside."""
-    durable_steps = fmt.committed_steps(durable)
     if step is not None:
-        candidate: int | None = step if step in durable_steps else None
+        try:  # committed on the durable level, or a plain DCP checkpoint there
+            candidate: int | None = step if choose_durable(durable, step) is not None else None
+        except CheckpointNotFoundError:
+            candidate = None
         local_steps = [step] if step in fmt.committed_steps(records) else []
         if candidate is None and not local_steps:
             raise CheckpointNotFoundError("no committed checkpoint for this step on any level",
                                            root=durable.url, step=step)
     else:
-        candidate = durable_steps[-1] if durable_steps else None
+        newest = choose_durable(durable, None)
+        candidate = newest.step if newest is not None else None
         local_steps = [s for s in fmt.committed_steps(records)[-1:] if candidate is None or s >= candidate]
     if not local_steps:
         return _Decision(candidate, None)
@@ -111,7 +114,7 @@ class TwoLevelRestore:
                                               root=self.durable.url, step=local.step if local else step)
             return self._report(None, "none", {}, None, t0)
         restored = restore_step(self.ctx, state, step=decision.durable)
-        return self._report(restored, "durable", {}, note, t0)
+        return self._report(restored.step, restored.level, {}, note or restored.note, t0)
 
     def _held(self, local: Manifest) -> dict[str, list[str]]:
         """Every rank reports which files of ``local`` its node holds (right size); all ranks get the union."""

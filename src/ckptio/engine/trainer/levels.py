@@ -133,14 +133,11 @@ class SingleLevel:
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """Load the newest committed step (or ``step``) into ``state``: every rank together."""
-        t0 = time.monotonic()
         config = self.config
         options = ReadOptions.of(concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
                                  safe_globals=config.safe_globals)
-        chosen = restore_step(RestoreContext(self.storage, self.group, local=self.local, options=options), state,
-                              step=step)
-        return RestoreReport(step=chosen, level="durable" if chosen is not None else "none",
-                             seconds=time.monotonic() - t0)
+        return restore_step(RestoreContext(self.storage, self.group, local=self.local, options=options), state,
+                            step=step)
 
     def close(self) -> None:
         """Undo what construction took (sockets, signal handlers)."""
