@@ -10,7 +10,8 @@
     ├── CheckpointNotFoundError(LookupError)   no such committed step
     ├── CorruptCheckpointError                 manifest/index/metadata (or an event file) unreadable or inconsistent
     │   ├── ChecksumError                      a file's bytes do not match the recorded checksum
-    │   └── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
+    │   ├── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
+    │   └── UnknownExtensionError              an item was stored through a DCP stream extension this process lacks
     ├── StorageError           (OSError)       a storage operation failed (after retries)
     │   ├── NotFoundError      (FileNotFoundError)
     │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
@@ -21,6 +22,7 @@
     │   └── ReplicationError                   a partner node did not take a copy of a local-level save
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
+    ├── PeerLostError          (ConnectionError) another rank died or never came during a restore (rank, phase)
     ├── RootInUseError                         another live job owns this checkpoint root
     ├── ResidencyError         (PermissionError) public bucket or forbidden region
     ├── VolumePolicyError                      the root breaks a volume rule and ``volume_check="error"``
@@ -48,6 +50,7 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "NotFoundError",
+    "PeerLostError",
     "PreconditionError",
     "ReplicationError",
     "ResidencyError",
@@ -56,6 +59,7 @@ __all__ = [
     "StorageFullError",
     "StoreCapabilityError",
     "StructureMismatchError",
+    "UnknownExtensionError",
     "UnsupportedStateError",
     "UntrustedCheckpointError",
     "VolumePolicyError",
@@ -134,6 +138,13 @@ class UntrustedCheckpointError(CorruptCheckpointError):
     docs/security.md for ``safe_globals`` and ``trust_pickles``."""
 
 
+class UnknownExtensionError(CorruptCheckpointError):
+    """An item of the checkpoint was written through a DCP stream extension (compression, encryption: its
+    ``transform_descriptors``) that this process cannot decode: not in the extension registry the reader was given
+    (DCP's default holds ZStandard), or its module is missing. The message names the descriptor. Its encoded bytes
+    are never handed to ``torch.load``."""
+
+
 class StorageError(CkptError, OSError):
     """A storage operation failed."""
 
@@ -177,6 +188,20 @@ class CommitError(CkptError):
 
 class WriterDiedError(CkptError, RuntimeError):
     """The writer process of a rank exited while saves were pending."""
+
+
+class PeerLostError(CkptError, ConnectionError):
+    """Another rank of the job died, or never came, while this rank waited for it in a restore: ``rank`` names it
+    (None when the transport cannot tell which) and ``phase`` says where (``ready``: the gate before planning;
+    ``exchange``: while ranges moved between ranks; ``load``: in DCP's own collectives)."""
+
+    def __init__(self, message: str, *, phase: str | None = None, **context: Any) -> None:
+        self.phase = phase
+        super().__init__(message, **context)
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return {**super().context, **({"phase": self.phase} if self.phase is not None else {})}
 
 
 class RootInUseError(CkptError):

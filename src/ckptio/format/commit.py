@@ -23,7 +23,7 @@ from ckptio.errors import (
 )
 from ckptio.format.keys import FAILED_DIR, LATEST, MANIFEST, failed_key, manifest_key, parse_step_dir, step_dir
 from ckptio.format.records import Manifest
-from ckptio.storage.base import IfMatch, Storage, join_key
+from ckptio.storage.base import IfMatch, ReadStore, Storage, join_key
 
 
 def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException | str, *,
@@ -98,7 +98,7 @@ def _verify_manifest(storage: Storage, manifest: Manifest, key: str) -> None:
                           "check of commit='lease')", root=storage.url, step=manifest.step, path=key)
 
 
-def read_manifest(storage: Storage, step: int) -> Manifest:
+def read_manifest(storage: ReadStore, step: int) -> Manifest:
     key = manifest_key(step)
     try:
         raw = storage.get(key)

@@ -333,3 +333,22 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ReadStore(Protocol):
+    """What a restore reads through: whole small objects (``get``), sizes (``head``) and ranges straight into the
+    caller's buffers (``readinto``), plus the two read-side capabilities it plans with. Restore is typed against
+    this rather than :class:`Storage`, so a read-only or wrapped store needs only these to serve one; every
+    :class:`Storage` is one."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def read_batch_bytes(self) -> int: ...
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes: ...
+
+    def head(self, key: str) -> ObjectInfo: ...
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int: ...

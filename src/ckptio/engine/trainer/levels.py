@@ -29,6 +29,7 @@ from ckptio.config import CheckpointerConfig
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import agree_secret
 from ckptio.engine.protocol import JobLevels, LevelsStart, Peer
+from ckptio.engine.restore.context import LocalLevel, ReadOptions, RestoreContext
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
 from ckptio.engine.restore.two_level_restore import TwoLevelRestore
 from ckptio.engine.side_group import SideGroup
@@ -132,13 +133,11 @@ class SingleLevel:
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """Load the newest committed step (or ``step``) into ``state``: every rank together."""
-        t0 = time.monotonic()
         config = self.config
-        chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
-                              concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
-                              safe_globals=config.safe_globals)
-        return RestoreReport(step=chosen, level="durable" if chosen is not None else "none",
-                             seconds=time.monotonic() - t0)
+        options = ReadOptions.of(concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
+                                 safe_globals=config.safe_globals)
+        return restore_step(RestoreContext(self.storage, self.group, local=self.local, options=options), state,
+                            step=step)
 
     def close(self) -> None:
         """Undo what construction took (sockets, signal handlers)."""
@@ -189,13 +188,12 @@ class TwoLevels(SingleLevel):
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """The newest restorable step on either level, each file from its fastest intact copy."""
-        config = self.config
-        restore = TwoLevelRestore(self.storage, self.records, local=self.local, group=self.group,
-                                  node=self.start.node, peers=self.start.peers, secret=self.start.secret,
-                                  timeout_s=config.partner_timeout_s,
-                                  concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
-                                  safe_globals=config.safe_globals)
-        report = restore.run(state, step)
+        config, start = self.config, self.start
+        options = ReadOptions.of(concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
+                                 safe_globals=config.safe_globals)
+        level = LocalLevel(self.records, start.node, start.peers, start.secret, config.partner_timeout_s)
+        ctx = RestoreContext(self.storage, self.group, local=self.local, options=options, level=level)
+        report = TwoLevelRestore(ctx).run(state, step)
         self.events.emit(Event.RESTORED, report.step, level=report.level, sources=report.sources, note=report.note,
                          seconds=report.seconds)
         return report
