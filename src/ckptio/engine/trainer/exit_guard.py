@@ -35,16 +35,17 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
     from ckptio.engine.trainer.save_handle import SaveHandle
-    from ckptio.engine.trainer.save_tracker import SaveTracker
     from ckptio.storage import Storage
 
 
 class Checkpointer(Protocol):
-    """What the exit hook needs of a ``Checkpointer`` (named by shape: the Checkpointer imports this module)."""
+    """What the exit hook needs of a ``Checkpointer``, all of it public: its saves in flight, where they go, the
+    bound ``close()`` documents, and ``close()`` (named by shape: the Checkpointer imports this module)."""
 
     config: CheckpointerConfig
     storage: Storage
-    _tracker: SaveTracker
+
+    def pending_saves(self) -> list[SaveHandle]: ...
 
     def close(self) -> None: ...
 
@@ -94,7 +95,7 @@ def _at_exit() -> None:
 def close_at_exit(checkpointer: Checkpointer) -> None:
     """Close ``checkpointer`` as ``close()`` does (pending saves get up to ``close_timeout_s``), then print one
     line on stderr when saves were in flight or a failure was never reported. Never raises."""
-    handles = sorted(checkpointer._tracker.handles(), key=lambda h: h.step)
+    handles = checkpointer.pending_saves()
     t0 = time.monotonic()
     error: BaseException | None = None
     try:

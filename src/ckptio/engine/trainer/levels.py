@@ -91,8 +91,6 @@ class SingleLevel:
     def __init__(self, config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
                  events: EventLog) -> None:
         self.config, self.group, self.storage, self.local, self.events = config, group, storage, local, events
-        self.emergency = False
-        """True while an emergency save is being submitted (it goes to ``emergency_level`` only)."""
         self.markers = FailureMarkers(storage)
         """Where a rank's failure or drop marker of a save goes (``engine.failure_markers``)."""
 
@@ -100,8 +98,9 @@ class SingleLevel:
         """What the writer needs to know of the levels (None: durable only)."""
         return None
 
-    def job_levels(self, ordinal: int) -> JobLevels:
-        """The levels of the ``ordinal``-th save call (the same on every rank: every rank calls save together)."""
+    def job_levels(self, ordinal: int, *, emergency: bool) -> JobLevels:
+        """The levels of the ``ordinal``-th save call (the same on every rank: every rank calls save together); an
+        emergency save goes to ``emergency_level`` only."""
         return JobLevels()
 
     def preempted_at(self) -> float | None:
@@ -110,16 +109,12 @@ class SingleLevel:
 
     def emergency_save(self, save: Callable[[int, dict[str, Any]], SaveHandle], step: int,
                        state: dict[str, Any]) -> SaveHandle:
-        """Save ``step`` now through ``save``, to the local level when there is one, and wait at most
-        ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. A save that did not commit in
-        time is reported (event, log), never raised."""
+        """Save ``step`` now through ``save`` (which submits an emergency save: to ``emergency_level``, unpaced),
+        and wait at most ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. A save that did
+        not commit in time is reported (event, log), never raised."""
         at = self.preempted_at()
         t0 = at if at is not None else time.monotonic()
-        self.emergency = True
-        try:
-            handle = save(step, state)
-        finally:
-            self.emergency = False
+        handle = save(step, state)
         with contextlib.suppress(CkptError, TimeoutError):
             handle.wait(max(0.0, t0 + self.config.preempt_grace_s - time.monotonic()))
         committed = handle.done() and handle.error is None and not handle.skipped
@@ -179,8 +174,8 @@ class TwoLevels(SingleLevel):
     def writer_start(self) -> LevelsStart | None:
         return self.start
 
-    def job_levels(self, ordinal: int) -> JobLevels:
-        if self.emergency:
+    def job_levels(self, ordinal: int, *, emergency: bool) -> JobLevels:
+        if emergency:
             return JobLevels(durable=False, local=True)
         return JobLevels(durable=ordinal % self.config.durable_every == 0, local=True)
 
