@@ -69,6 +69,7 @@ class CheckpointerOptions(TypedDict, total=False):
     replicas: int
     node_id: str | None
     preempt_grace_s: float
+    preempt_duplicate_window_s: float
     partner_timeout_s: float
     flush_pace: float | Literal["auto"] | None
     flush_pace_fraction: float
@@ -305,6 +306,11 @@ class CheckpointerConfig:
     this long from the signal), then the process exits cleanly (``SystemExit(0)``); 0 leaves SIGTERM alone.
     ``emergency_save`` waits at most this long too."""
 
+    preempt_duplicate_window_s: float = 2.0
+    """Two levels only: a SIGTERM within this many seconds of the first is the same preemption delivered twice
+    (Slurm signals every process of the step and ``torchrun`` forwards what it got) and is absorbed; a later one
+    ends the process as SIGTERM would, as does the grace period running out (docs/preemption.md)."""
+
     partner_timeout_s: float = 30.0
     """A partner that does not take a copy within this long is unreachable for that save (the save commits on the
     local level without it, and it is skipped for this long); restores give up on a partner's copy after this long
@@ -361,6 +367,8 @@ class CheckpointerConfig:
             (self.durable_every > 1 and self.local_dir is None, "durable_every > 1 needs local_dir (the local level)"),
             (self.replicas < 0, f"replicas must be >= 0, got {self.replicas}"),
             (self.preempt_grace_s < 0, f"preempt_grace_s must be >= 0, got {self.preempt_grace_s}"),
+            (self.preempt_duplicate_window_s < 0,
+             f"preempt_duplicate_window_s must be >= 0, got {self.preempt_duplicate_window_s}"),
             (self.partner_timeout_s <= 0, f"partner_timeout_s must be > 0, got {self.partner_timeout_s}"),
             (self.node_id is not None and not self.node_id, "node_id must not be empty"),
             (self.flush_pace is not None and self.flush_pace != "auto" and not float(self.flush_pace) > 0,

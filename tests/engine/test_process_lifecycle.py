@@ -19,7 +19,7 @@ import torch
 
 import ckptio
 from ckptio import format as fmt
-from ckptio.engine.trainer import exit_guard as atexit_guard
+from ckptio.engine import process_hooks
 from ckptio.storage import PosixStorage
 
 JOB = os.path.join(os.path.dirname(__file__), "lifecycle_job.py")
@@ -102,7 +102,7 @@ def test_a_checkpointer_that_was_garbage_collected_is_not_waited_for_at_exit(roo
 
 def test_close_takes_the_checkpointer_off_the_exit_guard(root):
     def guarded() -> list[object]:
-        return [ref() for _, ref in atexit_guard._live.values()]
+        return process_hooks.at_exit_owners()
 
     ck = ckptio.Checkpointer(root, start_writer="on_first_save")
     assert ck in guarded()

@@ -7,6 +7,7 @@ step's own checks) → ``save_decision`` (the request, the collective agreement 
 first mutation wait for it) → ``writer_proxy`` (the writer process). ``save_tracker`` keeps the saves in flight
 and their ``save_handle``s; ``maybe_save_votes`` agrees time-based and preemption decisions without blocking;
 ``pace_rule`` sets each flush's rate; ``levels`` says where a save goes and where a restore comes from;
-``preflight`` checks the root before the first byte; ``preemption`` and ``exit_guard`` react to SIGTERM and to an
-exit without ``close()``.
+``preflight`` opens the roots and checks the durable one before the first byte; ``exit_guard`` closes a Checkpointer
+left open at exit. The process-wide hooks (SIGTERM, exit, fork) are ``engine.process_hooks``'s, shared with the
+writer.
 """

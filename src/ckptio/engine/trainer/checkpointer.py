@@ -263,10 +263,12 @@ class Checkpointer:
         return self.levels.emergency_save(lambda s, st: self._submit(s, st, emergency=True), step, state)
 
     def _exit_preempted(self, step: int, state: dict[str, Any]) -> NoReturn:
-        """After a SIGTERM: the emergency save, then a clean exit (pending durable uploads are abandoned: the
-        local level holds a newer step)."""
+        """After a SIGTERM: the emergency save, then a clean exit within what is left of the grace period (pending
+        durable uploads are abandoned: the local level holds a newer step)."""
         self.emergency_save(step, state)
-        self.close(wait=False)
+        at = self.levels.preempted_at()
+        left = self.config.close_timeout_s if at is None else at + self.config.preempt_grace_s - time.monotonic()
+        self.close(wait=False, timeout=max(0.0, min(left, self.config.close_timeout_s)))
         raise SystemExit(0)
 
     def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:

@@ -7,7 +7,9 @@ The Checkpointer holds one of these as a collaborator, built by :func:`open_leve
 * :class:`TwoLevels`: every save goes to the local level (this node's ``local_dir`` plus copies on ``replicas``
   partner nodes) and every ``durable_every``-th also to the durable root; restore takes the newest restorable step
   of either level from the fastest intact copies (``engine.restore.two_level_restore``); SIGTERM becomes an emergency
-  save to the local level (``engine.trainer.preemption``).
+  save to the local level (a preemption hold of ``engine.process_hooks``: the first SIGTERM, and its duplicates
+  within ``preempt_duplicate_window_s``, mark the rank preempted; a later one, or the grace period running out,
+  ends the process as SIGTERM would).
 
 At construction (every rank together) each rank of a two-level job binds its partner server's listening socket and
 the side group exchanges each rank's :class:`~ckptio.engine.protocol.Peer` once; each writer inherits its socket and
@@ -26,13 +28,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckptio.config import CheckpointerConfig
+from ckptio.engine import process_hooks
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import agree_secret
 from ckptio.engine.protocol import JobLevels, LevelsStart, Peer
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
 from ckptio.engine.restore.two_level_restore import TwoLevelRestore
 from ckptio.engine.side_group import SideGroup
-from ckptio.engine.trainer.preemption import Preemption
 from ckptio.engine.trainer.save_handle import SaveHandle
 from ckptio.errors import CkptError, ConfigError
 from ckptio.format.local_level import local_records
@@ -165,11 +167,10 @@ class TwoLevels(SingleLevel):
         except BaseException:
             self.listener.close()
             raise
-        self.preemption = Preemption(config.preempt_grace_s)
-        if config.preempt_grace_s > 0:
-            self.preemption.install()
-        else:
-            self.watch_preemption = False
+        self.preemption: process_hooks.PreemptionHold | None = None
+        if config.preempt_grace_s > 0:  # None off the main thread: SIGTERM is then left as it is
+            self.preemption = process_hooks.hold_sigterm(config.preempt_grace_s, config.preempt_duplicate_window_s)
+        self.watch_preemption = self.preemption is not None
 
     def writer_start(self) -> LevelsStart | None:
         return self.start
@@ -180,7 +181,7 @@ class TwoLevels(SingleLevel):
         return JobLevels(durable=ordinal % self.config.durable_every == 0, local=True)
 
     def preempted_at(self) -> float | None:
-        return self.preemption.at
+        return self.preemption.at if self.preemption is not None else None
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """The newest restorable step on either level, each file from its fastest intact copy."""
@@ -200,10 +201,12 @@ class TwoLevels(SingleLevel):
         try:
             return super().emergency_save(save, step, state)
         finally:
-            self.preemption.done()
+            if self.preemption is not None:
+                self.preemption.done()
 
     def close(self) -> None:
-        self.preemption.uninstall()
+        if self.preemption is not None:
+            self.preemption.release()
         self.listener.close()
 
 
