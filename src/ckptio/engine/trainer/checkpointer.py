@@ -37,11 +37,10 @@ from ckptio.engine.trainer.staging_area import StagingArea, remove_stale_slots, 
 from ckptio.engine.trainer.staging_guard import StagingGuard
 from ckptio.engine.trainer.step_rules import checked_step
 from ckptio.engine.trainer.writer_proxy import WriterProxy
-from ckptio.errors import CheckpointerClosedError, CommitError, ConfigError
+from ckptio.errors import CheckpointerClosedError, CheckpointerForkedError, CommitError, ConfigError
 from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_rank_exporter
 from ckptio.obs.steps import StepTimer
-from ckptio.storage import Storage
 
 if TYPE_CHECKING:
     # Annotations are never evaluated at run time, so Python 3.10 (no typing.Unpack) runs this module too.
@@ -54,7 +53,9 @@ class Checkpointer:
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``.
 
     Where saves go and restores come from (one level, or the local level beside the durable one) is its
-    ``levels`` collaborator (``engine.trainer.levels``)."""
+    ``levels`` collaborator (``engine.trainer.levels``). It belongs to the process that built it: in a forked
+    child every public method raises :class:`~ckptio.errors.CheckpointerForkedError` at once (the writer, the
+    staging thread and the slots are the parent's), except ``close()``, which does nothing there."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
                  **options: Unpack[CheckpointerOptions]) -> None:
@@ -69,8 +70,6 @@ class Checkpointer:
             if process_group is None:
                 undo_on_failure.callback(self.group.destroy)
             self.rank, self.world_size = self.group.rank, self.group.world_size
-            self.storage: Storage
-            self.local: Storage | None
             self.storage, self.local = preflight.open_stores(config, undo_on_failure)
             self._resources = undo_on_failure.enter_context(contextlib.ExitStack())
             self._init_state()
@@ -197,6 +196,7 @@ class Checkpointer:
     def wait(self, timeout: float | None = None) -> None:
         """Block until every pending save completed; raise the first failure not reported yet (once).
         ``TimeoutError`` naming the steps if ``timeout`` passes first."""
+        self._check_process()
         if not self._tracker.wait_until(None if timeout is None else time.monotonic() + timeout):
             raise TimeoutError(f"saves of steps {self._tracker.steps()} not complete within {timeout} s")
         failures = self._tracker.take_unreported()
@@ -208,6 +208,7 @@ class Checkpointer:
     def wait_staged(self, timeout: float | None = None) -> None:
         """Block until every save launched so far is staged (the state may be mutated after this); raise the first
         staging error not raised here yet. ``TimeoutError`` if ``timeout`` passes first."""
+        self._check_process()
         if not self._stager.wait_idle(timeout):
             raise TimeoutError(f"staging not complete within {timeout} s")
         error = self._stager.take_error()
@@ -220,21 +221,26 @@ class Checkpointer:
         of parts) that own buffers (BatchNorm and the like: the wait applies while the module is in training
         mode). Mutations elsewhere (in-place edits outside ``optimizer.step``/``forward``) still need
         ``wait_staged()``. Returns a handle whose ``remove()`` takes the hooks off (also a context manager)."""
+        self._check_process()
         return StagingGuard(self._stager, optimizer, model)
 
     def writer_ready(self, timeout: float | None = None) -> bool:
         """Wait until this rank's writer process has booted (True), or ``timeout`` passed (False)."""
+        self._check_process()
         self._writer.ensure_started()
         return self._tracker.writer_ready.wait(timeout)
 
     def pending_steps(self) -> list[int]:
+        self._check_process()
         return self._tracker.steps()
 
     def pending_saves(self) -> list[SaveHandle]:
         """The handles of the saves not complete yet, by step."""
+        self._check_process()
         return sorted(self._tracker.handles(), key=lambda h: h.step)
 
     def latest_step(self) -> int | None:
+        self._check_process()
         steps = fmt.committed_steps(self.storage)
         return steps[-1] if steps else None
 
@@ -260,6 +266,7 @@ class Checkpointer:
         """Save ``step`` to the local level and its partners now (the durable level with ``durable_every=1``) and
         wait at most ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. All ranks call
         together. Returns the handle; a save that did not commit in time is reported, never raised."""
+        self._check_process()
         return self.levels.emergency_save(lambda s, st: self._submit(s, st, emergency=True), step, state)
 
     def _exit_preempted(self, step: int, state: dict[str, Any]) -> NoReturn:
@@ -273,12 +280,15 @@ class Checkpointer:
 
     def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""
+        self._check_process()
         return self.steps.step(step)
 
     def step_begin(self, step: int) -> None:
+        self._check_process()
         self.steps.begin(step)
 
     def step_end(self, step: int) -> float:
+        self._check_process()
         return self.steps.end(step)
 
     def close(self, *, wait: bool = True, timeout: float | None = None) -> None:
@@ -316,11 +326,20 @@ class Checkpointer:
             self._tracker.fail_all(CommitError, f"close() gave up on steps {steps} (bound reached); the writer was "
                                                 f"{how} before they committed")
 
+    def _check_process(self) -> None:
+        """Raise at once in a forked child: what a method would wait for there (the staging thread, the writer's
+        answers) does not exist in it, and what it would touch is the parent's."""
+        if os.getpid() != self._pid:
+            raise CheckpointerForkedError(f"built by process {self._pid}, used in its forked child {os.getpid()}: "
+                                          "build a Checkpointer in the child", root=self.storage.url, rank=self.rank)
+
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             raise CheckpointerClosedError("checkpointer is closed", root=self.storage.url, rank=self.rank)
 
     def __enter__(self) -> Checkpointer:
+        self._check_process()
         return self
 
     def __exit__(self, *exc: Any) -> None:

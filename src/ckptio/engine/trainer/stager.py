@@ -21,6 +21,7 @@ callbacks it is given do), and never touches ``torch.cuda`` unless a source tens
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -98,6 +99,7 @@ class Stager:
         self._queued = 0  # items put and not yet run (jobs and ordered callbacks)
         self._streams: dict[Any, Any] = {}
         self._error: BaseException | None = None  # the first staging error wait_staged has not raised yet
+        self._pid = os.getpid()
 
     # ---- the training thread -----------------------------------------------------------------------------------
     def stage(self, handle: SaveHandle, slot: StagingSlot, tensors: list[torch.Tensor], message: SaveJob) -> None:
@@ -154,7 +156,11 @@ class Stager:
             self._put(write)
 
     def wait_mutable(self) -> None:
-        """Return once the caller may mutate the state saved so far (see the module docstring). Never raises."""
+        """Return once the caller may mutate the state saved so far (see the module docstring). Never raises. In a
+        forked child it returns at once: the child's state is its own copy, and no staging thread runs there to
+        finish a copy the parent had in flight."""
+        if os.getpid() != self._pid:
+            return
         with self._cond:
             jobs = list(self._inflight)
         for job in jobs:
