@@ -50,6 +50,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
+from ckptio._wait import bounded
+
 T = TypeVar("T")
 
 _STOP = 0
@@ -291,7 +293,7 @@ class _SigtermOwner:
         try:
             while True:
                 deadline = self._deadline()
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                timeout = None if deadline is None else bounded(deadline - time.monotonic())
                 if not select.select([read_fd], [], [], timeout)[0]:
                     self._die()  # the grace period ran out before the emergency save was done
                     continue

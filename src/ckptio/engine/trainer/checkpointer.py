@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ckptio import format as fmt
+from ckptio._wait import bounded
 from ckptio.config import CheckpointerConfig, CheckpointerOptions, resolve_config
 from ckptio.engine import protocol
 from ckptio.engine.owner_record import OwnerRecord
@@ -228,7 +229,7 @@ class Checkpointer:
         """Wait until this rank's writer process has booted (True), or ``timeout`` passed (False)."""
         self._check_process()
         self._writer.ensure_started()
-        return self._tracker.writer_ready.wait(timeout)
+        return self._tracker.writer_ready.wait(bounded(timeout))
 
     def pending_steps(self) -> list[int]:
         self._check_process()

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from ckptio._wait import bounded
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.protocol import JobLevels, SaveJob
 from ckptio.engine.trainer.save_handle import SaveHandle
@@ -172,7 +173,7 @@ class Stager:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every launched copy is staged and handed on; False when ``timeout`` passed first."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._queued == 0 and not self._inflight, timeout)
+            return self._cond.wait_for(lambda: self._queued == 0 and not self._inflight, bounded(timeout))
 
     def take_error(self) -> BaseException | None:
         with self._cond:

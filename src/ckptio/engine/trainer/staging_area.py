@@ -35,6 +35,7 @@ import threading
 import torch
 
 from ckptio._proc import pid_alive
+from ckptio._wait import bounded
 from ckptio.engine import process_hooks
 from ckptio.engine.side_group import SideGroup
 from ckptio.errors import CkptError, ConfigError, StorageFullError, UnsupportedStateError
@@ -220,7 +221,7 @@ class StagingArea:
 
     def wait_free(self, timeout: float | None = None) -> bool:
         with self._cond:
-            return self._cond.wait_for(lambda: self._free_slot_id() is not None, timeout)
+            return self._cond.wait_for(lambda: self._free_slot_id() is not None, bounded(timeout))
 
     def _free_slot_id(self) -> int | None:
         for i, slot in enumerate(self.slots):
