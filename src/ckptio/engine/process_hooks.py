@@ -188,7 +188,6 @@ class _SigtermOwner:
         self.lock = threading.RLock()
         self.holds: list[PreemptionHold] = []
         self.first_at: float | None = None
-        self.last_at: float | None = None
         self._installed = False
         self._previous: Any = signal.SIG_DFL
         self._owns_wakeup = False
@@ -211,7 +210,7 @@ class _SigtermOwner:
             if hold in self.holds:
                 self.holds.remove(hold)
             if not self.holds:
-                self.first_at = self.last_at = None
+                self.first_at = None
             self.update()
 
     def update(self) -> None:
@@ -258,7 +257,7 @@ class _SigtermOwner:
         """In a fresh child: nothing is held, SIGTERM is as it was before ckptio, no watcher runs (threads do not
         survive a fork), and the pipe, shared with the parent, is closed."""
         self.holds.clear()
-        self.first_at = self.last_at = None
+        self.first_at = None
         if not self._installed:
             return
         with contextlib.suppress(ValueError):  # the forking thread is the child's main thread; if not, leave it
@@ -317,12 +316,9 @@ class _SigtermOwner:
         """One SIGTERM: the first of a preemption notice, the same notice again, or the end."""
         with self.lock:
             window = max((h.window_s for h in self.holds), default=None)
-            if window is not None and self.first_at is None:
-                self.first_at = self.last_at = now
-                return
-            if window is not None and self.first_at is not None and now - self.first_at <= window:
-                self.last_at = now
-                return
+            if window is not None and (self.first_at is None or now - self.first_at <= window):
+                self.first_at = self.first_at if self.first_at is not None else now
+                return  # the first SIGTERM of the notice, or the same notice again
         self._die()
 
     def _die(self) -> None:
