@@ -5,6 +5,7 @@
     CkptError                                  base; carries root / step / rank / path when known
     ├── ConfigError            (ValueError)    bad option, bad CLI argument, unparsable unit (CLI: exit 2)
     ├── CheckpointerClosedError(ValueError)    a method called on a closed Checkpointer
+    │   └── CheckpointerForkedError            ... or in a process forked from the one that built it
     ├── UnsupportedStateError  (TypeError)     a value in the state that cannot be checkpointed
     ├── StructureMismatchError (ValueError)    restore target does not match the checkpoint
     ├── CheckpointNotFoundError(LookupError)   no such committed step
@@ -44,6 +45,7 @@ __all__ = [
     "AlreadyExistsError",
     "CheckpointNotFoundError",
     "CheckpointerClosedError",
+    "CheckpointerForkedError",
     "ChecksumError",
     "CkptError",
     "CommitError",
@@ -110,6 +112,12 @@ class ConfigError(CkptError, ValueError):
 
 class CheckpointerClosedError(CkptError, ValueError):
     """A Checkpointer method was called after ``close()``. A ValueError, as for an operation on a closed file."""
+
+
+class CheckpointerForkedError(CheckpointerClosedError):
+    """A Checkpointer method was called in a process forked from the one that built it. Its writer, staging slots
+    and root claim are the parent's, and its threads did not survive the fork: the child's copy is closed to it
+    (``close()`` there does nothing). Build a Checkpointer in the child instead."""
 
 
 class UnsupportedStateError(CkptError, TypeError):

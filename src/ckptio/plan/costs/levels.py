@@ -36,6 +36,10 @@ NODE_LOSS_SHARE = 0.78
 419 unexpected interruptions to confirmed or suspected hardware ("The Llama 3 Herd of Models", Meta, 2024, §3.3.4);
 each took a GPU or host out of the job."""
 
+PREEMPTION_STEPS = 3
+"""Training steps between a SIGTERM and the emergency save's copy under ``maybe_save``: the step under way, then the
+two calls the non-blocking vote takes to agree the preemption on every rank (``engine.trainer.maybe_save_votes``)."""
+
 JOB_LOSS_SHARE = 0.05
 """Default share no local copy survives: an assumption (no public breakdown gives it). Give ``--job-loss-mtbf``
 from the cluster's own records."""
@@ -205,6 +209,16 @@ class LevelTimes:
         """``plan --json``'s ``restore_s``: per level; durable is null when the read bandwidth is unknown."""
         return {"local": self.restore_local_s, "partner": self.restore_partner_s,
                 "durable": self.restore_durable_s if self.durable_restore_measured else None}
+
+
+def emergency_grace_s(times: LevelTimes, step_time_s: float | None) -> float | None:
+    """The grace period a preemption must leave for the emergency save to commit on the local level: the steps
+    until ``maybe_save`` acts (:data:`PREEMPTION_STEPS`; none counted without a step time), the copy, and the
+    local commit (own tier plus partner copies). None without a local level. A save still holding the only staging
+    slot (``max_pending=1``) comes first: add its flush, or give ``max_pending=2``."""
+    if times.local_flush_s is None:
+        return None
+    return PREEMPTION_STEPS * (step_time_s or 0.0) + times.blocking_s + times.local_flush_s
 
 
 def level_times(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget,
