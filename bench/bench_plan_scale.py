@@ -3,16 +3,18 @@
 Each synthetic rank holds what an FSDP rank of a transformer holds: a row shard of ``--sharded`` large tensors
 (their chunks tile the global tensor across ranks), ``--replicated`` small tensors every rank has (norms, a step
 counter: de-duplicated to one writer), and one pickled object. The script builds N such local plans (as DCP's
-``create_local_plan`` would, planner data included), runs the coordinator's half —
-:func:`ckptio.engine.trainer.rank_plan.global_plan`, DCP's own global planning — and pickles what each rank receives
-back.
+``create_local_plan`` would, planner data included) and times the coordinator's whole work on them, from the bytes
+the ranks sent to the bytes it sends back: DCP's (unpickle every ``SavePlan``, ``create_global_plan``, pickle every
+final plan) — the anchor, in the same run — and ckptio's (unpickle every rank's plain-value plan, ``plan_globally``,
+pickle every rank's answer; ``engine.trainer.global_plan``). Both results are checked equal, final plans and
+metadata.
 
-Printed per N: the coordinator's time; the bytes one rank receives (its own final plan, as ``scatter_object_list``
-sends it: padded to the largest); the bytes the coordinator receives (every local plan); the bytes moved across the
-job; and, for comparison, what the former all-gather moved (every rank received every plan). Linear growth means
-``coord_time_growth`` and ``job_bytes_growth`` ≈ 1 (time and bytes at the largest N over the smallest, divided by
-the rank ratio), ``per_rank_bytes_growth`` ≈ 1 (a rank's share does not grow), while the all-gather's job bytes
-grow with N² (``allgather_job_bytes_growth`` ≈ the rank ratio).
+Printed per N: the coordinator's wall and CPU seconds, ckptio's and DCP's; the bytes one rank receives (its answer,
+as ``scatter_object_list`` sends it: padded to the largest); the bytes the coordinator receives (every local plan);
+the bytes moved across the job; and, for comparison, what an all-gather would move (every rank receives every
+plan). Linear growth means ``coord_time_growth`` and ``job_bytes_growth`` ≈ 1 (time and bytes at the largest N over the
+smallest, divided by the rank ratio), ``per_rank_bytes_growth`` ≈ 1 (a rank's share does not grow), while the
+all-gather's job bytes grow with N² (``allgather_job_bytes_growth`` ≈ the rank ratio).
 
     .venv/bin/python bench/bench_plan_scale.py [--ranks 1024,2048,4096,8192,16384] [--sharded 8] [--replicated 4]
 """
@@ -23,13 +25,21 @@ import argparse
 import gc
 import pickle
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from _common import MiB, quiet_dcp, ratio_line
-from ckptio.engine.trainer.rank_plan import global_plan, make_planner
+from ckptio.engine.trainer.global_plan import (
+    collector_paused,
+    encode_local_plan,
+    finish_local_plan,
+    plan_globally,
+)
+from ckptio.engine.trainer.rank_plan import make_planner
 
 
 def _item(fqn: str, offsets: tuple[int, ...], sizes: tuple[int, ...], global_size: tuple[int, ...],
@@ -59,21 +69,46 @@ def local_plans(n: int, sharded: int, replicated: int) -> list[SavePlan]:
     return plans
 
 
+def _timed(work: Callable[[], tuple[Any, Any]]) -> tuple[float, float, Any, Any]:
+    """Wall and CPU seconds of one coordinator's work: on a shared machine the CPU time is the figure that does not
+    depend on what else runs; the wall time is what the ranks wait for."""
+    gc.collect()
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = work()
+    return time.perf_counter() - t0, time.process_time() - c0, *out
+
+
+def dcp_coordinator(blobs: list[bytes]) -> tuple[list[bytes], Metadata]:
+    """DCP's coordinator: unpickle every rank's SavePlan (as gather_object does), plan, pickle each final plan."""
+    plans = [pickle.loads(b) for b in blobs]
+    final_plans, metadata = make_planner({}, is_coordinator=True).create_global_plan(plans)
+    return [pickle.dumps(p) for p in final_plans], metadata
+
+
+def ckptio_coordinator(blobs: list[bytes]) -> tuple[list[bytes], Metadata]:
+    """ckptio's: unpickle every rank's plain-value plan, plan, pickle each rank's answer."""
+    with collector_paused():  # as coordinated_plan gathers
+        plans = [pickle.loads(b) for b in blobs]
+    answers, metadata = plan_globally(plans)
+    return [pickle.dumps(a) for a in answers], metadata
+
+
 def measure(n: int, sharded: int, replicated: int) -> dict[str, float]:
     plans = local_plans(n, sharded, replicated)
-    local_sizes = [len(pickle.dumps(p)) for p in plans]
-    planner = make_planner({}, is_coordinator=True)
-    gc.collect()
-    t0 = time.perf_counter()
-    final_plans, metadata = global_plan(planner, plans)
-    seconds = time.perf_counter() - t0
-    own = [len(pickle.dumps(p)) for p in final_plans]
-    gathered = sum(local_sizes)
-    assert len(final_plans) == n and sum(len(p.items) for p in final_plans) == n * sharded + replicated + 1
+    dcp_in = [pickle.dumps(p) for p in plans]
+    ours_in = [pickle.dumps(encode_local_plan(p)) for p in plans]
+    # The anchor, DCP's own coordinator, on the same plans in the same run; then ckptio's.
+    dcp_seconds, dcp_cpu, dcp_out, dcp_metadata = _timed(lambda: dcp_coordinator(dcp_in))
+    seconds, cpu, ours_out, metadata = _timed(lambda: ckptio_coordinator(ours_in))
+    finals = [finish_local_plan(p, pickle.loads(a)) for p, a in zip(plans, ours_out, strict=True)]
+    assert finals == [pickle.loads(b) for b in dcp_out] and metadata == dcp_metadata
+    assert sum(len(p.items) for p in finals) == n * sharded + replicated + 1
     assert len(metadata.state_dict_metadata) == sharded + replicated + 1
-    per_rank = max(own)  # scatter_object_list pads every rank's message to the largest
-    return {"n": n, "seconds": seconds, "per_rank": per_rank, "coordinator_in": gathered,
-            "job": gathered + per_rank * n, "allgather_per_rank": gathered, "allgather_job": gathered * n}
+    per_rank = max(map(len, ours_out))  # scatter_object_list pads every rank's message to the largest
+    gathered = sum(map(len, ours_in))
+    return {"n": n, "seconds": seconds, "cpu": cpu, "dcp_seconds": dcp_seconds, "dcp_cpu": dcp_cpu,
+            "per_rank": per_rank, "coordinator_in": gathered, "job": gathered + per_rank * n,
+            "allgather_per_rank": gathered, "allgather_job": gathered * n}
 
 
 def main() -> None:
@@ -85,15 +120,21 @@ def main() -> None:
     quiet_dcp()
     measure(64, args.sharded, args.replicated)  # warm-up: first-call costs are not the coordinator's
     rows = [measure(int(n), args.sharded, args.replicated) for n in args.ranks.split(",")]
-    print(f"{'ranks':>6} {'coord s':>8} {'rank recv KiB':>13} {'coord recv MiB':>14} {'job MiB':>9} "
+    print(f"{'ranks':>6} {'coord s':>8} {'cpu s':>6} {'DCP s':>7} {'cpu s':>6} {'rank recv KiB':>13} "
+          f"{'coord recv MiB':>14} {'job MiB':>9} "
           f"{'all-gather: rank recv MiB':>25} {'all-gather: job GiB':>19}")
     for r in rows:
-        print(f"{r['n']:6d} {r['seconds']:8.3f} {r['per_rank'] / 1024:13.1f} {r['coordinator_in'] / MiB:14.1f} "
+        print(f"{r['n']:6d} {r['seconds']:8.3f} {r['cpu']:6.3f} {r['dcp_seconds']:7.3f} {r['dcp_cpu']:6.3f} "
+              f"{r['per_rank'] / 1024:13.1f} {r['coordinator_in'] / MiB:14.1f} "
               f"{r['job'] / MiB:9.1f} {r['allgather_per_rank'] / MiB:25.1f} {r['allgather_job'] / (1 << 30):19.1f}")
     first, last = rows[0], rows[-1]
     scale = last["n"] / first["n"]
     ratio_line(
         ranks=f"{first['n']}-{last['n']}",
+        plan_max_ranks_s=last["seconds"],
+        plan_max_ranks_cpu_s=last["cpu"],
+        plan_vs_dcp_at_max=last["seconds"] / last["dcp_seconds"],
+        plan_cpu_vs_dcp_at_max=last["cpu"] / last["dcp_cpu"],
         coord_time_growth=last["seconds"] / first["seconds"] / scale,
         job_bytes_growth=last["job"] / first["job"] / scale,
         per_rank_bytes_growth=last["per_rank"] / first["per_rank"],

@@ -259,12 +259,12 @@ def test_sigterm_with_save_calls_saves_to_the_local_level_and_exits(tmp_path):
 @pytest.mark.parametrize(("signals", "grace"), [(1, 2.0), (2, 600.0)], ids=["grace-runs-out", "second-sigterm"])
 def test_sigterm_without_a_save_call_ends_the_process_as_sigterm_does(tmp_path, signals, grace):
     """No save call comes (evaluation, data preparation): the process dies of SIGTERM once the grace period ran
-    out, or at once on a second SIGTERM (a 600 s grace would outlast the wait below)."""
-    job = Job(tmp_path, ["n0"], "sigterm-idle", replicas=0, grace=grace)
+    out, or at once on a second SIGTERM after the duplicate window (a 600 s grace would outlast the wait below)."""
+    job = Job(tmp_path, ["n0"], "sigterm-idle", replicas=0, grace=grace, window=1.0)
     job.line(0, "saved")
     for _ in range(signals):
         os.kill(job.procs[0].pid, signal.SIGTERM)
-        time.sleep(0.5)
+        time.sleep(1.5)
     assert job.wait(timeout=60) == [-signal.SIGTERM]
 
 

@@ -1,10 +1,11 @@
-"""Fixtures of the cluster lab (issue 19): one shaped 2-node lab for the session, roots on its parallel filesystem
-and its S3, and two mounts of one volume on two nodes.
+"""Fixtures of the cluster lab (issue 19): one shaped 2-node lab for tests/lab, roots on its parallel filesystem
+and its S3, a GlusterFS lab, and two mounts of one volume on two nodes.
 
 The lab needs root, network namespaces, FUSE and the packages ``make labdeps`` installs; where any is missing,
-every lab test skips with the reason. The session's lab is shared by the lab tests: each works under a root of its
-own, and a test that loses a node revives it (``Lab.lose_node``), so the next test finds the lab whole. Labs left
-by a run that crashed are removed at the start (``cleanup_stale``: only those whose owning process is dead).
+every lab test skips with the reason. One lab is shared by the tests of this folder, and stopped after them: each
+works under a root of its own, and a test that loses a node revives it (``Lab.lose_node``), so the next test finds
+the lab whole. Labs left by a run that crashed are removed first (``cleanup_stale``: only those whose owning
+process is dead).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from ckptio.testing.cluster import Lab, LabConfig, LabUnavailable, cleanup_stale
+from ckptio.testing.cluster.checks import reason
 
 JOB = str(Path(__file__).with_name("lab_job.py"))
 NODE_MBIT = 400.0
@@ -33,8 +36,17 @@ def start_lab(config: LabConfig) -> Lab:
     return lab.start()
 
 
-@pytest.fixture(scope="session")
+def skip_unless_lab(config: LabConfig) -> None:
+    """Skip, saying why, where a lab of this shape cannot run (without starting one)."""
+    why = reason(config.pfs, config.s3)
+    if why:
+        pytest.skip(f"cluster lab unavailable: {why}")
+
+
+@pytest.fixture(scope="package")
 def session_lab() -> Iterator[Lab]:
+    """One lab for every test of tests/lab, stopped after the last of them (package scope: the rest of the suite
+    does not run beside its idle daemons)."""
     try:
         cleanup_stale()
     except Exception:  # a machine without ip netns: start_lab says why below
@@ -69,14 +81,41 @@ def pfs_root(lab: Lab, request: pytest.FixtureRequest) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def gluster_lab() -> Iterator[Lab]:
+    """A 2-node lab serving GlusterFS (a 2-brick distributed volume) instead of MooseFS, no S3; one per module."""
+    lab = start_lab(LabConfig(nodes=2, node_mbit=NODE_MBIT, store_mbit=STORE_MBIT, pfs="glusterfs", s3="none"))
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+@pytest.fixture(params=["moosefs", "glusterfs"])
+def pfs_lab(request: pytest.FixtureRequest) -> Lab:
+    """The session's MooseFS lab, then the module's GlusterFS lab: a test using it runs on both filesystems."""
+    lab: Lab = request.getfixturevalue("lab" if request.param == "moosefs" else "gluster_lab")
+    return lab
+
+
+@dataclass(frozen=True)
+class TwoMounts:
+    """One directory of one volume, as two clients on two nodes see it (a bind mount would be one client)."""
+
+    lab: Lab
+    first: Path  # through node 0's client, as this (host) process names it
+    second: Path  # the same directory through node 1's client
+    shared: Path  # the name a process launched on either node gives it (under ``lab.pfs_path``)
+
+
 @pytest.fixture
-def two_mounts(lab: Lab, request: pytest.FixtureRequest) -> tuple[Path, Path]:
-    """One directory of the volume as two different clients see it: node 0's mount and node 1's (a bind mount
-    would be one client; these are two FUSE clients on two nodes, as two hosts of a cluster have)."""
-    name = fresh_name(request)
-    first = lab.nodes[0].mount / "two-mounts" / name
-    first.mkdir(parents=True)
-    return first, lab.nodes[1].mount / "two-mounts" / name
+def two_mounts(pfs_lab: Lab, request: pytest.FixtureRequest) -> TwoMounts:
+    """A fresh directory seen through two mounts on two nodes, on MooseFS and on GlusterFS (issue 20's
+    cross-client tests: two processes on two mounts)."""
+    relative = Path("two-mounts") / fresh_name(request)
+    (pfs_lab.nodes[0].mount / relative).mkdir(parents=True)
+    return TwoMounts(pfs_lab, pfs_lab.nodes[0].mount / relative, pfs_lab.nodes[1].mount / relative,
+                     pfs_lab.pfs_path / relative)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from ckptio.errors import (
 from ckptio.format.keys import FAILED_DIR, LATEST, MANIFEST, failed_key, manifest_key, parse_step_dir, step_dir
 from ckptio.format.records import Manifest
 from ckptio.format.supersede import pending_supersede, resolve
-from ckptio.storage.base import IfMatch, Storage, join_key
+from ckptio.storage.base import IfMatch, ReadStore, Storage, join_key
 
 
 def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException | str, *,
@@ -112,14 +112,14 @@ def _verify_manifest(storage: Storage, manifest: Manifest, key: str) -> None:
                           "check of commit='lease')", root=storage.url, step=manifest.step, path=key)
 
 
-def read_manifest(storage: Storage, step: int) -> Manifest:
+def read_manifest(storage: ReadStore, step: int) -> Manifest:
     """The manifest of committed ``step``: ``manifest.json``, or — while a supersede of the step is in progress or
     was interrupted by a crash — whichever of its old and new manifests pairs with the ``.metadata`` in place
     (``format.supersede``)."""
     return step_manifests(storage, step)[0]
 
 
-def step_manifests(storage: Storage, step: int) -> list[Manifest]:
+def step_manifests(storage: ReadStore, step: int) -> list[Manifest]:
     """:func:`read_manifest`'s manifest first, then, during a supersede, the other side's (both sides' files belong
     to the step until the supersede is finished). CheckpointNotFoundError / CorruptCheckpointError for the first."""
     key = manifest_key(step)

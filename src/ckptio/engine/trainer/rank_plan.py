@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import (
@@ -30,6 +31,14 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from ckptio.engine.side_group import SideGroup
+from ckptio.engine.trainer.global_plan import (
+    collector_paused,
+    encode_local_plan,
+    finish_local_plan,
+    global_save_plan,
+    plan_globally,
+    plans_compactly,
+)
 from ckptio.errors import UnsupportedStateError
 
 # ---- save planning ------------------------------------------------------------------------------------------------
@@ -107,6 +116,10 @@ def _describe(value: Any) -> tuple[Any, ...]:
 def check_supported(flat: dict[str, Any]) -> None:
     """Reject values that cannot be staged, naming the key."""
     for fqn, value in flat.items():
+        if isinstance(value, ShardedTensor):  # its attributes raise through __torch_function__: test it first
+            raise UnsupportedStateError(
+                f"{fqn!r}: ShardedTensor (torch.distributed._shard, PyTorch's legacy sharded type) is not supported; "
+                "convert it to a DTensor (torch.distributed.tensor), which ckptio saves and DCP reshards", path=fqn)
         if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
             if value.is_sparse or value.layout != torch.strided:
                 raise UnsupportedStateError(f"{fqn!r}: sparse/non-strided tensors are not supported", path=fqn)
@@ -115,10 +128,10 @@ def check_supported(flat: dict[str, Any]) -> None:
 
 
 def global_plan(planner: DefaultSavePlanner, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-    """The coordinator's half of planning: DCP's global planning (de-duplication of replicated items, chunk
-    validation, metadata) over every rank's local plan. Returns each rank's final plan, in rank order, and the
-    metadata (without storage_data). Linear in the total number of items."""
-    return planner.create_global_plan(all_plans)
+    """The coordinator's half of planning in one process: DCP's global planning (de-duplication of replicated
+    items, chunk validation, metadata) over every rank's local plan, as ``engine.trainer.global_plan`` computes it.
+    Returns each rank's final plan, in rank order, and the metadata (without storage_data)."""
+    return global_save_plan(planner, all_plans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +148,22 @@ class RankPlan:
 
 
 def coordinated_plan(state_dict: dict[str, Any], flat: dict[str, Any], group: SideGroup) -> RankPlan:
-    """Plan a save with every rank (all call together): rank 0 gathers the local plans, runs :func:`global_plan`
-    and sends each rank its own final plan, as DCP does. O(N) bytes across the job; each rank receives one plan."""
+    """Plan a save with every rank (all call together): rank 0 gathers the local plans, plans globally and sends
+    each rank its own answer, as DCP does. O(N) bytes across the job; each rank receives only its own. DCP's
+    default planner speaks in plain values (``engine.trainer.global_plan``); any other planner sends its objects."""
     planner = make_planner(state_dict, is_coordinator=group.rank == 0)
     differed = planner.state_dict.keys() != flat.keys()
-    all_plans = group.gather_to_rank0(planner.create_local_plan())
-    final_plans, metadata = global_plan(planner, all_plans) if all_plans is not None else (None, None)
-    final = planner.finish_plan(group.scatter_from_rank0(final_plans))
+    local = planner.create_local_plan()
+    metadata: Metadata | None = None
+    if plans_compactly(planner):
+        with collector_paused():  # rank 0 unpickles every rank's plan here: no cycles, and no reason to scan them
+            compact = group.gather_to_rank0(encode_local_plan(local))
+        answers, metadata = plan_globally(compact) if compact is not None else (None, None)
+        final = planner.finish_plan(finish_local_plan(local, group.scatter_from_rank0(answers)))
+    else:
+        all_plans = group.gather_to_rank0(local)
+        final_plans, metadata = planner.create_global_plan(all_plans) if all_plans is not None else (None, None)
+        final = planner.finish_plan(group.scatter_from_rank0(final_plans))
     tensor_items, object_items = split_items(final.items)
     skeleton = None
     if metadata is not None:

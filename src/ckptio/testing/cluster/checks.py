@@ -9,6 +9,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -35,6 +36,14 @@ def moto_available() -> bool:
     return importlib.util.find_spec("moto") is not None and importlib.util.find_spec("flask") is not None
 
 
+def fuse_usable() -> bool:
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError:
+        return False
+    return True
+
+
 def platform_reason() -> str | None:
     """What the machine lacks for namespaces and shaping, or None."""
     if os.geteuid() != 0:
@@ -42,8 +51,27 @@ def platform_reason() -> str | None:
     for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("nsenter", "util-linux"), ("umount", "mount")):
         if shutil.which(tool) is None:
             return f"the cluster lab needs `{tool}` (Debian package {package})"
-    if run(["ip", "netns", "list"], check=False).returncode != 0:
-        return "`ip netns` does not work here (no network namespace support)"
+    return kernel_reason()
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_reason() -> str | None:
+    """Try, once per process, what the lab does with the kernel: a network namespace with an htb qdisc, and a
+    private mount namespace. A container without CAP_SYS_ADMIN, or a kernel without htb, fails here with its
+    reason instead of halfway through a lab's start. The probe namespace carries the lab prefix
+    (``ckl<pid>-...``), so :func:`cleanup_stale` removes it should this process die in between."""
+    name = f"ckl{os.getpid()}-0-probe"
+    if run(["ip", "netns", "add", name], check=False).returncode != 0:
+        return "`ip netns add` fails here (no network namespace support, or no CAP_SYS_ADMIN)"
+    try:
+        run(["ip", "-n", name, "link", "set", "lo", "up"], check=False)
+        htb = run(["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb"], check=False)
+        if htb.returncode != 0:
+            return f"this kernel cannot shape links with tc htb ({htb.stderr.strip()})"
+    finally:
+        run(["ip", "netns", "del", name], check=False)
+    if run(["unshare", "--mount", "--propagation", "private", "true"], check=False).returncode != 0:
+        return "`unshare --mount` fails here (no mount namespaces)"
     return None
 
 
@@ -53,8 +81,8 @@ def reason(pfs: str, s3: str) -> str | None:
     why = platform_reason()
     if why:
         return why
-    if pfs != "none" and not os.path.exists("/dev/fuse"):
-        return "the cluster lab's parallel filesystem needs /dev/fuse (FUSE)"
+    if pfs != "none" and not fuse_usable():
+        return "the cluster lab's parallel filesystem needs FUSE (/dev/fuse cannot be opened)"
     if pfs == "moosefs":
         why = moosefs.missing()
     elif pfs == "glusterfs":

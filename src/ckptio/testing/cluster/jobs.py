@@ -10,6 +10,10 @@ Rules:
 - Ranks get what torchrun sets: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``
   (the node's index in the job; ckptio's default node identity is ``<host>#<GROUP_RANK>``, distinct per node
   although every namespace shares the host name), ``MASTER_ADDR`` (the job's first node) and ``MASTER_PORT``.
+- A launched process sees its node's mount of the parallel filesystem at ``lab.pfs_path`` and its node's local
+  disk at ``lab.local_path``: the same paths on every node, as a cluster mounts its filesystem at one path
+  everywhere (each process gets a mount namespace of its own with these two bind mounts; the host's view, and
+  every other mount, stay as they are). Jobs can then pass every rank the same root.
 - Every process is recorded by the lab as a job: stopped (SIGKILL) before the mounts go at teardown.
 """
 
@@ -27,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.testing.cluster import loader, netperf
-from ckptio.testing.cluster.procs import LabError, Proc, wait_until
+from ckptio.testing.cluster.procs import LabError, Proc, private_mounts, wait_until
+from ckptio.testing.cluster.resources import mounted
 from ckptio.testing.cluster.topology import LabView
 
 
@@ -50,7 +55,11 @@ def launch(lab: LabView, node: int, argv: Sequence[str], *, env: Mapping[str, st
     name = name or f"{lab.nodes[node].name}-{Path(argv[0]).name}-{time.monotonic_ns()}"
     logs = lab.dir / "logs"
     logs.mkdir(exist_ok=True)
-    return lab.res.spawn(argv, name=name, ns=lab.nodes[node].ns, job=True, log=logs / f"{name}.log",
+    target = lab.nodes[node]
+    binds = [(str(lab.local_path), target.local)]
+    if mounted(target.mount):
+        binds.append((str(lab.pfs_path), target.mount))
+    return lab.res.spawn(private_mounts(binds, argv), name=name, ns=target.ns, job=True, log=logs / f"{name}.log",
                          env=node_env(lab, node, env), stdout=stdout, text=text)
 
 
@@ -100,8 +109,9 @@ class RankJob:
 
 def _drain(proc: Proc, lines: queue.Queue[str | None]) -> None:
     assert proc.popen is not None and proc.popen.stdout is not None
-    for raw in proc.popen.stdout:
-        lines.put(raw.rstrip("\n"))
+    with proc.popen.stdout:
+        for raw in proc.popen.stdout:
+            lines.put(raw.rstrip("\n"))
     lines.put(None)
 
 

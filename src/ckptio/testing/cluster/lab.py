@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,16 +72,22 @@ class Lab:
         self.nodes = [LabNode(i, f"{self.prefix}-node{i}", f"{self.config.subnet}.{10 + i}", f"n{i}",
                               self.dir / "mnt" / f"node{i}", self.dir / "local" / f"node{i}")
                       for i in range(self.config.nodes)]
+        # Where a launched process finds its node's mount and local disk: one path on every node, as a cluster
+        # mounts its parallel filesystem (see jobs.launch).
+        self.pfs_path = self.dir / "pfs"
+        self.local_path = self.dir / "node-local"
         self.res = Resources(self.dir)
         self.pfs: MooseFS | GlusterFS | None = None
         self.s3: objstore.S3Endpoint | None = None
         self.timings = Timings()
+        self.rates = {self.storage_ns: self.config.store_mbit, **{n.ns: self.config.node_mbit for n in self.nodes}}
+        self.started = False
         self._finalizer = weakref.finalize(self, _finalize, self.res)
         self._ports = itertools.count(29500)
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> Lab:
-        return self.start()
+        return self if self.started else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -89,6 +95,9 @@ class Lab:
     def start(self) -> Lab:
         """Build everything; on any failure tear down what was made and re-raise."""
         began = time.monotonic()
+        if self.started:
+            raise LabError(f"lab {self.prefix} was already started")
+        self.started = True
         try:
             self.dir.mkdir(parents=True, exist_ok=False)
             self.res.save()
@@ -113,23 +122,35 @@ class Lab:
         if errors:
             raise LabError("lab teardown left errors:\n" + "\n".join(errors))
 
-    def _timed(self, slot: str, fn: object) -> None:
+    def _timed(self, slot: str, fn: Callable[[], None]) -> None:
         began = time.monotonic()
-        fn()  # type: ignore[operator]
+        fn()
         setattr(self.timings, slot, time.monotonic() - began)
 
+    def _endpoints(self) -> list[tuple[str, str, str, float]]:
+        """(namespace, bridge port, address, Mbit/s) of the storage, then of every node."""
+        return [(self.storage_ns, "st", self.storage_address, self.rates[self.storage_ns]),
+                *((n.ns, n.port, n.address, self.rates[n.ns]) for n in self.nodes)]
+
+    def _endpoint(self, endpoint: int | str) -> tuple[str, str, str, float]:
+        wanted = self.storage_ns if endpoint == "store" else self.nodes[int(endpoint)].ns
+        return next(e for e in self._endpoints() if e[0] == wanted)
+
+    def peers(self, address: str) -> list[str]:
+        """The addresses an endpoint talks to, in the order of its htb classes (``1:a``, ``1:b``, ...)."""
+        return [a for _, _, a, _ in self._endpoints() if a != address]
+
     def _network(self) -> None:
-        endpoints = [(self.storage_ns, "st", self.storage_address, self.config.store_mbit)]
-        endpoints += [(n.ns, n.port, n.address, self.config.node_mbit) for n in self.nodes]
         self.res.add_namespace(self.fabric)
         netns.make_bridge(self.fabric)
-        addresses = [address for _, _, address, _ in endpoints]
-        for ns, port, address, mbit in endpoints:
+        for ns, port, address, mbit in self._endpoints():
             self.res.add_namespace(ns)
             netns.attach(self.fabric, ns, port, address, PREFIX_LEN)
-            netns.shape_link(self.fabric, ns, port, mbit, [a for a in addresses if a != address])
+            netns.shape_link(self.fabric, ns, port, mbit, self.peers(address))
         for node in self.nodes:
             node.local.mkdir(parents=True, exist_ok=True)
+        self.pfs_path.mkdir()
+        self.local_path.mkdir()
 
     def _start_pfs(self) -> None:
         cls = MooseFS if self.config.pfs == "moosefs" else GlusterFS
@@ -198,6 +219,22 @@ class Lab:
         if revive and self.pfs is not None:
             self.pfs.mount(target.ns, target.mount)
         return time.monotonic() - began
+
+    def reshape(self, endpoint: int | str, mbit: float) -> None:
+        """Set one link's rate, both directions, while the lab runs (node ``endpoint`` or ``"store"``): a matrix
+        of store links needs no new lab. The htb trees are replaced whole; their byte counts start again."""
+        ns, port, address, _ = self._endpoint(endpoint)
+        netns.shape_link(self.fabric, ns, port, mbit, self.peers(address))
+        self.rates[ns] = mbit
+
+    def link_bytes(self, endpoint: int | str) -> dict[str, dict[str, int]]:
+        """Bytes each direction of a link has carried, per peer address, as its htb classes counted them:
+        ``{"up": {peer: n}, "down": {peer: n}}`` for node ``endpoint`` (an index) or ``"store"``."""
+        ns, port, address, _ = self._endpoint(endpoint)
+        up, down = netns.class_bytes(ns, netns.DEVICE), netns.class_bytes(self.fabric, port)
+        classes = {f"1:{10 + i:x}": peer for i, peer in enumerate(self.peers(address))}
+        return {"up": {peer: up.get(c, 0) for c, peer in classes.items()},
+                "down": {peer: down.get(c, 0) for c, peer in classes.items()}}
 
     def procs(self) -> list[Proc]:
         """Every process the lab has started and not yet seen end (daemons and jobs)."""

@@ -136,7 +136,8 @@ def shape(ns: str, dev: str, mbit: float, peers: Sequence[str], match: str) -> N
     tc = ["tc", "-n", ns]
     # Bursts of 64 KiB let a whole GSO super-packet through at once; quantum keeps htb from warning at high rates.
     common = ["burst", "64k", "cburst", "64k", "quantum", "60000"]
-    run([*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "9"])
+    run([*tc, "qdisc", "del", "dev", dev, "root"], check=False)  # a reshape replaces the whole tree
+    run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "9"])
     run([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
          *common])
     classes = [(9, None), *((10 + i, peer) for i, peer in enumerate(peers))]

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,14 +68,17 @@ class Resources:
         self.daemons: list[Proc] = []
         self.jobs: list[Proc] = []
         self.errors: list[str] = []
+        self.lock = threading.RLock()
 
     # ---- recording ------------------------------------------------------------------------------------------
     def save(self) -> None:
-        record = {"owner": list(self.owner), "namespaces": self.namespaces, "mounts": self.mounts,
-                  "procs": [p.record() for p in [*self.jobs, *self.daemons]]}
-        tmp = self.dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.dir / STATE_FILE)
+        """Write the record (under a lock: jobs may be launched and forgotten from several threads)."""
+        with self.lock:
+            record = {"owner": list(self.owner), "namespaces": self.namespaces, "mounts": self.mounts,
+                      "procs": [p.record() for p in [*self.jobs, *self.daemons]]}
+            tmp = self.dir / (STATE_FILE + ".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.dir / STATE_FILE)
 
     def add_namespace(self, name: str) -> None:
         self.namespaces.append(name)
@@ -92,14 +96,16 @@ class Resources:
         """Start and record a process; ``job`` ones (ranks, loaders) are stopped before the mounts go."""
         full = netns.enter_argv(ns, argv) if ns else list(argv)
         proc = spawn(full, name=name, log=log, env=env, cwd=cwd, stdout=stdout, text=text)
-        (self.jobs if job else self.daemons).append(proc)
+        with self.lock:
+            (self.jobs if job else self.daemons).append(proc)
         self.save()
         return proc
 
     def forget(self, proc: Proc) -> None:
-        for group in (self.jobs, self.daemons):
-            if proc in group:
-                group.remove(proc)
+        with self.lock:
+            for group in (self.jobs, self.daemons):
+                if proc in group:
+                    group.remove(proc)
         self.save()
 
     # ---- teardown -------------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ class LabView(Protocol):
     """What a launcher needs of a running lab (:class:`ckptio.testing.cluster.Lab` is one)."""
 
     dir: Path
+    pfs_path: Path
+    local_path: Path
     res: Resources
     nodes: list[LabNode]
     s3: S3Endpoint | None
