@@ -142,7 +142,7 @@ def step_manifests(storage: ReadStore, step: int) -> list[Manifest]:
     return [_parse_manifest(storage, step, chosen), *others]
 
 
-def _parse_manifest(storage: Storage, step: int, raw: bytes) -> Manifest:
+def _parse_manifest(storage: ReadStore, step: int, raw: bytes) -> Manifest:
     key = manifest_key(step)
     try:
         manifest = Manifest.from_json(raw, key=key)

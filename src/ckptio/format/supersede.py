@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ckptio.errors import NotFoundError, StorageError
 from ckptio.format.keys import METADATA, step_dir, supersede_key
 from ckptio.format.records import checksum
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import ReadStore, Storage, join_key
 
 SUPERSEDE_FORMAT = "ckptio-supersede/1"
 
@@ -60,7 +60,7 @@ def write_pending(storage: Storage, step: int, pending: PendingSupersede) -> Non
     storage.put(supersede_key(step), pending.to_json())
 
 
-def pending_supersede(storage: Storage, step: int) -> PendingSupersede | None:
+def pending_supersede(storage: ReadStore, step: int) -> PendingSupersede | None:
     """The supersede of ``step`` in progress (or interrupted), or None."""
     try:
         raw = storage.get(supersede_key(step))
@@ -69,7 +69,7 @@ def pending_supersede(storage: Storage, step: int) -> PendingSupersede | None:
     return PendingSupersede.from_json(raw)
 
 
-def resolve(storage: Storage, step: int, current: bytes, pending: PendingSupersede) -> bytes:
+def resolve(storage: ReadStore, step: int, current: bytes, pending: PendingSupersede) -> bytes:
     """Of ``manifest.json``'s bytes ``current`` and the pending record's two manifests, the one whose
     ``metadata_crc32c`` matches the ``.metadata`` in place (``current`` when none can tell)."""
     try:

@@ -191,12 +191,6 @@ class Storage(abc.ABC):
         return None
 
     @property
-    def is_posix(self) -> bool:
-        """True when the backend is a POSIX directory. Kept for callers not yet moved to :meth:`local_directory`
-        and the capabilities (docs/architecture.md lists them); new code must not switch on the backend."""
-        return self.local_directory() is not None
-
-    @property
     def hash_prefix(self) -> bool:
         """True when per-rank data belongs under a short hash directory (:func:`hashed_key`; S3 partitions)."""
         return False
@@ -320,13 +314,6 @@ class Storage(abc.ABC):
         for k in keys:
             self.delete(k)
         return len(keys)
-
-    def local_path(self, key: str) -> str:
-        """The filesystem path of ``key``: ``local_directory().local_path(key)``, kept for callers not yet moved."""
-        directory = self.local_directory()
-        if directory is None:
-            raise NotImplementedError(f"{type(self).__name__} has no local paths")
-        return directory.local_path(key)
 
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
         """Release clients and pools. Idempotent."""

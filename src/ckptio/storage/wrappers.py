@@ -52,10 +52,6 @@ class StorageWrapper(Storage):
         return self.inner.local_directory()
 
     @property
-    def is_posix(self) -> bool:
-        return self.inner.is_posix
-
-    @property
     def hash_prefix(self) -> bool:
         return self.inner.hash_prefix
 
@@ -72,9 +68,6 @@ class StorageWrapper(Storage):
 
     def data_key(self, key: str) -> str:
         return self.inner.data_key(key)
-
-    def local_path(self, key: str) -> str:
-        return self.inner.local_path(key)
 
     # ---- primitives and derived operations ----------------------------------------------------------------------
     def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:

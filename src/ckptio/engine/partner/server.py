@@ -76,11 +76,13 @@ class PartnerServer:
 
     def __init__(self, listener: socket.socket, local: Storage, *, secret: bytes,
                  limits: PartnerLimits | None = None) -> None:
-        if not local.is_posix:
+        directory = local.local_directory()
+        if directory is None:
             raise ConfigError("the partner server needs a POSIX local_dir")
         if len(secret) < 16:
             raise ConfigError("the partner secret must be at least 16 bytes")
         self.listener, self.local, self.limits = listener, local, limits or PartnerLimits()
+        self.directory = directory  # the kernel's side of the local tier: receives and sends are file descriptors
         self._secret = secret
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
         self._lock = threading.Lock()
@@ -199,7 +201,7 @@ class PartnerServer:
                 why.append("digest mismatch on arrival: the bytes were altered in transit")
             return not why
 
-        final = self.local.local_path(partner_copy_key(step, name))
+        final = self.directory.local_path(partner_copy_key(step, name))
         kept = receive_to_file(channel.sock, final, size, deadline=deadline, idle_s=self.limits.idle_s,
                                accept=accept, active=self._temps)
         self._count("put" if kept else "put_refused")
@@ -214,7 +216,7 @@ class PartnerServer:
     def _get(self, channel: Channel, step: int, name: str) -> None:
         for key in (own_copy_key(step, name), partner_copy_key(step, name)):
             try:
-                fd = os.open(self.local.local_path(key), os.O_RDONLY | os.O_NOFOLLOW)
+                fd = os.open(self.directory.local_path(key), os.O_RDONLY | os.O_NOFOLLOW)
             except (OSError, CkptError):
                 continue
             try:
@@ -230,7 +232,7 @@ class PartnerServer:
 
     # ---- cleanup ---------------------------------------------------------------------------------------------
     def _partner_dirs(self) -> list[str]:
-        base = self.local.local_path(PARTNERS_DIR)
+        base = self.directory.local_path(PARTNERS_DIR)
         with contextlib.suppress(OSError), os.scandir(base) as entries:
             return [e.path for e in entries if parse_step_dir(e.name) is not None and e.is_dir(follow_symlinks=False)]
         return []

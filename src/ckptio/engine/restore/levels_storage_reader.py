@@ -18,7 +18,7 @@ from ckptio.engine.restore.read_plan import Task
 from ckptio.engine.restore.step_layout import check_real_sizes
 from ckptio.engine.restore.storage_reader import CkptioStorageReader, ReadTally
 from ckptio.engine.restore.transfer import Source
-from ckptio.errors import ChecksumError, CkptError
+from ckptio.errors import ChecksumError, CkptError, ConfigError
 from ckptio.format import Manifest
 from ckptio.format.blocks import crc32c
 from ckptio.format.local_level import own_copy_key, partner_copy_key
@@ -74,6 +74,10 @@ class LevelsStorageReader(CkptioStorageReader):
         # ``.metadata``, the manifest and the rank indexes are the local level's records; data comes from nodes,
         # else from the durable root.
         self.local_dir: Storage = ctx.local
+        directory = ctx.local.local_directory()
+        if directory is None:
+            raise ConfigError("the local level's restore needs a POSIX local_dir (partner copies are fetched into it)")
+        self._local_file = directory.local_path
         self._open(level.records, manifest, step=manifest.step, local=ctx.local, process_group=ctx.process_group,
                    options=ctx.options)
         self.durable = ctx.durable
@@ -172,7 +176,7 @@ class LevelsStorageReader(CkptioStorageReader):
                 if peer.node != node:
                     continue
                 try:  # streamed into place only when its size and digest match the record
-                    fetch_verified(peer.host, peer.port, self.step, name, self.local_dir.local_path(key),
+                    fetch_verified(peer.host, peer.port, self.step, name, self._local_file(key),
                                    expected_digest=self.digests[name], expected_size=rec.size, secret=self.level.secret,
                                    timeout_s=self.level.timeout_s)
                     return

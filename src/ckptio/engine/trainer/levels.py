@@ -149,7 +149,7 @@ class TwoLevels(SingleLevel):
     def __init__(self, config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
                  events: EventLog) -> None:
         super().__init__(config, group=group, storage=storage, local=local, events=events)
-        if local is None or not local.is_posix:
+        if local is None or local.local_directory() is None:
             raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
         self.records = local_records(storage)
         self.markers = FailureMarkers(storage, self.records)

@@ -80,11 +80,10 @@ def check_store(storage: Storage, config: CheckpointerConfig) -> StoreCapabiliti
     """
     check_residency(storage, resolve_residency(config.residency, allow_public=config.allow_public,
                                                store_private=config.store_private))
-    caps = None if storage.is_posix else _check_capabilities(storage, config)
-    # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
-    root = parse_root(storage.url) if storage.is_posix else None
-    if isinstance(root, PosixRoot):
-        enforce_volume_policy(root.path, config.data_dirs, mode=config.volume_check)
+    directory = storage.local_directory()
+    caps = None if directory is not None else _check_capabilities(storage, config)
+    if directory is not None:
+        enforce_volume_policy(directory.root, config.data_dirs, mode=config.volume_check)
     key = f".ckptio-write-test-{os.getpid()}"
     storage.put(key, b"ok")
     storage.delete(key)

@@ -79,10 +79,7 @@ class DurableLevel:
         def upload(rec: FileRecord) -> None:
             key = join_key(step_dir(step), rec.name)  # the local tier never hashes keys
             t0 = time.monotonic()
-            if local.is_posix:
-                self.storage.put_file(record_key(step, rec), local.local_path(key), pacer=flush.pacer)
-            else:
-                self.storage.put(record_key(step, rec), local.get(key), pacer=flush.pacer)
+            local.copy_to(key, self.storage, record_key(step, rec), pacer=flush.pacer)
             self.out.event(Event.PHASE, step, phase=Phase.UPLOAD, seconds=time.monotonic() - t0, bytes=rec.size,
                            tier="durable", file=rec.name)
 

@@ -102,7 +102,7 @@ class PartnerCopies:
         node first) and each file's digest, hashed from the bytes sent to the first partner (without one, from
         disk: a restore on another node may still fetch these files, and only a digest lets it use them)."""
         holders = [self.levels.node]
-        sendable = [(rec.name, self.local.local_path(own_copy_key(job.step, rec.name)), rec.size, rec.crc32c)
+        sendable = [(rec.name, self.server.directory.local_path(own_copy_key(job.step, rec.name)), rec.size, rec.crc32c)
                     for rec in files]
         t0 = time.monotonic()
         digests: dict[str, str] | None = None
