@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Development pins torch to the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv sysdeps labdeps lab s3rver demo test lint typecheck unit bench clean
+.PHONY: venv sysdeps labdeps lab s3rver demo test lint typecheck unit interop bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -67,6 +67,10 @@ unit: venv sysdeps s3rver labdeps
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 test: lint unit
+
+# ckptio and plain DCP in both directions at 1-3 gloo ranks (tests/interop); part of `unit` too.
+interop: venv
+	$(BIN)/python -m pytest tests/interop -m interop $(PYTEST_ARGS)
 
 bench: venv sysdeps
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

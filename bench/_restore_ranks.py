@@ -76,6 +76,7 @@ def socket_rchar() -> int:
 def restore(rank: int, world: int, spec: dict[str, Any]) -> None:
     """Restore with ckptio (store bytes counted both ways) and with plain dcp.load of the same checkpoint.
     ``spec``: as :func:`save`'s, and ``out``, the directory for each rank's JSON figures."""
+    from ckptio.engine.restore.context import RestoreContext
     from ckptio.engine.restore.step_restore import restore_step
     from ckptio.engine.side_group import SideGroup
     from ckptio.storage import open_storage
@@ -88,7 +89,7 @@ def restore(rank: int, world: int, spec: dict[str, Any]) -> None:
     counting = CountingStorage(open_storage(root))
     dist.barrier()
     before, t0 = rchar(), time.perf_counter()
-    restore_step(counting, state, group=group)
+    restore_step(RestoreContext(counting, group), state)
     ck_s, ck_rchar = time.perf_counter() - t0, rchar() - before
     ok = all(torch.equal(a.full_tensor() if hasattr(a, "full_tensor") else a,
                          b.full_tensor() if hasattr(b, "full_tensor") else b)

@@ -28,7 +28,7 @@ from ckptio.plan.costs.multilevel import TwoLevelPlan, plan_two_levels
 from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint
 from ckptio.plan.job.presets import PRESETS
-from ckptio.plan.simulation.failures import simulate_failures
+from ckptio.plan.simulation.failure_injection import simulate_failures
 from ckptio.plan.units import format_duration
 
 GIB = float(1 << 30)

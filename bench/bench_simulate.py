@@ -29,7 +29,7 @@ from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.job.presets import PRESETS
-from ckptio.plan.measure.serialize import serialize_bytes_per_s
+from ckptio.plan.measure.serialize_rate import serialize_bytes_per_s
 from ckptio.plan.measure.writer_costs import measure_copy_bandwidth
 from ckptio.plan.simulation.burst import SimulationConfig, simulate
 

@@ -1,7 +1,7 @@
 """Small process helpers shared by the engine, the planner, the demo and the CLI: is a pid alive, SIGTERM as
 Ctrl-C, a background process's lower priority, and the environment of a fresh interpreter that imports ckptio.
 
-Standard library only, so any layer may import it (``storage/`` and ``format/`` have no use for it). Must never
+Standard library only, so any layer may import it (``storage/`` judges a lock's holder with it). Must never
 start, wait for or kill a process: callers own their processes.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["child_env", "lower_priority", "pid_alive", "sigterm_as_interrupt"]
+__all__ = ["child_env", "lower_priority", "machine_id", "pid_alive", "sigterm_as_interrupt"]
 
 
 def child_env() -> dict[str, str]:
@@ -37,6 +37,18 @@ def lower_priority(nice: int) -> None:
         import psutil
 
         psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, value=7)
+
+
+def machine_id() -> str:
+    """Where this process's pid means something: the kernel's boot id and the pid namespace. Two processes with one
+    machine id see each other's pids (:func:`pid_alive` answers for both); a hostname does not say so (containers
+    and cloned nodes share names, and a rebooted host reuses pids). Empty where /proc cannot tell."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def pid_alive(pid: int) -> bool:

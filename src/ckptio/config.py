@@ -18,6 +18,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 from ckptio._finite import reject_non_finite
+from ckptio._pace_option import MAX_PACE_BYTES_PER_S, MIN_PACE_BYTES_PER_S, check_flush_pace, check_pace_fraction
+from ckptio._wait import MAX_TIMEOUT_S
 from ckptio.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ class CheckpointerOptions(TypedDict, total=False):
     replicas: int
     node_id: str | None
     preempt_grace_s: float
+    preempt_duplicate_window_s: float
     partner_timeout_s: float
     flush_pace: float | Literal["auto"] | None
     flush_pace_fraction: float
@@ -306,6 +309,11 @@ class CheckpointerConfig:
     this long from the signal), then the process exits cleanly (``SystemExit(0)``); 0 leaves SIGTERM alone.
     ``emergency_save`` waits at most this long too."""
 
+    preempt_duplicate_window_s: float = 2.0
+    """Two levels only: a SIGTERM within this many seconds of the first is the same preemption delivered twice
+    (Slurm signals every process of the step and ``torchrun`` forwards what it got) and is absorbed; a later one
+    ends the process as SIGTERM would, as does the grace period running out (docs/preemption.md)."""
+
     partner_timeout_s: float = 30.0
     """A partner that does not take a copy within this long is unreachable for that save (the save commits on the
     local level without it, and it is skipped for this long); restores give up on a partner's copy after this long
@@ -314,13 +322,14 @@ class CheckpointerConfig:
     flush_pace: float | Literal["auto"] | None = None
     """Spread each save's durable write over the time until the next save, so the store and its other users (the
     data loader, other jobs) never take a whole job's checkpoint at full speed at once. None: as fast as the store
-    takes it. A number: bytes per second for the whole node, shared evenly by its ranks. ``"auto"``: finish each
-    flush within ``flush_pace_fraction`` of the measured time between saves. A flush goes to full speed when the
-    next save arrives, on an emergency save and in ``close()``; pacing never changes what commits
-    (engine.trainer.pace_rule)."""
+    takes it. A number: bytes per second for the whole node, shared evenly by its ranks (1 B/s to 1e15 B/s, as
+    ``--flush-pace``). ``"auto"``: finish each flush within ``flush_pace_fraction`` of the measured time between
+    saves. A flush goes to full speed when the next save arrives, on an emergency save and in ``close()``; pacing
+    never changes what commits (engine.trainer.pace_rule)."""
 
     flush_pace_fraction: float = 0.5
-    """With ``flush_pace="auto"``: the share of the time between saves each flush may take (0 < f <= 1)."""
+    """With ``flush_pace="auto"``: the share of the time between saves each flush may take (0.01 <= f <= 1, as
+    ``--flush-pace-fraction``: ``ckptio._pace_option``)."""
 
     flush_pace_local: bool = False
     """Pace the local tier's write too (off by default: it holds the staging slot, and the durable store is what
@@ -369,18 +378,20 @@ class CheckpointerConfig:
             (self.durable_every > 1 and self.local_dir is None, "durable_every > 1 needs local_dir (the local level)"),
             (self.replicas < 0, f"replicas must be >= 0, got {self.replicas}"),
             (self.preempt_grace_s < 0, f"preempt_grace_s must be >= 0, got {self.preempt_grace_s}"),
+            (self.preempt_duplicate_window_s < 0,
+             f"preempt_duplicate_window_s must be >= 0, got {self.preempt_duplicate_window_s}"),
             (self.partner_timeout_s <= 0, f"partner_timeout_s must be > 0, got {self.partner_timeout_s}"),
             (self.node_id is not None and not self.node_id, "node_id must not be empty"),
-            (self.flush_pace is not None and self.flush_pace != "auto" and not float(self.flush_pace) > 0,
-             f'flush_pace must be None, "auto" or bytes per second > 0, got {self.flush_pace!r}'),
-            (self.partner_pace is not None and not self.partner_pace > 0,
-             f"partner_pace must be None or bytes per second > 0, got {self.partner_pace!r}"),
-            (not 0 < self.flush_pace_fraction <= 1,
-             f"flush_pace_fraction must be within (0, 1], got {self.flush_pace_fraction}"),
+            *((getattr(self, name) > MAX_TIMEOUT_S, f"{name} must be at most {MAX_TIMEOUT_S:g} s (ckptio._wait)")
+              for name in ("commit_timeout_s", "close_timeout_s", "partner_timeout_s", "preempt_grace_s")),
+            (self.partner_pace is not None and not MIN_PACE_BYTES_PER_S <= self.partner_pace <= MAX_PACE_BYTES_PER_S,
+             f"partner_pace must be None or bytes per second within [{MIN_PACE_BYTES_PER_S:g}, "
+             f"{MAX_PACE_BYTES_PER_S:g}], got {self.partner_pace!r}"),
         ]
         for bad, message in problems:
             if bad:
                 raise ConfigError(message)
+        check_flush_pace(self.flush_pace), check_pace_fraction(self.flush_pace_fraction)  # the CLI's rule too
         self.data_dirs = tuple(os.fspath(d) for d in self.data_dirs)
         self.safe_globals = tuple(self.safe_globals)
         for entry in self.safe_globals:  # torch.serialization.safe_globals' shape, checked before any restore
@@ -400,6 +411,10 @@ class WriterConfig:
 
     keep_last: int
     """Committed steps kept on the durable tier (0 keeps all); rank 0's committer applies it after each commit."""
+
+    max_pending: int
+    """Staging slots: a level's committer may also be this many saves behind before the writer holds the next
+    save's files back (written but uncommitted saves stay at most ``max_pending`` + 1 per level)."""
 
     upload_concurrency: int
     """Threads that serialize, write and upload files of one save."""

@@ -5,12 +5,14 @@
     CkptError                                  base; carries root / step / rank / path when known
     ├── ConfigError            (ValueError)    bad option, bad CLI argument, unparsable unit (CLI: exit 2)
     ├── CheckpointerClosedError(ValueError)    a method called on a closed Checkpointer
+    │   └── CheckpointerForkedError            ... or in a process forked from the one that built it
     ├── UnsupportedStateError  (TypeError)     a value in the state that cannot be checkpointed
     ├── StructureMismatchError (ValueError)    restore target does not match the checkpoint
     ├── CheckpointNotFoundError(LookupError)   no such committed step
     ├── CorruptCheckpointError                 manifest/index/metadata (or an event file) unreadable or inconsistent
     │   ├── ChecksumError                      a file's bytes do not match the recorded checksum
-    │   └── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
+    │   ├── UntrustedCheckpointError           a pickle in the store names code restore will not run (security.md)
+    │   └── UnknownExtensionError              an item was stored through a DCP stream extension this process lacks
     ├── StorageError           (OSError)       a storage operation failed (after retries)
     │   ├── NotFoundError      (FileNotFoundError)
     │   ├── AlreadyExistsError (FileExistsError)  create-only write found the key present
@@ -21,6 +23,7 @@
     │   └── ReplicationError                   a partner node did not take a copy of a local-level save
     ├── CommitError                            a step could not be committed (ranks missing, lost race)
     ├── WriterDiedError        (RuntimeError)  the writer process of a rank exited
+    ├── PeerLostError          (ConnectionError) another rank died or never came during a restore (rank, phase)
     ├── RootInUseError                         another live job owns this checkpoint root
     ├── ResidencyError         (PermissionError) public bucket or forbidden region
     ├── VolumePolicyError                      the root breaks a volume rule and ``volume_check="error"``
@@ -42,12 +45,14 @@ __all__ = [
     "AlreadyExistsError",
     "CheckpointNotFoundError",
     "CheckpointerClosedError",
+    "CheckpointerForkedError",
     "ChecksumError",
     "CkptError",
     "CommitError",
     "ConfigError",
     "CorruptCheckpointError",
     "NotFoundError",
+    "PeerLostError",
     "PreconditionError",
     "ReplicationError",
     "ResidencyError",
@@ -56,6 +61,7 @@ __all__ = [
     "StorageFullError",
     "StoreCapabilityError",
     "StructureMismatchError",
+    "UnknownExtensionError",
     "UnsupportedStateError",
     "UntrustedCheckpointError",
     "VolumePolicyError",
@@ -108,6 +114,12 @@ class CheckpointerClosedError(CkptError, ValueError):
     """A Checkpointer method was called after ``close()``. A ValueError, as for an operation on a closed file."""
 
 
+class CheckpointerForkedError(CheckpointerClosedError):
+    """A Checkpointer method was called in a process forked from the one that built it. Its writer, staging slots
+    and root claim are the parent's, and its threads did not survive the fork: the child's copy is closed to it
+    (``close()`` there does nothing). Build a Checkpointer in the child instead."""
+
+
 class UnsupportedStateError(CkptError, TypeError):
     """The state holds a value that cannot be checkpointed."""
 
@@ -132,6 +144,13 @@ class UntrustedCheckpointError(CorruptCheckpointError):
     """A pickle read from the store (``.metadata`` or a non-tensor value) references a class or function outside
     the allowlist. Restore refuses it rather than run code chosen by whoever can write to the store; see
     docs/security.md for ``safe_globals`` and ``trust_pickles``."""
+
+
+class UnknownExtensionError(CorruptCheckpointError):
+    """An item of the checkpoint was written through a DCP stream extension (compression, encryption: its
+    ``transform_descriptors``) that this process cannot decode: not in the extension registry the reader was given
+    (DCP's default holds ZStandard), or its module is missing. The message names the descriptor. Its encoded bytes
+    are never handed to ``torch.load``."""
 
 
 class StorageError(CkptError, OSError):
@@ -177,6 +196,20 @@ class CommitError(CkptError):
 
 class WriterDiedError(CkptError, RuntimeError):
     """The writer process of a rank exited while saves were pending."""
+
+
+class PeerLostError(CkptError, ConnectionError):
+    """Another rank of the job died, or never came, while this rank waited for it in a restore: ``rank`` names it
+    (None when the transport cannot tell which) and ``phase`` says where (``ready``: the gate before planning;
+    ``exchange``: while ranges moved between ranks; ``load``: in DCP's own collectives)."""
+
+    def __init__(self, message: str, *, phase: str | None = None, **context: Any) -> None:
+        self.phase = phase
+        super().__init__(message, **context)
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return {**super().context, **({"phase": self.phase} if self.phase is not None else {})}
 
 
 class RootInUseError(CkptError):

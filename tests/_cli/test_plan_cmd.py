@@ -8,6 +8,8 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.plan.costs.background import MODES
+from ckptio.plan.costs.levels import PREEMPTION_STEPS
+from ckptio.plan.units import format_duration
 
 
 def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
@@ -77,3 +79,20 @@ def test_more_cores_per_rank_lower_the_async_cost_in_the_json(capsys: pytest.Cap
 def test_bad_host_flags_exit_2_with_the_flag_named(capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
     assert main(["plan", "--preset", "mlperf-llama3-8b", flag, value]) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_plan_prints_the_grace_period_the_emergency_save_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: SIGTERM → ``maybe_save`` acts (the step under way and the vote's two calls) → the copy → the local
+    level committed (own tier and partner copies). Only with a local level: one level has no emergency save."""
+    args = ("--preset", "mlperf-llama3-8b", "--write-bandwidth", "20GB/s", "--step-time", "2")
+    two = _plan_json(capsys, *args, "--local-bandwidth", "5GB/s")
+    times = two["levels"]["times"]  # type: ignore[index]
+    expected = PREEMPTION_STEPS * 2.0 + times["blocking_s"] + times["local_flush_s"]
+    assert two["emergency_grace_s"] == pytest.approx(expected)
+    slower = _plan_json(capsys, *args, "--local-bandwidth", "1GB/s")
+    assert slower["emergency_grace_s"] > two["emergency_grace_s"]  # type: ignore[operator]
+    assert _plan_json(capsys, *args)["emergency_grace_s"] is None
+    assert _plan_json(capsys, "--preset", "mlperf-llama3-8b", "--local-bandwidth", "5GB/s")["emergency_grace_s"] is None
+    assert main(["plan", *args, "--local-bandwidth", "5GB/s"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"emergency save needs a grace period of at least {format_duration(expected)}" in text

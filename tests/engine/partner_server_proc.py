@@ -4,8 +4,8 @@ descriptor limit are then its own, as a writer's are).
 Usage: python partner_server_proc.py SPEC_JSON; the secret comes as one hex line on stdin (never argv or the
 environment, as in a job). SPEC: local (the node's local dir), nofile (lower the soft RLIMIT_NOFILE to this,
 optional), limits (PartnerLimits fields, optional). Prints ``{"port", "pid"}``, then answers stdin commands one
-JSON line each: ``stats`` (the server's counters, its RSS and open descriptors), ``close [steps...]``
-(``close(keep_steps=...)``, then exit).
+JSON line each: ``stats`` (the server's counters, its RSS and open descriptors), ``close [steps...]`` (``close()``,
+then the local tier drops the copies received for steps not listed, as a writer's local level does; then exit).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import socket
 import sys
 
 from ckptio.engine.partner import PartnerLimits, PartnerServer
+from ckptio.engine.writer.live_steps import LiveSteps
+from ckptio.engine.writer.local_tier import LocalTier
 from ckptio.storage import open_storage
 
 COUNTERS = ("accepted", "busy", "unauthenticated", "accept_backoff", "put", "put_refused", "get")
@@ -47,8 +49,8 @@ def main() -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(spec["nofile"]), hard))
     listener = socket.create_server(("127.0.0.1", 0), backlog=128)
-    server = PartnerServer(listener, open_storage(spec["local"], fsync=False), secret=secret,
-                           limits=PartnerLimits(**spec.get("limits", {})))
+    local = open_storage(spec["local"], fsync=False)
+    server = PartnerServer(listener, local, secret=secret, limits=PartnerLimits(**spec.get("limits", {})))
     print(json.dumps({"port": listener.getsockname()[1], "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         cmd, *args = line.split()
@@ -56,7 +58,9 @@ def main() -> None:
             counters = {k: server.stats[k] for k in COUNTERS}
             print(json.dumps({**counters, "rss": rss_bytes(), "fds": open_fds()}), flush=True)
         elif cmd == "close":
-            server.close(keep_steps=[int(a) for a in args])
+            server.close()
+            tier = LocalTier(local, durable=local, local_records=None, live=LiveSteps(), budget=None, rank=0)
+            tier.drop_partner_copies(server.received(), committed={int(a) for a in args})
             print(json.dumps({"closed": True}), flush=True)
             return
 

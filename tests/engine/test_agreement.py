@@ -123,7 +123,9 @@ def _lagging_watcher(rank: int, world_size: int, root: str, base: str) -> None:
     else:  # rank 1's watcher cannot read step 1's manifest until rank 0 has committed step 3 (and cleaned up)
         store = GatedReadStorage(inner, key_with="step-00000001/manifest", until_key="step-00000003/manifest.json")
     handles = {}
-    with ckptio.Checkpointer(store, max_pending=1, overflow="skip", keep_last=0, commit_timeout_s=30) as ck:
+    # Rank 1 writes step 3 while its watches of steps 1 and 2 are still open (the gate holds the first until step 3
+    # commits): its writer's back-pressure allows max_pending unfinished commits, so rank 1 needs 2.
+    with ckptio.Checkpointer(store, max_pending=1 + rank, overflow="skip", keep_last=0, commit_timeout_s=30) as ck:
         assert ck.writer_ready(timeout=120)
         state = {f"w{rank}": torch.ones(64, 1024)}  # 256 KiB: about 4 s on rank 0's store
         handles[1] = ck.save(1, state)

@@ -18,8 +18,8 @@ import torch
 
 import ckptio
 from ckptio.config import CheckpointerConfig, CheckpointerOptions
-from ckptio.engine import preflight as preflight_module
 from ckptio.engine.owner_record import OWNER_KEY
+from ckptio.engine.trainer import preflight as preflight_module
 from ckptio.engine.trainer.staging_area import SHM_DIR, SLOT_PREFIX
 from ckptio.errors import CheckpointerClosedError, ConfigError
 

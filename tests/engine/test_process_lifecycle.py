@@ -9,9 +9,11 @@ import contextlib
 import gc
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 import weakref
 
 import pytest
@@ -19,8 +21,9 @@ import torch
 
 import ckptio
 from ckptio import format as fmt
-from ckptio.engine.trainer import exit_guard as atexit_guard
+from ckptio.engine import process_hooks
 from ckptio.storage import PosixStorage
+from ckptio.testing.wrappers import ThrottledStorage
 
 JOB = os.path.join(os.path.dirname(__file__), "lifecycle_job.py")
 EXIT_LINE = "ckptio: exiting without close()"
@@ -102,7 +105,7 @@ def test_a_checkpointer_that_was_garbage_collected_is_not_waited_for_at_exit(roo
 
 def test_close_takes_the_checkpointer_off_the_exit_guard(root):
     def guarded() -> list[object]:
-        return [ref() for _, ref in atexit_guard._live.values()]
+        return process_hooks.at_exit_owners()
 
     ck = ckptio.Checkpointer(root, start_writer="on_first_save")
     assert ck in guarded()
@@ -132,3 +135,73 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_writer_alone(tmp_pat
         assert os.waitstatus_to_exitcode(status) == 0
         ck.save(2, {"w": torch.full((8,), 2.0)}).wait(timeout=120)  # the writer still serves the parent
     assert fmt.committed_steps(PosixStorage(str(tmp_path / "root"))) == [1, 2]
+
+
+def _public_methods() -> set[str]:
+    names = {n for n in dir(ckptio.Checkpointer) if not n.startswith("_")
+             and callable(getattr(ckptio.Checkpointer, n))}
+    return names | {"__enter__", "__exit__"}
+
+
+def test_every_public_method_of_a_parents_checkpointer_refuses_at_once_in_a_forked_child(root):
+    """Issue 21, item 8: a child forked while a save is in flight (a slow store keeps it there) that calls the
+    parent's Checkpointer gets CheckpointerForkedError at once from every method; ``close()`` (and ``__exit__``)
+    do nothing there. Before, ``wait()`` and ``save()`` waited forever for a writer answer and a staging slot."""
+    state = {"w": torch.ones(1 << 20)}  # 4 MiB through a 1 MiB/s store: seconds in flight
+    ck = ckptio.Checkpointer(ThrottledStorage(PosixStorage(root), write_bytes_per_s=1 << 20), max_pending=1,
+                             every_steps=1, commit_timeout_s=120)
+    calls = {
+        "save": lambda: ck.save(2, state), "maybe_save": lambda: ck.maybe_save(2, state),
+        "emergency_save": lambda: ck.emergency_save(2, state), "restore": lambda: ck.restore(state),
+        "wait": ck.wait, "wait_staged": ck.wait_staged, "guard": ck.guard, "writer_ready": ck.writer_ready,
+        "pending_steps": ck.pending_steps, "pending_saves": ck.pending_saves, "latest_step": ck.latest_step,
+        "step_timer": lambda: ck.step_timer(1), "step_begin": lambda: ck.step_begin(1),
+        "step_end": lambda: ck.step_end(1), "__enter__": ck.__enter__,
+        "close": ck.close, "__exit__": lambda: ck.__exit__(None, None, None),  # documented no-ops
+    }
+    assert set(calls) == _public_methods(), "a public method is missing from this test"
+    handle = ck.save(1, state)
+    handle.wait_staged()
+    assert not handle.done()  # the save is in flight when the child is forked
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one line per call, then leave without running anything of the parent's
+        try:
+            with os.fdopen(write_fd, "w") as out:
+                for name, call in calls.items():
+                    try:
+                        call()
+                        outcome = "returned"
+                    except BaseException as exc:
+                        outcome = type(exc).__name__
+                    out.write(json.dumps([name, outcome]) + "\n")
+                    out.flush()
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        outcomes = dict(json.loads(line) for line in _lines_within(read_fd, 60.0))
+    finally:
+        os.close(read_fd)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    expected = {name: "CheckpointerForkedError" for name in calls} | {"close": "returned", "__exit__": "returned"}
+    assert outcomes == expected
+    handle.wait(timeout=120)  # the parent's save and writer were left alone
+    ck.close()
+    assert fmt.committed_steps(PosixStorage(root)) == [1]
+
+
+def _lines_within(fd: int, timeout: float) -> list[str]:
+    """Every line written to ``fd`` until it closes; AssertionError naming the calls done when ``timeout`` passes
+    first (a child that hangs)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return data.decode().splitlines()
+        data += chunk
+    done = [json.loads(line)[0] for line in data.decode().splitlines()]
+    raise AssertionError(f"the child hung after {done}")

@@ -18,9 +18,11 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
 import ckptio
-from ckptio.engine.restore.step_restore import destinations as targets
+from ckptio.engine.restore import destinations as targets
+from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.step_restore import restore_step
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
+from ckptio.engine.side_group import SideGroup
 from ckptio.errors import ChecksumError
 from ckptio.format import torchsave
 from ckptio.format.blocks import BLOCK_SIZE
@@ -216,7 +218,7 @@ def test_batched_reads_fetch_adjacent_tensors_together_and_reread_a_bad_one_alon
     with ckptio.Checkpointer(root, local_dir=local) as ck:
         ck.save(1, state).wait(timeout=120)
     target = {k: torch.zeros_like(v) for k, v in state.items()}
-    assert restore_step(_Batching(PosixStorage(root)), target) == 1
+    assert restore_step(RestoreContext(_Batching(PosixStorage(root)), SideGroup()), target).step == 1
     assert _Batching.calls == 1  # four tensors, one request
     assert all(torch.equal(_bits(target[k]), _bits(v)) for k, v in state.items())
     # The local copy is the first source: a flipped byte in t2 there fails t2's blocks in the batch; t2 alone is
@@ -226,7 +228,8 @@ def test_batched_reads_fetch_adjacent_tensors_together_and_reread_a_bad_one_alon
     _flip(os.path.join(local, "step-00000001", name), t2["file_offset"] + t2["data_offset"] + 5)
     _Batching.calls = 0
     target = {k: torch.zeros_like(v) for k, v in state.items()}
-    assert restore_step(_Batching(PosixStorage(root)), target, local=PosixStorage(local)) == 1
+    ctx = RestoreContext(_Batching(PosixStorage(root)), SideGroup(), local=PosixStorage(local))
+    assert restore_step(ctx, target).step == 1
     assert all(torch.equal(_bits(target[k]), _bits(v)) for k, v in state.items())
     assert _Batching.calls == 1  # the durable read of t2 alone
 

@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import ckptio
+from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.step_restore import restore_step
 from ckptio.engine.side_group import SideGroup
 from ckptio.storage import open_storage
@@ -64,7 +65,7 @@ def _restore(rank: int, world: int, root: str, out: str, plain: bool) -> None:
     group = SideGroup()
     counting = CountingStorage(open_storage(root))
     state = _blank(world)
-    assert restore_step(counting, state, group=group) == 7
+    assert restore_step(RestoreContext(counting, group), state).step == 7
     data = sum(n for key, n in counting.bytes_read.items() if key.endswith(".distcp"))
     report = {"ok": _check(state, 5), "data_bytes": data}
     if plain:  # plain DCP's own reader on the same checkpoint, at this world size
@@ -116,7 +117,7 @@ def _restore_expecting_error(rank: int, world: int, root: str, out: str) -> None
     from ckptio.errors import ChecksumError
 
     try:
-        restore_step(open_storage(root), {"shared": torch.zeros(1 << 21)}, group=SideGroup())
+        restore_step(RestoreContext(open_storage(root), SideGroup()), {"shared": torch.zeros(1 << 21)})
         outcome = {"raised": None}
     except ChecksumError as exc:
         outcome = {"raised": "ChecksumError", "message": str(exc)}

@@ -1,8 +1,10 @@
-"""Retention keeps the newest committed steps and removes garbage; one job per root."""
+"""One job per root, and nothing ckptio did not write is ever deleted, through whole Checkpointers.
+
+Retention's own rules (keep_last, leftovers, retired records, fresh markers) are held in one process by
+tests/engine/writer/test_retention.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,61 +16,6 @@ import ckptio
 from ckptio import format as fmt
 from ckptio.errors import RootInUseError
 from ckptio.storage import PosixStorage
-
-
-def _steps(root: str) -> list[str]:
-    return sorted(n for n in os.listdir(root) if n.startswith("step-"))
-
-
-def test_keep_last_keeps_the_newest_and_removes_uncommitted_leftovers(root):
-    os.makedirs(os.path.join(root, "step-00000002"))  # a crashed attempt's leftover, older than what follows
-    with open(os.path.join(root, "step-00000002", "__0_0.distcp"), "wb") as f:
-        f.write(b"partial")
-    os.makedirs(os.path.join(root, "step-00000099"))  # newer than every commit: may be in flight, kept
-    state = {"w": torch.ones(8)}
-    with ckptio.Checkpointer(root, keep_last=2) as ck:
-        for step in (1, 3, 5, 7):
-            ck.save(step, state).wait(timeout=120)
-    # Retention runs after each commit is reported; close() waits for it.
-    assert fmt.committed_steps(PosixStorage(root)) == [5, 7]
-    assert _steps(root) == ["step-00000005", "step-00000007", "step-00000099"]
-
-
-def test_keep_last_zero_keeps_everything(root):
-    with ckptio.Checkpointer(root, keep_last=0) as ck:
-        for step in (1, 2, 3, 4):
-            ck.save(step, {"w": torch.ones(8)})
-        ck.wait()
-    assert fmt.committed_steps(PosixStorage(root)) == [1, 2, 3, 4]
-
-
-def test_retention_never_deletes_before_the_newer_step_is_committed(root):
-    storage = PosixStorage(root)
-    with ckptio.Checkpointer(root, keep_last=1) as ck:
-        ck.save(1, {"w": torch.ones(8)}).wait(timeout=120)
-    # Step 2 exists but is not committed: retention as of step 2 must not touch step 1.
-    os.makedirs(os.path.join(root, "step-00000002", "ranks"))
-    assert fmt.apply_retention(storage, keep_last=1, newest_committed=2) == []
-    assert fmt.committed_steps(storage) == [1]
-
-
-def test_a_fresh_drop_marker_keeps_its_uncommitted_step_until_it_is_old(root):
-    storage = PosixStorage(root)
-    with ckptio.Checkpointer(root, keep_last=0) as ck:
-        ck.save(6, {"w": torch.ones(8)}).wait(timeout=120)
-    for step in (3, 4, 5):  # attempts that never committed, each with a rank's data file
-        storage.put(f"{fmt.step_dir(step)}/__0_0.distcp", b"partial")
-    fmt.write_failure(storage, 4, "rank2", 7, "rank 2 had no free staging slot", dropped=True)
-    fmt.write_failure(storage, 5, "rank1", 8, "rank 1 had no free staging slot", dropped=True)
-    old = os.path.join(root, fmt.step_dir(5), "failed", "rank1.json")
-    with open(old) as f:
-        body = json.load(f)
-    with open(old, "w") as f:
-        json.dump({**body, "time": body["time"] - 700}, f)
-    fmt.apply_retention(storage, keep_last=0, newest_committed=6, markers_kept_s=600)
-    # Step 3 (no marker) and step 5 (a marker older than the bound) go; step 4's marker is still to be read.
-    assert _steps(root) == ["step-00000004", "step-00000006"]
-    assert fmt.read_failure_markers(storage, 4, 7) == [("rank2: rank 2 had no free staging slot", True)]
 
 
 def test_a_second_job_on_the_same_root_is_refused_until_the_first_closes(root):
@@ -91,15 +38,53 @@ def test_a_dead_owner_frees_the_root_at_once(root):
         ck.save(1, {"w": torch.ones(2)}).wait(timeout=120)
 
 
-def test_retention_records_the_committed_steps_it_deletes(root):
-    # A rank whose watcher lags behind rank 0 reads this record to learn that its save committed before
-    # retention removed it (keep_last=1 with saves faster than the watcher).
-    from ckptio.format.retention import read_retired
+def _dcp_save(path: str, value: float) -> dict:
+    import torch.distributed.checkpoint as dcp
 
-    with ckptio.Checkpointer(root, keep_last=1) as ck:
-        handles = [ck.save(step, {"w": torch.full((8,), float(step))}) for step in (1, 2, 3)]
-        for h in handles:
-            h.wait(timeout=120)
-    retired = read_retired(PosixStorage(root))
-    assert {step: retired.get(step) for step in (1, 2)} == {1: handles[0].save_id, 2: handles[1].save_id}
-    assert 3 not in retired
+    state = {"w": torch.full((64,), value)}
+    dcp.save(state, checkpoint_id=path)
+    return state
+
+
+def test_nothing_ckptio_did_not_write_is_deleted_by_retention_rollback_or_cleanup(root):
+    """Issue 21 item 1: plain DCP checkpoints (``dcp.save`` to root/step-00000005 and step-00000020: ``.metadata``
+    and ``__0_0.distcp``), a user's folder and a user's file beside a crashed ckptio attempt all outlive retention
+    (keep_last=2), a rollback, and the leftover sweeps at start and close; the crashed attempt's own keys go."""
+    dcp_dirs = [os.path.join(root, fmt.step_dir(s)) for s in (5, 20)]
+    for path, value in zip(dcp_dirs, (5.0, 20.0), strict=True):
+        _dcp_save(path, value)
+    dcp_files = [sorted(os.listdir(p)) for p in dcp_dirs]
+    assert ".metadata" in dcp_files[0] and any(n.endswith(".distcp") for n in dcp_files[0])
+    user = os.path.join(root, fmt.step_dir(3), "notes")
+    os.makedirs(user)
+    with open(os.path.join(user, "README"), "w") as f:
+        f.write("mine")
+    crashed = os.path.join(root, fmt.step_dir(4))  # a ckptio attempt that died before its commit, plus a user file
+    os.makedirs(os.path.join(crashed, "ranks"))
+    for name in ("__0_0-00000000000aa.distcp", "ranks/0.json", ".metadata", "mine.txt"):
+        with open(os.path.join(crashed, name), "wb") as f:
+            f.write(b"x")
+    with ckptio.Checkpointer(root, keep_last=2, lease_s=0) as ck:
+        for step in (6, 7, 8):
+            ck.save(step, {"w": torch.full((64,), float(step))}).wait(timeout=120)
+        assert ck.restore({"w": torch.zeros(64)}, step=7) == 7
+        ck.save(9, {"w": torch.full((64,), 9.0)}).wait(timeout=120)  # rolls back: step 8 is retired
+    assert fmt.committed_steps(PosixStorage(root)) == [7, 9]
+    assert [sorted(os.listdir(p)) for p in dcp_dirs] == dcp_files
+    assert os.path.exists(os.path.join(user, "README"))
+    assert sorted(os.listdir(crashed)) == [".metadata", "mine.txt"]  # its own keys went; .metadata stays beside
+    with ckptio.Checkpointer(root, keep_last=1, lease_s=0) as ck:  # the next run's start and close sweep again
+        assert ck.restore({"w": torch.zeros(64)}) == 9
+        ck.save(10, {"w": torch.full((64,), 10.0)}).wait(timeout=120)
+    assert fmt.committed_steps(PosixStorage(root)) == [10]
+    assert [sorted(os.listdir(p)) for p in dcp_dirs] == dcp_files and os.path.exists(os.path.join(user, "README"))
+    for path, value in zip(dcp_dirs, (5.0, 20.0), strict=True):
+        restored = {"w": torch.zeros(64)}
+        _dcp_load(path, restored)
+        assert torch.equal(restored["w"], torch.full((64,), value))  # still whole DCP checkpoints
+
+
+def _dcp_load(path: str, state: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, checkpoint_id=path)

@@ -134,47 +134,6 @@ def test_state_can_be_mutated_right_after_save_returns_with_sync_staging(root):
     assert torch.equal(target["w"], torch.full((256, 256), 1.0))
 
 
-def test_layout_manifest_index_and_coalescing(root):
-    # 300 tiny tensors and two 3 MiB ones with a 4 MiB file cap: tiny ones share files, big ones get their own.
-    state = {f"t{i}": torch.full((4,), float(i)) for i in range(300)}
-    state["big0"] = torch.ones(768, 1024)
-    state["big1"] = torch.ones(768, 1024)
-    with ckptio.Checkpointer(root, file_size_bytes=4 << 20) as ck:
-        ck.save(7, state).wait(timeout=120)
-    storage = PosixStorage(root)
-    names = sorted(os.listdir(os.path.join(root, "step-00000007")))
-    assert {".metadata", "manifest.json", "ranks"} <= set(names)
-    data_files = [n for n in names if n.endswith(".distcp")]
-    assert 2 <= len(data_files) <= 3, data_files
-    manifest = fmt.read_manifest(storage, 7)
-    assert set(manifest.files) == set(data_files)
-    assert manifest.world_size == 1
-    index = fmt.RankIndex.from_json(storage.get("step-00000007/ranks/0.json"))
-    assert index.save_id == manifest.save_id
-    assert fmt.read_latest(storage) == 7
-    assert fmt.verify_step(storage, 7).ok
-
-
-def test_saving_over_uncommitted_leftovers_commits(root):
-    # A crashed attempt at step 5 left a data file and a stale rank index behind.
-    leftover = os.path.join(root, "step-00000005", "ranks")
-    os.makedirs(leftover)
-    with open(os.path.join(root, "step-00000005", "__0_0-0000000000001.distcp"), "wb") as f:
-        f.write(b"garbage")
-    with open(os.path.join(leftover, "0.json"), "w") as f:
-        f.write('{"format": "ckptio-rank-index/1", "step": 5, "rank": 0, "world_size": 1, "save_id": 1, '
-                '"files": [], "items": []}')
-    state = {"w": torch.randn(10)}
-    with ckptio.Checkpointer(root) as ck:
-        assert ck.latest_step() is None
-        ck.save(5, state).wait(timeout=120)
-        target = {"w": torch.zeros(10)}
-        assert ck.restore(target) == 5
-    assert torch.equal(target["w"], state["w"])
-    # The committed step lists only its own files; the crashed attempt's data file is gone.
-    assert not os.path.exists(os.path.join(root, "step-00000005", "__0_0-0000000000001.distcp"))
-
-
 def test_maybe_save_every_steps_and_every_seconds(root):
     state = {"w": torch.ones(4)}
     with ckptio.Checkpointer(root, every_steps=3, keep_last=0) as ck:

@@ -119,21 +119,6 @@ def test_rollback_retires_the_abandoned_trajectory(root, capsys):
     assert cli(["verify", root]) == 0
 
 
-def test_retiring_an_abandoned_step_keeps_a_fresh_marker_of_the_new_attempt_at_it(root):
-    from ckptio.format.rollback import retire_abandoned
-
-    _trajectory(root, [5, 10, 15, 20, 25], 0.0)
-    storage = PosixStorage(root)
-    # The resumed run's attempt at step 15 was dropped by a rank; a lagging rank still has to read that marker.
-    fmt.write_failure(storage, 15, "rank1", 99, "rank 1 had no free staging slot", dropped=True)
-    retired = retire_abandoned(storage, above=10, keep=20, own_save_ids=(), live=(), markers_kept_s=600)
-    assert retired == [15, 25]
-    assert fmt.committed_steps(storage) == [5, 10, 20]
-    assert fmt.read_failure_markers(storage, 15, 99) == [("rank1: rank 1 had no free staging slot", True)]
-    assert not os.path.exists(os.path.join(root, fmt.step_dir(25)))
-    assert not [n for n in os.listdir(os.path.join(root, fmt.step_dir(15))) if n.endswith(".distcp")]
-
-
 def test_a_save_below_the_newest_committed_step_is_never_deleted_by_retention(root):
     # A throttled store keeps step 5 in flight while step 10 commits and runs retention (keep_last=1 would delete
     # every uncommitted directory below 10).

@@ -259,12 +259,12 @@ def test_sigterm_with_save_calls_saves_to_the_local_level_and_exits(tmp_path):
 @pytest.mark.parametrize(("signals", "grace"), [(1, 2.0), (2, 600.0)], ids=["grace-runs-out", "second-sigterm"])
 def test_sigterm_without_a_save_call_ends_the_process_as_sigterm_does(tmp_path, signals, grace):
     """No save call comes (evaluation, data preparation): the process dies of SIGTERM once the grace period ran
-    out, or at once on a second SIGTERM (a 600 s grace would outlast the wait below)."""
-    job = Job(tmp_path, ["n0"], "sigterm-idle", replicas=0, grace=grace)
+    out, or at once on a second SIGTERM after the duplicate window (a 600 s grace would outlast the wait below)."""
+    job = Job(tmp_path, ["n0"], "sigterm-idle", replicas=0, grace=grace, window=1.0)
     job.line(0, "saved")
     for _ in range(signals):
         os.kill(job.procs[0].pid, signal.SIGTERM)
-        time.sleep(0.5)
+        time.sleep(1.5)
     assert job.wait(timeout=60) == [-signal.SIGTERM]
 
 
@@ -355,3 +355,19 @@ def test_records_without_digests_use_no_partner_copy(two_rank_base, tmp_path):
     path.write_text(json.dumps(body))
     for line in _relaunch(base, NODES2):
         assert line["restored"] == 4 and line["ok"] and line["last_restore"]["level"] == "durable", line
+
+
+def test_a_staging_copy_that_fails_on_one_rank_of_a_local_only_save_fails_every_rank_fast(tmp_path):
+    """Issue 21 item 9: rank 1's staging copy of a local-level-only save fails. Its failure marker must reach the
+    local level's records, the only ones rank 0's local committer reads for this save: rank 0's save then fails
+    within seconds, not after commit_timeout_s (60 s here). A marker in the durable records only would leave rank 0
+    waiting the full minute."""
+    job = Job(tmp_path, NODES2, "stage-fails", durable_every=100, commit_timeout_s=60)
+    ends = [job.line(r, "outcome", timeout=90) for r in range(2)]
+    assert job.wait() == [0, 0]
+    assert ends[1]["outcome"] == "UnsupportedStateError" and "injected" in ends[1]["error"], ends
+    assert ends[0]["outcome"] == "CommitError" and "another rank failed" in ends[0]["error"], ends
+    assert ends[0]["seconds"] < 20, ends  # the marker, not the 60 s commit timeout
+    markers = tmp_path / "root" / "levels" / "local" / "step-00000002" / "failed"
+    assert [p.name for p in markers.iterdir()] == ["rank1.json"]
+    assert not (tmp_path / "root" / "step-00000002").exists()  # the save never went to the durable level

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import pathlib
 import pickle
 
 import pytest
@@ -95,3 +96,41 @@ def test_damaged_value_is_corrupt_not_untrusted():
     with pytest.raises(CorruptCheckpointError) as info:
         load_object(b"not a torch.save blob", path="lr")
     assert not isinstance(info.value, UntrustedCheckpointError)
+
+
+def _plain_dcp_metadata(tmp_path) -> bytes:
+    import torch.distributed.checkpoint as dcp
+
+    path = tmp_path / "plain"
+    dcp.save({"w": torch.ones(3), "o": {"a": 1}}, checkpoint_id=str(path))  # FileSystemWriter, torch 2.13
+    return (path / ".metadata").read_bytes()
+
+
+def test_dcp_metadata_holding_the_checkpoint_path_loads_as_plain_data(tmp_path):
+    raw = _plain_dcp_metadata(tmp_path)
+    assert b"pathlib" in raw  # torch 2.13's FileSystemWriter records the directory as a PosixPath
+    metadata = load_metadata(raw)
+    assert metadata.storage_meta.checkpoint_id == pathlib.PurePosixPath(str(tmp_path / "plain"))
+    assert type(metadata.storage_meta.checkpoint_id) is pathlib.PurePosixPath  # built from strings, not PosixPath
+
+
+def test_metadata_as_an_older_torch_on_another_python_writes_it_loads_too(tmp_path):
+    """Built by hand (torch 2.9 is not installed here): the torch 2.13 metadata without its ``version`` field
+    (torch 2.9's Metadata pickles no more than that), in protocol 2, with the path class under ``pathlib._local``,
+    where Python 3.13 keeps it, and a Windows path beside it."""
+    metadata = pickle.loads(_plain_dcp_metadata(tmp_path))  # the test wrote this file
+    metadata.__dict__.pop("version", None)
+    metadata.storage_meta.modules = [pathlib.PureWindowsPath("C:/ckpt/step-1")]
+    raw = pickle.dumps(metadata, protocol=2)
+    assert b"cpathlib\nPosixPath\n" in raw
+    raw = raw.replace(b"cpathlib\nPosixPath\n", b"cpathlib._local\nPosixPath\n")
+    loaded = load_metadata(raw)
+    assert loaded.storage_meta.checkpoint_id == pathlib.PurePosixPath(str(tmp_path / "plain"))
+    assert loaded.storage_meta.modules == [pathlib.PureWindowsPath("C:/ckpt/step-1")]
+    assert loaded.state_dict_metadata == metadata.state_dict_metadata
+
+
+def test_a_pickled_path_holding_anything_but_strings_is_refused():
+    raw = b"\x80\x02cpathlib\nPosixPath\nK\x01\x85R."  # PosixPath(1)
+    with pytest.raises(UntrustedCheckpointError, match="not strings"):
+        load_metadata(raw)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptio.storage import PosixStorage, direct_io
+from ckptio.storage import PosixStorage
+from ckptio.storage.posix import direct_io
 from ckptio.storage.posix.direct_io import ALIGN, CHUNK, DirectIOUnsupported, write_direct
 from ckptio.storage.posix.posix_storage import TMP_PREFIX
 
@@ -152,7 +153,7 @@ def test_reads_fall_back_to_buffered_where_o_direct_is_refused(tmp_path: Path, m
     data = random.Random(4).randbytes(2 << 20)
     storage = PosixStorage(tmp_path / "root", direct_io=False)
     storage.put("a", data)
-    storage.posix.direct_io = True
+    storage.direct_io = True
     monkeypatch.setattr(direct_io.os, "open", refusing_open)
     out = bytearray(len(data))
     assert storage.readinto("a", out) == len(data) and bytes(out) == data

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ckptio.storage import PosixStorage
-from ckptio.storage import writeback as writeback_module
+from ckptio.storage.posix import writeback as writeback_module
 from ckptio.storage.posix.direct_io import CHUNK
 from ckptio.storage.posix.posix_storage import TMP_PREFIX
 

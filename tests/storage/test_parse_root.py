@@ -11,7 +11,8 @@ import torch
 import ckptio
 from ckptio.errors import ConfigError
 from ckptio.policy.volumes import check_volumes, volume_of
-from ckptio.storage import PosixRoot, PosixStorage, S3Root, open_storage, parse_root
+from ckptio.storage import PosixRoot, PosixStorage, open_storage, parse_root
+from ckptio.storage.s3.root import S3Root
 
 
 @pytest.mark.parametrize(

@@ -56,3 +56,44 @@ def test_open_storage_paths(tmp_path: Path) -> None:
     assert open_storage(by_path) is by_path
     with pytest.raises(ValueError):
         open_storage("gs://bucket/x")
+
+
+def test_list_dirs_reads_one_directory_and_never_walks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = PosixStorage(tmp_path, fsync=False)
+    for step in range(1, 21):
+        for rank in range(5):
+            storage.put(f"step-{step:08d}/ranks/{rank}.json", b"{}")
+    scans: list[str] = []
+    real_scandir = os.scandir
+
+    def counting_scandir(path: str) -> object:
+        scans.append(path)
+        return real_scandir(path)
+
+    def no_walk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("list_dirs walked the tree")
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    monkeypatch.setattr(os, "walk", no_walk)
+    assert storage.list_dirs() == [f"step-{s:08d}" for s in range(1, 21)]
+    assert scans == [str(tmp_path)]
+
+
+def test_list_dirs_may_list_a_directory_a_crash_left_empty(tmp_path: Path) -> None:
+    # The contract allows it (callers treat names as candidates); a clean delete leaves no such directory.
+    storage = PosixStorage(tmp_path, fsync=False)
+    (tmp_path / "step-00000009").mkdir()
+    (tmp_path / "step-00000010").mkdir()
+    (tmp_path / "step-00000010" / f"{TMP_PREFIX}manifest.json-1-ab").write_bytes(b"half")
+    assert storage.list_dirs() == ["step-00000009", "step-00000010"]
+    assert list(storage.list()) == []
+
+
+def test_a_clean_delete_leaves_no_name_behind(tmp_path: Path) -> None:
+    storage = PosixStorage(tmp_path, fsync=False)
+    storage.put("a/b/c/deep", b"1")
+    storage.put("a/x", b"1")
+    storage.delete("a/b/c/deep")
+    assert storage.list_dirs("a") == []
+    storage.delete("a/x")
+    assert storage.list_dirs() == [] and os.listdir(tmp_path) == []

@@ -46,6 +46,10 @@ def test_listing_neither_follows_nor_reports_links(layout):
     assert [i.key for i in storage.list("")] == ["inner/f"]
     assert storage.list_dirs("") == ["inner"]
     with pytest.raises(StorageError):
+        storage.list_dirs("step-00000005")
+    with pytest.raises(StorageError):
+        storage.list_dirs("alias")
+    with pytest.raises(StorageError):
         list(storage.list("step-00000005/"))
     with pytest.raises(StorageError):
         storage.delete_prefix("step-00000005")

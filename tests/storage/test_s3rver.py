@@ -39,3 +39,9 @@ class TestS3rver(StoreTests):
                              "(seen here); AWS, MinIO and moto replace objects atomically")
     def test_reader_never_sees_a_partial_object(self, storage: Storage) -> None:  # type: ignore[override]
         raise AssertionError("skipped")
+
+    @pytest.mark.xfail(strict=True, reason="s3rver's delimiter listing drops a common prefix whose objects all lie "
+                                           "two or more levels down (a/b/c lists no 'a' unless a/x exists); AWS "
+                                           "and moto list it")
+    def test_list_dirs_lists_one_level_of_names(self, storage: Storage) -> None:  # type: ignore[override]
+        super().test_list_dirs_lists_one_level_of_names(storage)

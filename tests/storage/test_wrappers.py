@@ -37,8 +37,8 @@ class TestFaultWithoutFault(WrapperTests):
 def test_wrappers_pass_through_url_and_region(tmp_path: Path) -> None:
     inner = PosixStorage(tmp_path, fsync=False, region="eu-north-1")
     wrapped = FaultStorage(LatencyStorage(inner, seconds=0))
-    assert (wrapped.url, wrapped.region, wrapped.is_posix) == (inner.url, "eu-north-1", True)
-    assert wrapped.local_path("a/b") == inner.local_path("a/b")
+    assert (wrapped.url, wrapped.region) == (inner.url, "eu-north-1")
+    assert wrapped.local_directory() is inner
 
 
 def test_full_storage_raises_and_keeps_earlier_objects(tmp_path: Path) -> None:

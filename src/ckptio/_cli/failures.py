@@ -1,8 +1,9 @@
 """``ckptio simulate --failures N``: failures injected into the single-level and two-level schedules of the plan.
 
 Owns the flags of the failure injection (``--failures``, ``--seed``; the two-level flags come from
-:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.simulation.failures`'s, the schedules
-and the prediction :mod:`ckptio.plan.costs.multilevel`'s. It must never change the burst simulation's own output.
+:mod:`ckptio._cli.level_args`), and its table. The simulation is :mod:`ckptio.plan.simulation.failure_injection`'s,
+the schedules and the prediction :mod:`ckptio.plan.costs.multilevel`'s. It must never change the burst simulation's
+own output.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ckptio._cli.level_args import add_level_arguments, level_args
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.budget import plan_burst
 from ckptio.plan.costs.multilevel import plan_two_levels
-from ckptio.plan.simulation.failures import MAX_FAILURES, compare_with_plan
+from ckptio.plan.simulation.failure_injection import MAX_FAILURES, compare_with_plan
 from ckptio.plan.units import format_duration, quoted
 
 
@@ -37,7 +38,7 @@ class FailureArgs:
     """``--failures`` and ``--seed``, checked."""
 
     failures: int
-    """Failures to inject (1 to :data:`~ckptio.plan.simulation.failures.MAX_FAILURES`)."""
+    """Failures to inject (1 to :data:`~ckptio.plan.simulation.failure_injection.MAX_FAILURES`)."""
     seed: int
     """Random seed of the injection."""
 

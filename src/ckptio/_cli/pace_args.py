@@ -3,6 +3,7 @@
 Owns the command-line spelling of ``Checkpointer(flush_pace=, flush_pace_fraction=)`` (``--flush-pace auto|RATE``,
 ``--flush-pace-fraction``) and of the store share a job may take (``--store-share``). Values stay strings until
 built here, so every bad value becomes a :class:`~ckptio.errors.ConfigError` naming its flag (exit code 2). The
+ranges are the Checkpointer's own (``ckptio._pace_option``): the planner and a job accept the same values. The
 model is :mod:`ckptio.plan.costs.pace`'s. Not a subcommand.
 """
 
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 
-from ckptio._cli.job_args import fraction_flag, int_flag, rate_flag
+from ckptio._cli.job_args import fraction_flag, int_flag
+from ckptio._pace_option import check_flush_pace, check_pace_fraction
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.levels import DEFAULT_RANKS_PER_NODE
 from ckptio.plan.costs.pace import DEFAULT_FRACTION, FlushPace, PacePlan
-from ckptio.plan.units import format_duration, format_rate
+from ckptio.plan.units import format_duration, format_rate, parse_rate, quoted
 
-MIN_PACE_FRACTION = 0.01
-"""A flush squeezed into less than a hundredth of the interval is no pace: the burst is the store's whole speed."""
 MIN_STORE_SHARE = 1e-6
 """A smaller share of a store leaves no job a byte a second of a real one."""
 MAX_RANKS_PER_NODE = 10_000
@@ -42,7 +42,11 @@ def add_pace_arguments(parser: argparse.ArgumentParser, *, ranks_per_node: bool 
 
 def flush_pace(args: argparse.Namespace) -> FlushPace:
     """``--flush-pace``, ``--flush-pace-fraction`` and ``--ranks-per-node``, checked whether or not a pace is given."""
-    fraction = fraction_flag(args.flush_pace_fraction, "--flush-pace-fraction", low=MIN_PACE_FRACTION)
+    try:
+        given_fraction: object = float(args.flush_pace_fraction)
+    except ValueError:
+        raise ConfigError(f"--flush-pace-fraction takes a fraction, got {quoted(args.flush_pace_fraction)}") from None
+    fraction = check_pace_fraction(given_fraction, what="--flush-pace-fraction")
     per_node = int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE)
     text = args.flush_pace
     if text is None:
@@ -50,7 +54,7 @@ def flush_pace(args: argparse.Namespace) -> FlushPace:
     if text.strip().lower() == "auto":
         return FlushPace(pace="auto", fraction=fraction, ranks_per_node=per_node)
     try:
-        rate = rate_flag(text, "--flush-pace")
+        rate = check_flush_pace(parse_rate(text, what="--flush-pace"), what="--flush-pace")
     except ConfigError as exc:
         raise ConfigError(f"--flush-pace takes auto or the node's budget as a rate (2GB/s): {exc.message}") from None
     return FlushPace(pace=rate, fraction=fraction, ranks_per_node=per_node)

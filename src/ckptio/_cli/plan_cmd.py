@@ -113,6 +113,7 @@ def _store_free_levels(shape: CheckpointShape, levels: LevelArgs) -> dict[str, o
         "local_interval_s": None, "durable_interval_s": None, "durable_every": None,
         "restore_s": {"local": local.restore_local_s(shape) if local else None,
                       "partner": local.restore_partner_s(shape) if local else None, "durable": None},
+        "emergency_grace_s": None,
     }
 
 
@@ -197,6 +198,9 @@ def levels_table(p: TwoLevelPlan) -> Table:
     table.caption_justify = "left"
     if p.two_level is None:
         table.caption += "; give --local-bandwidth for two levels"
+    if p.emergency_grace_s is not None:
+        table.caption += (f"\npreemption: the emergency save needs a grace period of at least "
+                          f"{format_duration(p.emergency_grace_s)} after SIGTERM (preempt_grace_s; docs/preemption.md)")
     return table
 
 

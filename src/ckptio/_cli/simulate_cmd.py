@@ -29,7 +29,7 @@ from ckptio._cli.pace_args import add_pace_arguments, flush_pace
 from ckptio._cli.paths import check_output, writing
 from ckptio.plan.simulation.burst import SimulationConfig, SimulationResult, simulate
 from ckptio.plan.simulation.burst_types import MAX_CHECKPOINTS
-from ckptio.plan.simulation.events import simulation_events, write_events
+from ckptio.plan.simulation.simulation_events import simulation_events, write_events
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 
 _SHOWN_RECORDS = 12

@@ -10,6 +10,7 @@
   exchange them, land them in the targets; two-level sources on top.
 
 Shared by the rooms: ``protocol`` (every trainer↔writer message), ``side_group`` (the only collectives, on a
-dedicated gloo group), ``owner_record`` (one job per root), and ``partner/`` (the writer-to-writer channel of the
-local level, also read by a two-level restore).
+dedicated gloo group), ``owner_record`` (one job per root), ``process_hooks`` (every process-wide hook: the one
+SIGTERM owner, the exit hook, the fork handlers, the writer's signal policy), and ``partner/`` (the
+writer-to-writer channel of the local level, also read by a two-level restore).
 """

@@ -2,8 +2,15 @@
 
 Two jobs saving into one root would interleave steps and let one job's retention delete the other's checkpoints.
 At start, rank 0 claims ``<root>/.ckptio-owner.json``; the claim fails with :class:`RootInUseError` while another
-job's record is fresh (heartbeat newer than its lease) and, when that job ran on this host, its process is alive.
-A job killed with -9 therefore frees the root at once on the same host, and after one lease elsewhere.
+job's record is fresh (heartbeat newer than its lease) and, when that job ran on this machine, its process is alive.
+A job killed with -9 therefore frees the root at once on the same machine, and after one lease elsewhere. "This
+machine" is :func:`ckptio._proc.machine_id` (boot id and pid namespace), not the hostname: two nodes or containers
+may share a name, and a pid means nothing across them. (A record written without it is judged by hostname.)
+
+The claim and every renewal are conditional writes of the storage (create-only, compare-and-swap), so of two jobs
+claiming one root at once exactly one wins, also from two clients of a shared filesystem: the POSIX backend builds
+both on ``link()`` and ``O_EXCL`` lock files, which the filesystem's server decides for every client
+(:mod:`ckptio.storage.posix.exclusion`), never on ``flock``.
 
 Rank 0's writer renews the heartbeat with ``put(mode=IfMatch(etag))`` — never an unconditional overwrite — so an
 owner that was paused past its lease (SIGSTOP, a frozen VM, a long GC) and was replaced finds out on its next
@@ -31,7 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptio._proc import pid_alive
+from ckptio._proc import machine_id, pid_alive
 from ckptio.errors import (
     AlreadyExistsError,
     ConfigError,
@@ -50,6 +57,7 @@ MAX_CLOCK_SKEW_S = 120.0
 
 # The heartbeat thread and the committer thread of one writer may both renew: serialise the swaps.
 _RENEW_LOCK = threading.Lock()
+_MACHINE = machine_id()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,8 +65,8 @@ class OwnerRecord:
     """Who holds a root, and until when the claim stands without a heartbeat.
 
     ``claim`` is unique per claim (a restarted job with the same ``job_id`` gets a new one), so an owner can tell
-    its own record from its successor's. The remaining fields are this process's view of its claim; they are
-    never written to the store.
+    its own record from its successor's. ``machine`` says where ``pid`` can be checked. The fields after it are
+    this process's view of its claim; they are never written to the store.
     """
 
     job_id: str
@@ -67,6 +75,7 @@ class OwnerRecord:
     heartbeat: float
     lease_s: float
     claim: str = ""
+    machine: str = ""
     etag: str = field(default="", compare=False)
     """The record's etag after this claim's last successful write (the If-Match of the next renewal)."""
     renewed_at: float = field(default=0.0, compare=False)
@@ -76,7 +85,7 @@ class OwnerRecord:
 
     def to_json(self) -> bytes:
         return json.dumps({"job_id": self.job_id, "host": self.host, "pid": self.pid, "heartbeat": self.heartbeat,
-                           "lease_s": self.lease_s, "claim": self.claim}).encode()
+                           "lease_s": self.lease_s, "claim": self.claim, "machine": self.machine}).encode()
 
 
 def _parse(raw: bytes) -> OwnerRecord | None:
@@ -90,14 +99,15 @@ def _parse(raw: bytes) -> OwnerRecord | None:
     try:
         job_id, host, pid = doc["job_id"], doc["host"], doc["pid"]
         heartbeat, lease_s, claim = doc["heartbeat"], doc["lease_s"], doc.get("claim", "")
+        machine = doc.get("machine", "")
     except KeyError:
         return None
-    if not (isinstance(job_id, str) and isinstance(host, str) and isinstance(claim, str)):
+    if not all(isinstance(v, str) for v in (job_id, host, claim, machine)):
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (pid, heartbeat, lease_s)):
         return None
     return OwnerRecord(job_id=job_id, host=host, pid=int(pid), heartbeat=float(heartbeat), lease_s=float(lease_s),
-                       claim=claim)
+                       claim=claim, machine=machine)
 
 
 def read_owner(storage: Storage) -> tuple[OwnerRecord | None, str | None]:
@@ -110,9 +120,16 @@ def read_owner(storage: Storage) -> tuple[OwnerRecord | None, str | None]:
     return _parse(raw), info.etag
 
 
+def _on_this_machine(record: OwnerRecord) -> bool:
+    """Whether ``record.pid`` names a process this one can check."""
+    if record.machine:
+        return record.machine == _MACHINE
+    return record.host == socket.gethostname()  # an older record: its hostname is all there is
+
+
 def _alive_here(record: OwnerRecord) -> bool:
-    if record.host != socket.gethostname():
-        return True  # cannot tell for another host: trust the lease
+    if not _on_this_machine(record):
+        return True  # cannot tell for another machine: trust the lease
     return record.pid > 0 and pid_alive(record.pid)
 
 
@@ -130,7 +147,7 @@ def _implausible(record: OwnerRecord, now: float) -> str | None:
 
 def _holds(storage: Storage, record: OwnerRecord, now: float) -> bool:
     """Whether ``record`` still holds the root; RootInUseError when the record cannot be judged."""
-    if record.host == socket.gethostname() and not _alive_here(record):
+    if _on_this_machine(record) and not _alive_here(record):
         return False  # its process is gone: whatever the record says, nobody holds the root
     problem = _implausible(record, now)
     if problem is not None:
@@ -153,7 +170,7 @@ def claim_root(storage: Storage, *, lease_s: float, job_id: str | None = None) -
     """Take the root for this job, or raise RootInUseError naming the holder (and how to clear a bad record)."""
     _check_lease_s(lease_s)
     mine = OwnerRecord(job_id=job_id or uuid.uuid4().hex, host=socket.gethostname(), pid=os.getpid(),
-                       heartbeat=time.time(), lease_s=float(lease_s), claim=uuid.uuid4().hex)
+                       heartbeat=time.time(), lease_s=float(lease_s), claim=uuid.uuid4().hex, machine=_MACHINE)
     for _ in range(5):
         current, etag = read_owner(storage)
         now = time.time()
@@ -186,7 +203,7 @@ def _renew(storage: Storage, record: OwnerRecord) -> None:
     # flight reads a success that a successor may already have overwritten (see ensure_lease).
     beat, sent = time.time(), time.monotonic()
     body = OwnerRecord(job_id=record.job_id, host=record.host, pid=record.pid, heartbeat=beat,
-                       lease_s=record.lease_s, claim=record.claim).to_json()
+                       lease_s=record.lease_s, claim=record.claim, machine=record.machine).to_json()
     try:
         info = storage.put(OWNER_KEY, body, mode=IfMatch(record.etag))
     except (PreconditionError, NotFoundError):

@@ -90,6 +90,17 @@ class SideGroup:
             raise ConfigError(f"not every rank reached {what} within {timeout_s:.0f} s: a state structure change "
                               f"must happen on every rank at the same step ({exc})", rank=self.rank) from exc
 
+    def barrier_within(self, timeout_s: float) -> None:
+        """Every rank meets here, or RuntimeError after ``timeout_s`` (gloo's monitored barrier: rank 0's error
+        names the ranks that did not come; the others' say only that rank 0 did not answer). Another backend's
+        barrier stays unbounded."""
+        if not self.distributed:
+            return
+        if dist.get_backend(self.group) != "gloo":
+            dist.barrier(group=self.group)
+            return
+        dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+
     def destroy(self) -> None:
         """Undo the gloo group this created (a failed construction only: a live group stays until exit)."""
         if self.group is not None and self._owns_group:

@@ -134,6 +134,27 @@ def block_count(nbytes: int, block_size: int) -> int:
     return -(-nbytes // block_size) if block_size > 0 else 0
 
 
+MIN_BLOCK_SIZE = 64 << 10
+"""Smallest checksum block a reader accepts. Smaller blocks buy a reader nothing (a reshard over-reads at most one
+block at each edge of its range) and cost it a crc call, a record and a plan entry each, so an index of tiny blocks
+could make a small tensor's restore spend memory and time without bound."""
+MAX_BLOCKS = 1 << 20
+"""Most checksum blocks one item may claim (a 4 TiB tensor at the writer's 4 MiB): the reader's plan holds one entry
+per block."""
+
+
+def block_layout_problem(block_size: int, nbytes: int) -> str | None:
+    """Why a record's checksum blocks (``block_size`` over ``nbytes`` checked bytes) are refused, or None. Records
+    without blocks (``block_size`` 0) have nothing to refuse."""
+    if block_size == 0:
+        return None
+    if block_size < MIN_BLOCK_SIZE:
+        return f"checksum blocks of {block_size} bytes, below the minimum of {MIN_BLOCK_SIZE}"
+    if block_count(nbytes, block_size) > MAX_BLOCKS:
+        return f"{block_count(nbytes, block_size)} checksum blocks, above the bound of {MAX_BLOCKS}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Block:
     """One checksum block, placed in its file: ``length`` bytes at ``offset`` whose crc32c is ``crc`` (hex)."""

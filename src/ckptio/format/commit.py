@@ -23,7 +23,8 @@ from ckptio.errors import (
 )
 from ckptio.format.keys import FAILED_DIR, LATEST, MANIFEST, failed_key, manifest_key, parse_step_dir, step_dir
 from ckptio.format.records import Manifest
-from ckptio.storage.base import IfMatch, Storage, join_key
+from ckptio.format.supersede import pending_supersede, resolve
+from ckptio.storage.base import IfMatch, ReadStore, Storage, join_key
 
 
 def write_failure(storage: Storage, step: int, who: str, save_id: int, error: BaseException | str, *,
@@ -86,6 +87,19 @@ def write_manifest(storage: Storage, manifest: Manifest, *, verify: bool = False
         ) from exc
 
 
+def replace_manifest(storage: Storage, manifest: Manifest, *, etag: str, verify: bool = False) -> None:
+    """The commit point of a supersede: replace the step's manifest while it is still the one read (``etag``),
+    else CommitError (another writer changed it meanwhile). ``verify`` as for :func:`write_manifest`."""
+    key = manifest_key(manifest.step)
+    try:
+        storage.put(key, manifest.to_json(), mode=IfMatch(etag))
+    except PreconditionError as exc:
+        raise CommitError("the step's manifest changed while this save superseded it", root=storage.url,
+                          step=manifest.step, path=key) from exc
+    if verify:
+        _verify_manifest(storage, manifest, key)
+
+
 def _verify_manifest(storage: Storage, manifest: Manifest, key: str) -> None:
     """Read-after-write check of lease mode: the manifest at ``key`` is this save's, or CommitError."""
     try:
@@ -98,12 +112,38 @@ def _verify_manifest(storage: Storage, manifest: Manifest, key: str) -> None:
                           "check of commit='lease')", root=storage.url, step=manifest.step, path=key)
 
 
-def read_manifest(storage: Storage, step: int) -> Manifest:
+def read_manifest(storage: ReadStore, step: int) -> Manifest:
+    """The manifest of committed ``step``: ``manifest.json``, or — while a supersede of the step is in progress or
+    was interrupted by a crash — whichever of its old and new manifests pairs with the ``.metadata`` in place
+    (``format.supersede``)."""
+    return step_manifests(storage, step)[0]
+
+
+def step_manifests(storage: ReadStore, step: int) -> list[Manifest]:
+    """:func:`read_manifest`'s manifest first, then, during a supersede, the other side's (both sides' files belong
+    to the step until the supersede is finished). CheckpointNotFoundError / CorruptCheckpointError for the first."""
     key = manifest_key(step)
     try:
         raw = storage.get(key)
     except NotFoundError:
         raise CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step) from None
+    pending = pending_supersede(storage, step)
+    if pending is None:
+        return [_parse_manifest(storage, step, raw)]
+    chosen = resolve(storage, step, raw, pending)
+    others = []
+    for other in {raw, pending.new, pending.old} - {chosen}:
+        if other is None:
+            continue
+        try:
+            others.append(_parse_manifest(storage, step, other))
+        except CorruptCheckpointError:
+            continue
+    return [_parse_manifest(storage, step, chosen), *others]
+
+
+def _parse_manifest(storage: ReadStore, step: int, raw: bytes) -> Manifest:
+    key = manifest_key(step)
     try:
         manifest = Manifest.from_json(raw, key=key)
     except CorruptCheckpointError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ckptio.format.blocks import block_layout_problem
 from ckptio.format.records import Manifest, RankIndex
 
 if TYPE_CHECKING:
@@ -84,6 +85,13 @@ def metadata_problems(metadata: Any, manifest: Manifest) -> list[str]:
     return problems
 
 
+def index_block_problems(index: RankIndex) -> list[tuple[str, str]]:
+    """(fqn, why) for every item of ``index`` whose checksum blocks a reader refuses
+    (:func:`~ckptio.format.blocks.block_layout_problem`)."""
+    found = ((it.fqn, block_layout_problem(it.block_size, it.checked_span()[1])) for it in index.items)
+    return [(fqn, why) for fqn, why in found if why is not None]
+
+
 def index_findings(metadata: Any, manifest: Manifest, indexes: dict[int, RankIndex]) -> tuple[list[str], list[str]]:
     """(problems, warnings) between the rank indexes of this step's save and the manifest and ``.metadata``.
 
@@ -111,6 +119,7 @@ def index_findings(metadata: Any, manifest: Manifest, indexes: dict[int, RankInd
         if differs:
             warnings.append(f"ranks/{rank}.json: files {differs} differ from the manifest")
             continue
+        problems += [f"ranks/{rank}.json: item {fqn!r}: {why}" for fqn, why in index_block_problems(index)]
         if not isinstance(storage_data, dict):
             continue
         for it in index.items:

@@ -4,8 +4,15 @@ Only canonical names count: exactly what :func:`step_dir` writes (``step-`` and 
 digits, more only when the step needs them). ``step-0000000099`` is junk, not an alias of step 99.
 
 It also owns the containment rule for keys a manifest may name (:func:`check_data_key`): a step's data lives in
-its own directory or under a hash directory followed by its own step directory, and nowhere else. This module
-computes and checks names; it never reads or writes storage.
+its own directory or under a hash directory followed by its own step directory, and nowhere else.
+
+And it owns **the rule by which ckptio knows its own keys** (:func:`is_own_key`), so that nothing ckptio did not
+write is ever deleted: within a step directory, ckptio writes only ``manifest.json``, ``supersede.json``,
+``commit.lock``, ``ranks/<rank>.json``, ``failed/<who>.json``, data files named with their save attempt
+(``__<rank>_<n>-<attempt hex>.distcp``, see ``layout.data_file_name``) and ``.metadata``. A plain DCP checkpoint
+(``.metadata`` beside ``__0_0.distcp``) or a user's own folder holds none of the first six, so it is not ckptio's
+(:func:`is_own_step`), and ``.metadata`` counts as ckptio's only in a directory where nothing foreign remains.
+This module computes and checks names; it never reads or writes storage.
 """
 
 from __future__ import annotations
@@ -20,12 +27,20 @@ METADATA = ".metadata"
 LATEST = "latest"
 RANKS_DIR = "ranks"
 FAILED_DIR = "failed"
+SUPERSEDE = "supersede.json"
+"""A supersede in progress (``format.rollback``): the step's old and new manifests until the new one is in place."""
+COMMIT_LOCK = "commit.lock"
 MANIFEST_FORMAT = "ckptio-manifest/1"
 INDEX_FORMAT = "ckptio-rank-index/1"
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 # A data file's name within its step directory: one plain path segment, no separators, no dot-only names.
 _FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]*$")
 _HASH_DIR_RE = re.compile(rf"^{re.escape(HASHED_DIR_PREFIX)}[0-9a-f]{{1,16}}$")
+# layout.data_file_name: DCP's __{rank}_{n} plus the save attempt in hex (13 digits or more). DCP itself writes
+# __{rank}_{n}.distcp, without the attempt: never ckptio's.
+_OWN_DATA_RE = re.compile(r"^__\d+_\d+-[0-9a-f]{13,}\.distcp$")
+_OWN_RECORD_RE = re.compile(rf"^(?:{RANKS_DIR}/\d+\.json|{FAILED_DIR}/[A-Za-z0-9_.-]+\.json)$")
+_OWN_NAMES = frozenset({MANIFEST, SUPERSEDE, COMMIT_LOCK})
 
 
 def step_dir(step: int) -> str:
@@ -39,6 +54,32 @@ def parse_step_dir(name: str) -> int | None:
         return None
     step = int(m.group(1))
     return step if step_dir(step) == name else None
+
+
+def is_own_data_name(name: str) -> bool:
+    """Is ``name`` a data file name ckptio writes (with its save attempt), not DCP's plain ``__0_0.distcp``?"""
+    return bool(_OWN_DATA_RE.match(name))
+
+
+def is_own_key(rest: str) -> bool:
+    """Is ``rest`` (a key below a step directory) one that only ckptio writes? ``.metadata`` is not: DCP writes it
+    too, so it goes only with a directory that holds nothing foreign (:func:`own_keys_to_delete`)."""
+    return rest in _OWN_NAMES or bool(_OWN_RECORD_RE.match(rest)) or is_own_data_name(rest)
+
+
+def is_own_step(rests: list[str]) -> bool:
+    """Does a step directory holding ``rests`` (keys below it) show a ckptio attempt? One key only ckptio writes."""
+    return any(is_own_key(rest) for rest in rests)
+
+
+def own_keys_to_delete(rests: list[str]) -> list[str]:
+    """Of a ckptio step directory's keys ``rests``, those cleanup may delete: ckptio's own, and ``.metadata`` when
+    nothing foreign stays beside it. Nothing of a directory ckptio never wrote to."""
+    if not is_own_step(rests):
+        return []
+    own = [rest for rest in rests if is_own_key(rest)]
+    foreign = [rest for rest in rests if rest not in own and rest != METADATA]
+    return own + ([METADATA] if METADATA in rests and not foreign else [])
 
 
 def check_file_name(name: str, *, step: int, path: str = "") -> None:
@@ -73,6 +114,10 @@ def durable_data_key(storage: Storage, step: int, name: str) -> str:
 
 def index_key(step: int, rank: int) -> str:
     return join_key(step_dir(step), RANKS_DIR, f"{rank}.json")
+
+
+def supersede_key(step: int) -> str:
+    return join_key(step_dir(step), SUPERSEDE)
 
 
 def failed_key(step: int, who: str) -> str:

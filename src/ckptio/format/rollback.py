@@ -3,17 +3,19 @@
 The rules (documented in the README's "When things fail"):
 
 * **A step saved again by the same run supersedes the committed one** (and so does a save above a restored step,
-  see rollback). The later save's commit first *uncommits* the step (deletes its manifest, so a reader never sees
-  the old manifest with the new ``.metadata``), then writes ``.metadata`` and the new manifest, and only then
-  deletes the old save's data files. Should the new commit fail after the step was uncommitted, the old manifest
-  and ``.metadata`` are put back (best effort). A manifest of any other save (a second job racing on the root, an
-  earlier run's step saved again without a restore) is never touched: that commit fails with ``CommitError``.
+  see rollback). The later save's commit replaces the step's ``.metadata`` and manifest without a moment in which
+  the step is not committed: ``format.supersede`` states the order and how a reader (and the next committer, with
+  :func:`finish_supersede`) resolves a supersede a crash interrupted. Only then are the old save's data files
+  deleted. Should the new commit fail, the old ``.metadata`` is put back (best effort; until then readers resolve
+  the pair through the pending record). A manifest of any other save (a second job racing on the root, an earlier
+  run's step saved again without a restore) is never touched: that commit fails with ``CommitError``.
 * **Rollback.** After ``restore(step=N)``, the first commit above ``N`` retires every committed step above ``N``
   that this run did not save, *before* its own manifest is written: a crash in between leaves ``N`` the newest
   step, never the abandoned trajectory. ``latest`` is then pointed back at the newest committed step.
 
-Deletes only keys a step owns: its directory, or the data key the storage computes for a plain data file name of
-that step (never a key read from a manifest). Runs on rank 0's committer; no processes, no collectives.
+Deletes only keys a step owns: its directory's keys ckptio writes (``keys.is_own_key``), or the data key the
+storage computes for a plain data file name of that step (never a key read from a manifest). Runs on rank 0's
+committer; no processes, no collectives.
 """
 
 from __future__ import annotations
@@ -31,19 +33,23 @@ from ckptio.errors import (
     StorageError,
 )
 from ckptio.format.commit import committed_steps, read_manifest
-from ckptio.format.keys import LATEST, METADATA, durable_data_key, manifest_key, step_dir
+from ckptio.format.keys import LATEST, METADATA, durable_data_key, manifest_key, step_dir, supersede_key
 from ckptio.format.records import Manifest
 from ckptio.format.retention import delete_step, has_fresh_marker
-from ckptio.storage.base import Storage, join_key
+from ckptio.format.supersede import pending_supersede, resolve
+from ckptio.storage.base import IfMatch, Storage, join_key
 
 
 @dataclass(frozen=True, slots=True)
 class Superseded:
-    """What an uncommitted step held, to delete after the new commit or to put back should it fail."""
+    """The committed save a new commit of its step replaces: to delete after the commit, or to put back."""
 
-    manifest: Manifest
+    manifest: Manifest | None
+    """None: the old manifest was unreadable (nothing of it is kept or put back)."""
     raw_manifest: bytes
     raw_metadata: bytes | None
+    etag: str
+    """The old manifest's etag: the new one replaces it only while it is still there."""
 
 
 def _is_plain_data_name(name: str) -> bool:
@@ -62,45 +68,75 @@ def delete_data_files(storage: Storage, step: int, names: Collection[str]) -> No
             storage.delete(hashed)
 
 
-def uncommit(storage: Storage, step: int, *, save_id: int,
-             may_replace: Callable[[Manifest | None], bool]) -> Superseded | None:
-    """Delete the manifest of ``step`` if ``may_replace`` allows it (it gets None for an unreadable one) and it is
-    not ``save_id``'s own; return what it held (None: nothing). CommitError when the step is someone else's."""
+def supersedable(storage: Storage, step: int, *, save_id: int,
+                 may_replace: Callable[[Manifest | None], bool]) -> Superseded | None:
+    """What a commit of save ``save_id`` at ``step`` replaces: None when the step is not committed, or committed by
+    this very save (a retried commit). CommitError when ``may_replace`` (given None for an unreadable manifest)
+    refuses it: never touch a step another save committed."""
+    key = manifest_key(step)
     try:
-        raw = storage.get(manifest_key(step))
+        etag = storage.head(key).etag
+        raw = storage.get(key)
     except NotFoundError:
         return None
     try:
-        manifest: Manifest | None = Manifest.from_json(raw, key=manifest_key(step))
+        manifest: Manifest | None = Manifest.from_json(raw, key=key)
     except CorruptCheckpointError:
         manifest = None
     if manifest is not None and manifest.save_id == save_id:
-        return None  # a retried commit of this very save
-    if not may_replace(manifest):
-        # Never touch .metadata of a step another save committed (a second job racing on this root).
-        raise CommitError("step is already committed by another save", root=storage.url, step=step)
-    if manifest is None:
-        storage.delete(manifest_key(step))  # unreadable: nothing to keep or to put back
         return None
+    if not may_replace(manifest):
+        raise CommitError("step is already committed by another save", root=storage.url, step=step)
     try:
         metadata: bytes | None = storage.get(join_key(step_dir(step), METADATA))
     except StorageError:
         metadata = None
-    storage.delete(manifest_key(step))
-    return Superseded(manifest=manifest, raw_manifest=raw, raw_metadata=metadata)
+    return Superseded(manifest=manifest, raw_manifest=raw, raw_metadata=metadata, etag=etag)
 
 
-def reinstate(storage: Storage, step: int, old: Superseded) -> None:
-    """Best effort: the new commit failed after ``uncommit``; make the old save committed again."""
+def abandon_supersede(storage: Storage, step: int, old: Superseded) -> None:
+    """Best effort: the new commit failed before its manifest was in place; the old save stays the step's."""
     with contextlib.suppress(StorageError):
         if old.raw_metadata is not None:
             storage.put(join_key(step_dir(step), METADATA), old.raw_metadata)
-        storage.put(manifest_key(step), old.raw_manifest, mode="create")
+        storage.delete(supersede_key(step))
+
+
+def finish_supersede(storage: Storage, step: int) -> bool:
+    """Complete a supersede of ``step`` that a crash interrupted: the manifest that pairs with ``.metadata`` goes in
+    place, the pending record goes, and so do the data files only the other manifest listed. True when there was
+    one to finish."""
+    pending = pending_supersede(storage, step)
+    if pending is None:
+        return False
+    key = manifest_key(step)
+    try:
+        etag = storage.head(key).etag
+        current = storage.get(key)
+    except NotFoundError:
+        storage.delete(supersede_key(step))
+        return True
+    chosen = resolve(storage, step, current, pending)
+    if chosen != current:
+        storage.put(key, chosen, mode=IfMatch(etag))
+    storage.delete(supersede_key(step))
+    kept = _files(chosen)
+    for other in {current, pending.new, pending.old} - {chosen, None}:
+        delete_data_files(storage, step, [name for name in _files(other) if name not in kept])
+    return True
+
+
+def _files(raw: bytes | None) -> set[str]:
+    try:
+        return set(Manifest.from_json(raw).files) if raw is not None else set()
+    except CorruptCheckpointError:
+        return set()
 
 
 def drop_superseded(storage: Storage, step: int, old: Superseded, new: Manifest) -> None:
     """After the new commit: delete the old save's data files that the new manifest does not list."""
-    delete_data_files(storage, step, [name for name in old.manifest.files if name not in new.files])
+    if old.manifest is not None:
+        delete_data_files(storage, step, [name for name in old.manifest.files if name not in new.files])
 
 
 def retire_abandoned(storage: Storage, *, above: int, keep: int, own_save_ids: Collection[int],

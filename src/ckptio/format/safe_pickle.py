@@ -3,7 +3,10 @@
 * ``.metadata`` (DCP's :class:`Metadata`) goes through :func:`load_metadata`: a :class:`pickle.Unpickler` whose
   ``find_class`` admits DCP's metadata classes, ``torch.Size``, dtypes and layouts, and a few plain builtins
   (:data:`METADATA_GLOBALS`). Any other global is an :class:`~ckptio.errors.UntrustedCheckpointError` raised
-  before it is imported, let alone called.
+  before it is imported, let alone called. DCP's ``FileSystemWriter`` records the checkpoint directory as a
+  ``pathlib`` path (``StorageMeta.checkpoint_id``), pickled as the path class applied to its parts: every path
+  class, under any module name Python has given it (``pathlib``, ``pathlib._local``), is read as plain data — a
+  pure path built from strings by :func:`_pure_path`, never the class the pickle names.
 * A non-tensor value (DCP's ``BYTE_IO`` item, a ``torch.save`` blob) goes through :func:`load_object`:
   ``torch.load(weights_only=True)`` (tensors, containers, primitives) plus the caller's ``safe_globals``.
 
@@ -37,7 +40,27 @@ METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("builtins", "complex"),
     }
 )
-"""What a DCP ``.metadata`` pickle may name (besides ``torch.<dtype>``), as (module, name)."""
+"""What a DCP ``.metadata`` pickle may name (besides ``torch.<dtype>`` and the path classes), as (module, name)."""
+
+_PATH_MODULES = ("pathlib", "pathlib._local")  # pathlib's classes live in pathlib._local on Python 3.13
+_PATH_FLAVOURS = {"PosixPath": "posix", "PurePosixPath": "posix", "WindowsPath": "windows",
+                  "PureWindowsPath": "windows", "Path": "posix", "PurePath": "posix"}
+
+
+def _pure_path(flavour: str) -> Any:
+    """What a pickled path class is read as: a function that builds the pure path of ``flavour`` from string parts
+    (a path that names no file system: a ``WindowsPath`` written on Windows reads on Linux too), and refuses any
+    other argument."""
+    import pathlib
+
+    kind = pathlib.PureWindowsPath if flavour == "windows" else pathlib.PurePosixPath
+
+    def build(*parts: Any) -> pathlib.PurePath:
+        if not all(isinstance(p, str) for p in parts):
+            raise UntrustedCheckpointError(f"a pickled path holds {[type(p).__name__ for p in parts]}, not strings")
+        return kind(*parts)
+
+    return build
 
 
 def _is_dtype(module: str, name: str) -> bool:
@@ -54,9 +77,12 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in METADATA_GLOBALS or _is_dtype(module, name):
             return super().find_class(module, name)
+        if module in _PATH_MODULES and name in _PATH_FLAVOURS:
+            return _pure_path(_PATH_FLAVOURS[name])
         raise UntrustedCheckpointError(
-            f"{self.path or '.metadata'} references {module}.{name}, which DCP metadata never contains; "
-            "refusing to load it (trust_pickles=True loads arbitrary pickles, see docs/security.md)",
+            f"{self.path or '.metadata'} references {module}.{name}, which is not among the classes DCP metadata is "
+            "made of (its metadata classes, torch sizes, dtypes and layouts, paths, plain builtins); refusing to load "
+            "it (trust_pickles=True loads arbitrary pickles, see docs/security.md)",
             path=self.path or None,
         )
 

@@ -41,7 +41,7 @@ def _data_offset(blob: bytes, nbytes: int) -> int | None:
     if len(records) != 1 or records[0].file_size != nbytes or records[0].compress_type != zipfile.ZIP_STORED:
         return None
     header = _LOCAL_HEADER.unpack_from(blob, records[0].header_offset)
-    name_len, extra_len = header[-2], header[-1]
+    name_len, extra_len = int(header[-2]), int(header[-1])
     return records[0].header_offset + _LOCAL_HEADER.size + name_len + extra_len
 
 

@@ -230,3 +230,31 @@ def _zip(records: list[tuple[str, bytes | int]]) -> tuple[bytes, bytes]:
                   + _LOCATOR64.pack(0x07064B50, 0, eocd64_offset, 1)
                   + _EOCD.pack(0x06054B50, 0, 0, n, n, len(central), offset, 0))
     return bytes(parts[0]), bytes(parts[1])
+
+
+def zip_crc_problem(blob: bytes | bytearray | memoryview) -> str | None:
+    """Why a ``torch.save`` blob fails the CRC-32 its zip records hold, or None.
+
+    torch.save records a CRC-32 for every record of its archive (unless ``set_crc32_options(False)``, as ckptio's
+    own framing does: a record whose CRC is 0 is then not checked), and ``torch.load`` never checks them. They are
+    the only checksums a plain DCP checkpoint carries, so a restore of one checks them here before it loads an item.
+    Stored (uncompressed) records only, as torch.save writes them; the central directory gives each record's place.
+    """
+    import io
+    import zipfile
+    import zlib
+
+    view = memoryview(blob).cast("B")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(view))  # reads the directory only
+        for info in archive.infolist():
+            if info.CRC == 0 or info.compress_type != zipfile.ZIP_STORED:
+                continue
+            start = info.header_offset
+            name_len, extra_len = struct.unpack_from("<HH", view, start + 26)
+            data = view[start + 30 + name_len + extra_len : start + 30 + name_len + extra_len + info.file_size]
+            if len(data) != info.file_size or zlib.crc32(data) != info.CRC:
+                return f"record {info.filename} fails its zip CRC-32"
+    except (zipfile.BadZipFile, struct.error, ValueError) as exc:
+        return f"not a readable torch.save archive ({exc})"
+    return None

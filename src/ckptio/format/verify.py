@@ -23,13 +23,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ckptio.errors import CheckpointNotFoundError, ChecksumError, CorruptCheckpointError, StorageError
-from ckptio.format.commit import committed_steps, read_manifest
+from ckptio.format.blocks import crc32c
+from ckptio.format.commit import all_step_dirs, committed_steps, read_manifest
 from ckptio.format.crosscheck import index_findings, metadata_problems
 from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, step_dir
 from ckptio.format.local_level import LEVELS_LOCAL, holder_nodes, local_records
+from ckptio.format.plain_dcp import is_plain_dcp, plain_manifest
 from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum, record_key
 from ckptio.format.safe_pickle import load_metadata
-from ckptio.storage.base import HASHED_DIR_PREFIX, Storage, join_key
+from ckptio.format.torchsave import zip_crc_problem
+from ckptio.storage.base import HASHED_DIR_PREFIX, ReadStore, Storage, join_key
 
 _MAX_HASH_DIRS_SCANNED = 256
 
@@ -43,8 +46,8 @@ class VerifyResult:
     problems: list[str]
     warnings: list[str] = field(default_factory=list)
     """Findings that do not make the step unrestorable (orphaned files, stale rank indexes); ``--strict`` fails."""
-    level: Literal["durable", "local"] = "durable"
-    """The level whose records were verified."""
+    level: Literal["durable", "local", "dcp"] = "durable"
+    """The level whose records were verified (``dcp``: a plain DCP checkpoint in the durable root, no manifest)."""
     notes: list[str] = field(default_factory=list)
     """What was not checked, and why (a local-level step's data on node-local disks); never a failure."""
 
@@ -70,21 +73,40 @@ def verify_step(storage: Storage, step: int) -> VerifyResult:
                         warnings=warnings)
 
 
+_PIECE = 16 << 20
+"""A file is checked in pieces of this size: verifying a step costs one piece of memory, whatever its files' sizes."""
+
+
+def _file_problem(storage: Storage, key: str, rec: FileRecord) -> tuple[str | None, int]:
+    """Why the object at ``key`` is not the file ``rec`` describes (its size first, from ``head``: a record's claim
+    is never read into memory), or None; and how many bytes were read."""
+    size = storage.head(key).size
+    if size != rec.size:
+        return f"{key}: size {size} != manifest {rec.size} ({rec.name})", 0
+    piece, value, done = memoryview(bytearray(min(_PIECE, max(size, 1)))), 0, 0
+    while done < size:
+        got = storage.readinto(key, piece[: min(_PIECE, size - done)], offset=done)
+        if got == 0:
+            return f"{key}: ended at {done} of {size} bytes ({rec.name})", done
+        value, done = crc32c(piece[:got], value), done + got
+    if f"{value:08x}" != rec.crc32c:
+        return f"{key}: checksum {value:08x} != manifest {rec.crc32c} ({rec.name})", done
+    return None, done
+
+
 def _check_files(storage: Storage, manifest: Manifest) -> tuple[list[str], int]:
     problems: list[str] = []
     total = 0
-    for name, rec in sorted(manifest.files.items()):
+    for _name, rec in sorted(manifest.files.items()):
         key = record_key(manifest.step, rec)  # read_manifest checked that rec.name == name and the key is the step's
         try:
-            data = storage.get(key)
+            problem, read = _file_problem(storage, key, rec)
         except StorageError as exc:
             problems.append(f"{key}: missing or unreadable ({exc})")
             continue
-        total += len(data)
-        if len(data) != rec.size:
-            problems.append(f"{key}: size {len(data)} != manifest {rec.size} ({name})")
-        elif checksum([data]) != rec.crc32c:
-            problems.append(f"{key}: checksum {checksum([data])} != manifest {rec.crc32c} ({name})")
+        total += read
+        if problem:
+            problems.append(problem)
     return problems, total
 
 
@@ -214,16 +236,68 @@ def verify_levels(storage: Storage, step: int | None = None) -> list[VerifyResul
     """Verify ``step`` (None: every committed step) on each level it is committed on, durable first, in step
     order. A step committed on no level gets the durable result, which says that it is not committed."""
     durable, local = set(committed_steps(storage)), set(committed_steps(local_records(storage)))
+    plain = {s for s in all_step_dirs(storage) if s not in durable and (step is None or s == step)
+             and is_plain_dcp(storage, s)}
     results = []
-    for s in [step] if step is not None else sorted(durable | local):
-        if s in durable or s not in local:
+    for s in [step] if step is not None else sorted(durable | local | plain):
+        if s in plain:
+            results.append(verify_plain_step(storage, s))
+        elif s in durable or s not in local:
             results.append(verify_step(storage, s))
         if s in local:
             results.append(verify_local_step(storage, s))
     return results
 
 
-def check_file(storage: Storage, step: int, name: str, data: bytes, rec: FileRecord) -> None:
+_PLAIN_NOTE = ("a plain DCP checkpoint (no ckptio manifest; dcp.save wrote it): DCP records no checksums, so what was "
+               "checked is that every file .metadata names is present and holds its items, and each item against the "
+               "zip CRC-32s torch.save keeps inside it (decoded first when a stream extension stored it)")
+
+
+def verify_plain_step(storage: Storage, step: int) -> VerifyResult:
+    """A plain DCP checkpoint in ``step``'s directory (:mod:`ckptio.format.plain_dcp`), checked with what DCP and
+    torch.save record: ``.metadata`` (restricted unpickler), the files it names (present, large enough) and each
+    item's zip CRC-32s. Each item is read on its own: memory is the largest item."""
+    prefix = step_dir(step)
+    key = join_key(prefix, METADATA)
+    try:
+        metadata = load_metadata(storage.get(key), path=key)
+        manifest = plain_manifest(storage, prefix, step, metadata)
+    except (CorruptCheckpointError, StorageError) as exc:
+        return VerifyResult(step=step, level="dcp", ok=False, files=0, bytes=0, problems=[str(exc)],
+                            notes=[_PLAIN_NOTE])
+    problems = [f"{key}: {p}" for p in metadata_problems(metadata, manifest)]
+    for idx, info in ([] if problems else metadata.storage_data.items()):
+        problem = _plain_item_problem(storage, manifest.files[info.relative_path].key, info)
+        if problem:
+            problems.append(f"{join_key(prefix, info.relative_path)}: item {getattr(idx, 'fqn', idx)!r}: {problem}")
+    return VerifyResult(step=step, level="dcp", ok=not problems, files=len(manifest.files),
+                        bytes=manifest.total_bytes, problems=problems, notes=[_PLAIN_NOTE])
+
+
+def _plain_item_problem(storage: Storage, key: str, info: Any) -> str | None:
+    buf = bytearray(info.length)
+    if storage.readinto(key, buf, offset=info.offset) != info.length:
+        return "shorter than .metadata says"
+    blob: bytes | bytearray = buf
+    descriptors = list(getattr(info, "transform_descriptors", None) or ())
+    if descriptors:
+        import io
+
+        from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
+
+        try:
+            stream: Any = io.BytesIO(buf)
+            for ext in ExtensionRegistry().from_descriptor_list(descriptors):
+                if isinstance(ext, StreamTransformExtension):
+                    stream = ext.transform_from(stream)
+            blob = stream.read()
+        except Exception as exc:  # an unknown extension (ValueError) or a stream that does not decode
+            return f"stored through {descriptors}, not decodable here ({type(exc).__name__}: {exc})"
+    return zip_crc_problem(blob)
+
+
+def check_file(storage: ReadStore, step: int, name: str, data: bytes, rec: FileRecord) -> None:
     """Raise ChecksumError when ``data`` (a file read for restore) does not match its manifest record."""
     if len(data) != rec.size or checksum([data]) != rec.crc32c:
         raise ChecksumError(

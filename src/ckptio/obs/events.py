@@ -37,6 +37,8 @@ Events and their extra fields:
     local_tier_full  step, error                a warning: no room on the local tier even after eviction; the
                                                 save was written to the durable tier only
     steps_retired    step, restored_step, retired   after a restore, the abandoned trajectory's steps were retired
+    commit_behind    step, level, waited_s, unfinished   back-pressure: the writer held this save's files back
+                                                until its level's committer was no more than max_pending behind
 
 Writers also append to the same log; a file per rank keeps appends from interleaving across processes.
 """
@@ -86,6 +88,7 @@ class Event(StrEnum):
     WRITER_DIED = "writer_died"
     LOCAL_TIER_FULL = "local_tier_full"  # a warning: the local tier had no room even after eviction; durable only
     STEPS_RETIRED = "steps_retired"  # after a restore, the abandoned trajectory's later steps were retired
+    COMMIT_BEHIND = "commit_behind"  # back-pressure: a save waited for its level's committer to catch up
     FLUSH_PACED = "flush_paced"  # how a paced flush went: target and achieved rate, how long the pace stretched it
     # The local level (node-local + partner copies), restores from it, preemption.
     LEVEL_COMMITTED = "level_committed"

@@ -3,9 +3,10 @@
 The public face of the report, and the definitions every part of it uses. The parts, in pipeline order:
 ``obs.eventfiles`` reads the files (a bad line is a named error with file and line), ``obs.timeline`` pairs
 events and attributes every training step (blocked by staging, overlapped a background flush, or neither),
-``obs.summary`` computes the numbers and verdicts, and ``obs.render`` draws them as a PNG (matplotlib, Agg) or
-an HTML page holding the picture and the table. None of them may touch a checkpoint or its storage: everything
-the report says comes from the events.
+``obs.summary`` computes the numbers and verdicts, ``obs.timeline_png`` draws them as a PNG (matplotlib, Agg;
+its panels in ``obs.rank_panel`` and ``obs.lag_panel``) and ``obs.report_html`` as an HTML page holding the picture
+and the table. None of them may touch a checkpoint or its storage: everything the report says comes from the
+events.
 
 Definitions (the docs and tests rely on them):
 
@@ -48,7 +49,9 @@ __all__ = [
 
 def write_report(records: list[dict[str, Any]], out: str, *, title: str | None = None) -> Summary:
     """Summarize ``records`` and write ``out``: ``.png`` (the timeline) or ``.html`` (timeline and table)."""
-    from ckptio.obs import render  # matplotlib is optional (the ``report`` extra): import it only to draw
+    # matplotlib is optional (the ``report`` extra): import the drawing modules only to draw.
+    from ckptio.obs.report_html import write_html
+    from ckptio.obs.timeline_png import write_png
 
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".png", ".html", ".htm"):
@@ -56,7 +59,7 @@ def write_report(records: list[dict[str, Any]], out: str, *, title: str | None =
     timeline = build_timeline(records)
     summary = summarize(records, timeline)
     if ext == ".png":
-        render.write_png(timeline, summary, out, title=title)
+        write_png(timeline, summary, out, title=title)
     else:
-        render.write_html(timeline, summary, out, title=title)
+        write_html(timeline, summary, out, title=title)
     return summary

@@ -14,7 +14,7 @@ Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one lin
 * the root breaks residency (:mod:`ckptio.policy.residency`: a public bucket, a region outside the list), or its
   store has no API to tell and is not declared private (``store_private``);
 * the store lacks a capability the job needs (:mod:`ckptio.storage.capabilities`: conditional writes unless
-  ``commit="lease"``, multipart uploads, ranged reads), when its capabilities are known (``--probe``).
+  ``commit="lease"``, objects written in parts, ranged reads), when its capabilities are known (``--probe``).
 
 It must never write to the root (``--probe`` writes only through :mod:`ckptio.plan.measure.probe`, which checks
 residency first and cleans up).
@@ -32,8 +32,8 @@ from ckptio.plan.costs.pace import PacePlan
 from ckptio.plan.units import format_bytes, format_duration, format_rate
 from ckptio.policy.residency import Residency, check_residency
 from ckptio.policy.volumes import check_volumes, volume_of
+from ckptio.storage import PosixRoot, Root, open_storage, parse_root
 from ckptio.storage.capabilities import StoreCapabilities, capability_problems
-from ckptio.storage.root import PosixRoot, RootSpec, S3Root, parse_root
 
 DEFAULT_STALL_SHARE = 0.10
 
@@ -121,10 +121,10 @@ def admit(
 ) -> Admission:
     """Decide whether the job ``budget`` describes may start with its checkpoints at ``root``.
 
-    ``residency`` is checked against the root (an ``s3://`` root always: by default a public bucket is
-    refused); ``root_region`` labels a POSIX root for an ``allowed_regions`` rule. ``capabilities`` (from the
-    probe) refuse a store that lacks what the job's ``commit`` mode needs. ``pace`` (with a store share) refuses a
-    job that asks more of the store than its share.
+    ``residency`` is checked against the root (a root that is not a directory of this host always: by default a
+    public bucket is refused); ``root_region`` labels a directory root for an ``allowed_regions`` rule.
+    ``capabilities`` (from the probe) refuse a store that lacks what the job's ``commit`` mode needs. ``pace`` (with
+    a store share) refuses a job that asks more of the store than its share.
     """
     policy = policy or AdmissionPolicy()
     result = Admission(admitted=True, root=root, plan=budget)
@@ -136,7 +136,7 @@ def admit(
         result.capabilities = capabilities.to_json()
         result.reasons.extend(f"store: {problem}" for problem in capability_problems(capabilities, commit=commit))
     spec = parse_root(root) if root is not None else None
-    if spec is not None and (residency is not None or isinstance(spec, S3Root)):
+    if spec is not None and (residency is not None or not isinstance(spec, PosixRoot)):
         _check_residency(result, spec, residency or Residency(), root_region)
     if isinstance(spec, PosixRoot):
         _check_root(result, budget, spec.path, data_dirs=list(data_dirs), policy=policy, home=home)
@@ -207,10 +207,9 @@ def _label(p: PacePlan) -> str:
     return f"{format_rate(float(p.flush_pace or 0.0))} a node"
 
 
-def _check_residency(result: Admission, root: RootSpec, residency: Residency, region: str | None) -> None:
-    from ckptio.storage import open_storage
-
-    options: dict[str, Any] = {} if isinstance(root, S3Root) else {"region": region}
+def _check_residency(result: Admission, root: Root, residency: Residency, region: str | None) -> None:
+    # A directory cannot tell its region: the user's label stands in. Other stores read their own.
+    options: dict[str, Any] = {"region": region} if isinstance(root, PosixRoot) else {}
     storage = open_storage(root, **options)
     try:
         check_residency(storage, residency)

@@ -2,16 +2,16 @@
 
 Owns the rule check run before the first byte of a job is written and again every so often during the run
 (a bucket policy can change under a running job): the storage's region against an allow-list, and whether
-the storage is public. Both are placement capabilities of the storage (``region``, ``public_exposure()``; for
-S3 see :mod:`ckptio.storage.s3.bucket` for what public means). It must never write, and never change a bucket
-setting; it only reads, and only through the storage protocol.
+the storage is public. Both are placement capabilities of the storage (``region``, ``public_exposure()``; each
+backend says what public means for its store). It must never write, and never change a store's settings; it only
+reads, and only through the storage protocol.
 
 The check is on by default: a Checkpointer, ``ckptio probe`` and ``ckptio admit`` refuse a public bucket unless
 ``allow_public=True`` is given explicitly, with or without a :class:`Residency` (:func:`resolve_residency`).
 
 A bucket whose settings cannot be read is refused: a residency check that cannot see is not a pass. Two kinds
 of "cannot see" are told apart: a setting this identity may not read (``ResidencyError``), and a store that has
-no such API at all (``StoreCapabilityError``: s3rver, most on-prem gateways). The second is passed only when the
+no such API at all (``StoreCapabilityError``: most on-prem object stores). The second is passed only when the
 user declares the store private (``store_private=True``); a store whose API says it is public is refused either
 way.
 """
@@ -84,8 +84,8 @@ def _check_region(storage: Storage, allowed: Sequence[str]) -> None:
     except StoreCapabilityError as exc:
         raise StoreCapabilityError(
             f"{exc.message}, and residency allows only {list(allowed)}: ckptio cannot tell where the bytes of "
-            f"{storage.url} live. Use a store that reports its bucket region (docs/s3.md), or drop "
-            "allowed_regions if this store is known to be in an allowed place",
+            f"{storage.url} live. Use a store that reports its region (`ckptio probe` says whether yours does), or "
+            "drop allowed_regions if this store is known to be in an allowed place",
             root=storage.url,
         ) from exc
     except Exception as exc:

@@ -3,7 +3,7 @@
 Owns the rules "split the checkpoint volume from the dataset volume" and "never checkpoint into home
 directories", and the facts they need (``/proc/mounts``, ``stat``, ``statvfs``). ``ckptio admit`` and the
 Checkpointer's start-up check both call :func:`check_volumes`. This module must never write to any of the
-paths it inspects, and never follow an ``s3://`` root (object stores have no volume).
+paths it inspects, and never follow a root that is not a directory (object stores have no volume).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ckptio.errors import ConfigError, VolumePolicyError
-from ckptio.storage.root import PosixRoot, parse_root
+from ckptio.storage import PosixRoot, parse_root
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,8 @@ def check_volumes(
 ) -> list[VolumeFinding]:
     """The volume rules ``root`` breaks: under $HOME, on a data directory's volume, on a RAM filesystem.
 
-    ``home`` defaults to ``$HOME``. An ``s3://`` root breaks none of them (it has no volume).
+    ``home`` defaults to ``$HOME``. A root that is not a directory (an object store) breaks none of them: it has
+    no volume.
     """
     spec = parse_root(root)
     if not isinstance(spec, PosixRoot):

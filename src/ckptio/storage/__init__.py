@@ -1,14 +1,22 @@
-"""Storage tiers behind one protocol: POSIX directories, S3 buckets, and test/demo wrappers."""
+"""Storage tiers behind one protocol: POSIX directories, S3 buckets, and test/demo wrappers.
+
+The map: ``base`` is the protocol (:class:`Storage`) every tier speaks; ``registry`` reads root strings and opens
+the backend a scheme names (``posix/``, ``s3/``: one package per backend, each with its own transport seam);
+``root`` is the parsed-root value they share; ``wrappers`` and ``subtree`` stack on any storage;
+``capabilities`` finds out what a store really honours. docs/architecture.md lists what a new backend touches.
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 from ckptio.storage.base import Exposure, IfMatch, ObjectInfo, PutMode, Storage
 from ckptio.storage.posix.posix_storage import PosixStorage
-from ckptio.storage.root import PosixRoot, RootSpec, S3Root, parse_root
+from ckptio.storage.posix.root import PosixRoot
+from ckptio.storage.registry import open_storage, parse_root
+from ckptio.storage.root import Root
 from ckptio.storage.wrappers import StorageWrapper
+
+#: Any parsed root (an older name of :class:`Root`).
+RootSpec = Root
 
 __all__ = [
     "Exposure",
@@ -17,25 +25,10 @@ __all__ = [
     "PosixRoot",
     "PosixStorage",
     "PutMode",
+    "Root",
     "RootSpec",
-    "S3Root",
     "Storage",
     "StorageWrapper",
     "open_storage",
     "parse_root",
 ]
-
-
-def open_storage(target: str | os.PathLike[str] | RootSpec | Storage, **options: Any) -> Storage:
-    """A storage for ``target``: a :class:`Storage` as is, ``s3://bucket/prefix``, ``file://`` or a path.
-
-    ``options`` go to the backend (:class:`PosixStorage` or :class:`~ckptio.storage.s3.s3_storage.S3Options` fields).
-    """
-    if isinstance(target, Storage):
-        return target
-    root = parse_root(target)
-    if isinstance(root, S3Root):
-        from ckptio.storage.s3.s3_storage import S3Storage  # boto3 is optional: imported only for s3:// roots
-
-        return S3Storage(root.bucket, root.prefix, **options)
-    return PosixStorage(root.path, **options)

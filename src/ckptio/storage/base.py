@@ -19,8 +19,12 @@ before sending each piece of the object, so that the engine can spread a flush o
 without ever changing what is written.
 
 Besides the primitives a storage declares capabilities, read-only, so callers never look behind the protocol:
-``url``, ``is_posix``, ``hash_prefix`` (data keys go under a short hash directory: :meth:`Storage.data_key`) and
-its placement: ``region`` and :meth:`Storage.public_exposure`. A wrapper reports its inner storage's capabilities.
+``url`` and ``store_id``, ``hash_prefix`` (data keys go under a short hash directory: :meth:`Storage.data_key`),
+``write_conditions`` (what its conditional writes are made of, for messages), ``writes_in_parts``, its placement
+(``region`` and :meth:`Storage.public_exposure`), and :meth:`Storage.local_directory` (its keys as files of this
+host, or None). A wrapper reports its inner storage's capabilities. What a caller needs done across two storages
+is a method, not a switch on the backend: :meth:`Storage.copy_to` copies one of its objects into another storage,
+streaming from a file where it has one.
 
 Storages are picklable: the writer process of every rank receives its own copy and must open its own clients.
 They must never hold a lock or a connection that does not survive pickling.
@@ -78,6 +82,29 @@ class Exposure:
 
     public: bool
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteConditions:
+    """What a backend's two conditional writes are made of, in its own words (for messages and the probe)."""
+
+    create: str
+    """The create-only write (S3: ``If-None-Match: *``; POSIX: ``link()``)."""
+
+    swap: str
+    """The compare-and-swap (S3: ``If-Match``; POSIX: an exclusive lock file)."""
+
+
+class LocalDirectory(Protocol):
+    """A storage's keys as files of this host, for the few callers that must hand the kernel a path or a file
+    descriptor (a partner socket's receive and send). Everyone else stays on the storage protocol."""
+
+    @property
+    def root(self) -> str:
+        """The directory the keys are below."""
+
+    def local_path(self, key: str) -> str:
+        """The path of ``key``; StorageError when the key would leave the directory (``..``, a link)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +170,25 @@ class Storage(abc.ABC):
         """A URL naming this storage, for messages and manifests (``file:///abs/path``, ``s3://bucket/prefix``)."""
 
     @property
-    def is_posix(self) -> bool:
-        """True when the backend is a POSIX directory (the local path of a key is then ``local_path(key)``)."""
+    def store_id(self) -> str:
+        """Names the store and where it is reached (what a capability verdict is cached under): the URL, unless
+        the same URL can name two stores (S3 adds its endpoint)."""
+        return self.url
+
+    @property
+    def write_conditions(self) -> WriteConditions:
+        """What this backend's create-only write and compare-and-swap are made of (messages, the probe)."""
+        return WriteConditions(create="create-only write", swap="compare-and-swap")
+
+    @property
+    def writes_in_parts(self) -> bool:
+        """True when large objects go up in parts that the store assembles (S3 multipart): the capability probe
+        then checks the store completes such an upload (:meth:`put_parts`)."""
         return False
+
+    def local_directory(self) -> LocalDirectory | None:
+        """Its keys as files of this host (a POSIX directory), or None (an object store)."""
+        return None
 
     @property
     def hash_prefix(self) -> bool:
@@ -230,12 +273,31 @@ class Storage(abc.ABC):
             return 0
         return scatter(data, views)
 
+    def copy_to(self, key: str, target: Storage, target_key: str, *, pacer: Pacer | None = None) -> ObjectInfo:
+        """Copy the object ``key`` of this storage to ``target_key`` of ``target`` (an upload from the local tier to
+        the durable one). ``pacer`` paces the write to ``target``. This default reads the object into memory;
+        a backend with files streams from them (:meth:`put_file`)."""
+        return target.put(target_key, self.get(key), pacer=pacer)
+
+    def put_parts(self, key: str, parts: Sequence[bytes], *, mode: PutMode = "overwrite") -> ObjectInfo:
+        """Write ``parts`` as one object assembled from parts when the backend :attr:`writes_in_parts` (whatever
+        their size: the capability probe's check), else as one write of their concatenation."""
+        return self.put(key, list(parts), mode=mode)
+
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """Whole objects for several keys. Backends with latency override this with concurrent GETs."""
         return {k: self.get(k) for k in keys}
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """The distinct first path segments below ``prefix`` (``step-00000100`` under the root)."""
+        """The names one level below the directory ``prefix`` (whole segments; ``""`` is the root) under which
+        objects are stored, sorted: ``step-00000100`` under the root. (contract, every backend and wrapper)
+
+        It reads one level and never walks the tree below it: commit and retention call it on roots that hold
+        every kept step's files. A key directly at ``prefix`` is not a name; nor is anything reached through a
+        link. A name may be listed under which no object remains (a directory a crashed POSIX writer left empty):
+        callers treat each name as a candidate, never as proof that something is there. A missing ``prefix`` lists
+        nothing. This default filters :meth:`list` (a walk): backends override it with a one-level listing.
+        """
         base = join_key(prefix)
         cut = len(base) + 1 if base else 0
         seen = set()
@@ -253,12 +315,27 @@ class Storage(abc.ABC):
             self.delete(k)
         return len(keys)
 
-    def local_path(self, key: str) -> str:
-        """The filesystem path of ``key`` (POSIX backends only)."""
-        raise NotImplementedError(f"{type(self).__name__} has no local paths")
-
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
         """Release clients and pools. Idempotent."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ReadStore(Protocol):
+    """What a restore reads through: whole small objects (``get``), sizes (``head``) and ranges straight into the
+    caller's buffers (``readinto``), plus the two read-side capabilities it plans with. Restore is typed against
+    this rather than :class:`Storage`, so a read-only or wrapped store needs only these to serve one; every
+    :class:`Storage` is one."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def read_batch_bytes(self) -> int: ...
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes: ...
+
+    def head(self, key: str) -> ObjectInfo: ...
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int: ...

@@ -1,25 +1,28 @@
 """What a store actually honours, found out by trying it once per root: the capability probe.
 
 The commit protocol rests on two conditional writes (create-only for the manifest, compare-and-swap for
-``latest`` and the owner record); restore on ranged reads; large uploads on multipart. An S3 API is no promise
-of any of them: some stores ignore ``If-None-Match``/``If-Match`` (a second create-only PUT succeeds and replaces
-the object), some reject them, some have no public-access or region API. :func:`detect_capabilities` tries each
-with sentinel objects under ``<root>/.ckptio-capabilities/<random>/`` and removes them before it returns.
+``latest`` and the owner record); restore on ranged reads; large uploads, where a backend writes them in parts, on
+the store assembling them. No protocol is a promise of any of them: some object stores ignore their conditional
+headers (a second create-only write succeeds and replaces the object), some reject them, some have no
+public-access or region API; a filesystem may refuse the hard links or the exclusive creates that a POSIX root's
+conditional writes are made of. So every store is tried, whatever its backend: :func:`detect_capabilities` tries
+each capability with sentinel objects under ``<root>/.ckptio-capabilities/<random>/`` and removes them before it
+returns. The backend names its conditional writes (:attr:`~ckptio.storage.base.Storage.write_conditions`) so that a
+verdict says what was tried.
 
 Owns the probe and its verdict (:class:`StoreCapabilities`), and what each missing capability means for a
 checkpoint (:func:`capability_problems`). It never decides to refuse: the Checkpointer, ``ckptio probe`` and
 ``ckptio admit`` do, from the verdict. It must never write outside its sentinel prefix, and it only reads the
 placement APIs (region, public exposure), never changes them.
 
-The verdict is cached per store (URL and endpoint) in this process: a Checkpointer, the probe and admit in one
-process pay for it once. Nothing is recorded under the root: a store that is upgraded (or a root moved to
-another endpoint) is probed afresh by the next job, at the cost of about ten small requests.
+The verdict is cached per store (:attr:`~ckptio.storage.base.Storage.store_id`) in this process: a Checkpointer,
+the probe and admit in one process pay for it once. Nothing is recorded under the root: a store that is upgraded
+(or a root moved to another endpoint) is probed afresh by the next job, at the cost of about ten small requests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -28,7 +31,6 @@ from typing import Any, Literal
 
 from ckptio.errors import AlreadyExistsError, PreconditionError, StorageError, StoreCapabilityError
 from ckptio.storage.base import IfMatch, Storage, join_key
-from ckptio.storage.wrappers import StorageWrapper
 
 __all__ = [
     "ALL_CAPABILITIES",
@@ -54,9 +56,9 @@ REGION_API = "region_api"
 ALL_CAPABILITIES = (CONDITIONAL_CREATE, COMPARE_AND_SWAP, MULTIPART, RANGED_GET, PUBLIC_ACCESS_API, REGION_API)
 
 SENTINEL_DIR = ".ckptio-capabilities"
-# A well-formed ETag no object of the probe can have: the If-Match check must lose against it.
+# A well-formed etag no object of the probe can have: the compare-and-swap must lose against it.
 _WRONG_ETAG = "0" * 32
-_CACHE: dict[tuple[str, str, str | None], StoreCapabilities] = {}
+_CACHE: dict[str, StoreCapabilities] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -110,9 +112,9 @@ def capability_problems(caps: StoreCapabilities, *, commit: Literal["conditional
             f"{caps.url} does not honour conditional writes ({'; '.join(lost)}). The commit rests on them: the "
             "manifest is written create-only and `latest` and the owner record move by compare-and-swap; without "
             "them two writers (two jobs, or a retried commit) can overwrite each other's manifest and both be told "
-            "'committed'. Options: a store that honours If-None-Match and If-Match (docs/s3.md lists them; "
-            "`ckptio probe` checks yours), or commit=\"lease\" to rely on the ownership lease and a read-after-write "
-            "check of the manifest instead (weaker: docs/s3.md, 'Lease mode')"
+            "'committed'. Options: a store that honours both (`ckptio probe` checks yours), or commit=\"lease\" to "
+            "rely on the ownership lease and a read-after-write check of the manifest instead (weaker: docs/s3.md, "
+            "'Lease mode')"
         )
     if caps.get(MULTIPART).ok is False:
         problems.append(
@@ -122,7 +124,7 @@ def capability_problems(caps: StoreCapabilities, *, commit: Literal["conditional
         )
     if caps.get(RANGED_GET).ok is False:
         problems.append(
-            f"{caps.url} does not serve ranged GETs ({caps.get(RANGED_GET).detail}): restore reads byte ranges "
+            f"{caps.url} does not serve ranged reads ({caps.get(RANGED_GET).detail}): restore reads byte ranges "
             "of data files; this store cannot hold checkpoints"
         )
     return problems
@@ -130,7 +132,7 @@ def capability_problems(caps: StoreCapabilities, *, commit: Literal["conditional
 
 def detect_capabilities(storage: Storage, *, refresh: bool = False) -> StoreCapabilities:
     """Probe ``storage`` (once per store and process unless ``refresh``); sentinel objects are removed."""
-    key = _cache_key(storage)
+    key = storage.store_id
     with _CACHE_LOCK:
         cached = None if refresh else _CACHE.get(key)
     if cached is not None:
@@ -154,73 +156,60 @@ def detect_capabilities(storage: Storage, *, refresh: bool = False) -> StoreCapa
     return caps
 
 
-def _innermost(storage: Storage) -> Storage:
-    while isinstance(storage, StorageWrapper):
-        storage = storage.inner
-    return storage
-
-
-def _cache_key(storage: Storage) -> tuple[str, str, str | None]:
-    base = _innermost(storage)
-    endpoint = getattr(getattr(base, "options", None), "endpoint_url", None)
-    if endpoint is None and not storage.is_posix:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return type(base).__qualname__, storage.url, endpoint
-
-
 def _probe_create(storage: Storage, key: str) -> Capability:
+    how = storage.write_conditions.create
     try:
         storage.put(key, b"first", mode="create")
     except StorageError as exc:
         storage.put(key, b"first")  # a store that cannot be written at all raises here, as it should
-        return Capability(CONDITIONAL_CREATE, False, f"a create-only write (If-None-Match: *) is rejected: "
-                                                     f"{exc.message}")
+        return Capability(CONDITIONAL_CREATE, False, f"a create-only write ({how}) is rejected: {exc.message}")
     try:
         storage.put(key, b"second", mode="create")
     except AlreadyExistsError:
         if storage.get(key) != b"first":
             return Capability(CONDITIONAL_CREATE, False, "a create-only write on an existing key was refused "
                                                          "but replaced the object")
-        return Capability(CONDITIONAL_CREATE, True, "a create-only write on an existing key is refused")
+        return Capability(CONDITIONAL_CREATE, True, f"a create-only write ({how}) on an existing key is refused")
     except StorageError as exc:
         return Capability(CONDITIONAL_CREATE, False, f"a create-only write on an existing key failed with "
                                                      f"{exc.message} instead of a refusal")
-    return Capability(CONDITIONAL_CREATE, False, "a second create-only write (If-None-Match: *) on an existing key "
+    return Capability(CONDITIONAL_CREATE, False, f"a second create-only write ({how}) on an existing key "
                                                  "succeeded and replaced the object: the condition is ignored")
 
 
 def _probe_swap(storage: Storage, key: str) -> Capability:
+    how = storage.write_conditions.swap
     first = storage.put(key, b"v1")
     try:
         storage.put(key, b"v2", mode=IfMatch(_WRONG_ETAG))
     except PreconditionError:
         pass
     except StorageError as exc:
-        return Capability(COMPARE_AND_SWAP, False, f"a compare-and-swap write (If-Match) is rejected: {exc.message}")
+        return Capability(COMPARE_AND_SWAP, False, f"a compare-and-swap write ({how}) is rejected: {exc.message}")
     else:
-        return Capability(COMPARE_AND_SWAP, False, "a write with If-Match on a wrong ETag succeeded: the condition "
-                                                   "is ignored")
+        return Capability(COMPARE_AND_SWAP, False, f"a compare-and-swap ({how}) on a wrong etag succeeded: the "
+                                                   "condition is ignored")
     try:
         storage.put(key, b"v3", mode=IfMatch(first.etag))
     except StorageError as exc:
-        return Capability(COMPARE_AND_SWAP, False, f"If-Match on the current ETag lost ({exc.message}): "
-                                                   "compare-and-swap can never succeed")
-    return Capability(COMPARE_AND_SWAP, True, "If-Match on a wrong ETag is refused, on the current one it succeeds")
+        return Capability(COMPARE_AND_SWAP, False, f"a compare-and-swap ({how}) on the current etag lost "
+                                                   f"({exc.message}): it can never succeed")
+    return Capability(COMPARE_AND_SWAP, True, f"a compare-and-swap ({how}) on a wrong etag is refused, on the "
+                                              "current one it succeeds")
 
 
 def _probe_multipart(storage: Storage, key: str) -> Capability:
-    put_parts: Callable[..., Any] | None = getattr(_innermost(storage), "put_parts", None)
-    if put_parts is None:
+    if not storage.writes_in_parts:
         return Capability(MULTIPART, True, "not used by this backend (every object is one write)")
     payload = secrets.token_bytes(64)
     try:
-        put_parts(key, [payload])
+        storage.put_parts(key, [payload])
         body = storage.get(key)
     except StorageError as exc:
         return Capability(MULTIPART, False, f"a multipart upload failed: {exc.message}")
     if body != payload:
         return Capability(MULTIPART, False, "a completed multipart upload reads back different bytes")
-    return Capability(MULTIPART, True, "create, upload part, complete: the object reads back intact")
+    return Capability(MULTIPART, True, "an object written in parts reads back intact")
 
 
 def _probe_range(storage: Storage, key: str) -> Capability:
@@ -229,11 +218,11 @@ def _probe_range(storage: Storage, key: str) -> Capability:
     try:
         got = storage.get(key, offset=10, length=7)
     except StorageError as exc:
-        return Capability(RANGED_GET, False, f"a ranged GET failed: {exc.message}")
+        return Capability(RANGED_GET, False, f"a ranged read failed: {exc.message}")
     if got != payload[10:17]:
-        return Capability(RANGED_GET, False, f"a GET of 7 bytes at offset 10 returned {len(got)} bytes: the Range "
-                                             "header is ignored")
-    return Capability(RANGED_GET, True, "a GET of 7 bytes at offset 10 returns exactly those")
+        return Capability(RANGED_GET, False, f"a read of 7 bytes at offset 10 returned {len(got)} bytes: the range "
+                                             "is ignored")
+    return Capability(RANGED_GET, True, "a read of 7 bytes at offset 10 returns exactly those")
 
 
 def _probe_read(name: str, read: Callable[[], str]) -> Capability:

@@ -13,10 +13,31 @@ It holds no client of its own: closing it leaves the inner storage open (the inn
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 
 from ckptio.errors import ConfigError
-from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode, Storage, WriteMode, join_key
+from ckptio.storage.base import (
+    Data,
+    LocalDirectory,
+    ObjectInfo,
+    Pacer,
+    PutMode,
+    Storage,
+    WriteConditions,
+    WriteMode,
+    join_key,
+)
+
+
+class _SubtreeDirectory:
+    """The local directory of a subtree: the inner directory's, below the prefix."""
+
+    def __init__(self, inner: LocalDirectory, prefix: str, key: Callable[[str], str]) -> None:
+        self.inner, self.root, self._key = inner, os.path.join(inner.root, prefix), key
+
+    def local_path(self, key: str) -> str:
+        return self.inner.local_path(self._key(key))
 
 
 class SubtreeStorage(Storage):
@@ -43,15 +64,24 @@ class SubtreeStorage(Storage):
         return join_key(self.inner.url, self.prefix)
 
     @property
-    def is_posix(self) -> bool:
-        return self.inner.is_posix
+    def store_id(self) -> str:
+        return self.inner.store_id  # the same store: what it honours does not depend on the prefix
+
+    @property
+    def write_conditions(self) -> WriteConditions:
+        return self.inner.write_conditions
+
+    @property
+    def writes_in_parts(self) -> bool:
+        return self.inner.writes_in_parts
 
     @property
     def region(self) -> str | None:
         return self.inner.region
 
-    def local_path(self, key: str) -> str:
-        return self.inner.local_path(self._key(key))
+    def local_directory(self) -> LocalDirectory | None:
+        inner = self.inner.local_directory()
+        return None if inner is None else _SubtreeDirectory(inner, self.prefix, self._key)
 
     # ---- primitives --------------------------------------------------------------------------------------------
     def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
@@ -74,6 +104,12 @@ class SubtreeStorage(Storage):
 
     def delete(self, key: str) -> None:
         self.inner.delete(self._key(key))
+
+    def copy_to(self, key: str, target: Storage, target_key: str, *, pacer: Pacer | None = None) -> ObjectInfo:
+        return self.inner.copy_to(self._key(key), target, target_key, pacer=pacer)
+
+    def put_parts(self, key: str, parts: Sequence[bytes], *, mode: PutMode = "overwrite") -> ObjectInfo:
+        return self._info(self.inner.put_parts(self._key(key), parts, mode=mode))
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         got = self.inner.get_many([self._key(k) for k in keys])

@@ -21,31 +21,40 @@ import multiprocessing
 import os
 import pickle
 import threading
-import time
 from array import array
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionError
-from ckptio.storage.base import Data, Exposure, IfMatch, ObjectInfo, Pacer, PutMode, Storage, hashed_key
-from ckptio.storage.capabilities import COMPARE_AND_SWAP, CONDITIONAL_CREATE
+from ckptio.errors import AlreadyExistsError, ConfigError, NotFoundError
+from ckptio.storage.base import (
+    Data,
+    Exposure,
+    LocalDirectory,
+    ObjectInfo,
+    Pacer,
+    PutMode,
+    Storage,
+    WriteConditions,
+    hashed_key,
+)
+from ckptio.storage.capabilities import CONDITIONAL_CREATE
 from ckptio.storage.posix.posix_storage import PosixStorage
+from ckptio.storage.registry import storage_modules
 from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
+from ckptio.testing.conditional_write_tests import CONCURRENT_PROCESSES, ConditionalWriteTests
+from ckptio.testing.listing_tests import ListingTests
 from ckptio.testing.paced_write_tests import PacedWriteTests
 from ckptio.testing.ranged_read_tests import RangedReadTests
-from ckptio.testing.spawned import aws_env, create_at, put_through, warm_up, write_and_read
+from ckptio.testing.spawned import parent_env, put_through, warm_up, write_and_read
 
 __all__ = ["StoreTests", "WrapperTests", "put_through", "pytest_configure", "requires_capability", "spawn_pool"]
 
-CONCURRENT_CREATORS = 6
-# Each spawned worker imports torch (through ckptio) once; on a 2-core machine four is what the suite affords.
-CONCURRENT_PROCESSES = 4
 
-class StoreTests(CapabilityTests, RangedReadTests, PacedWriteTests):
+class StoreTests(CapabilityTests, ListingTests, ConditionalWriteTests, RangedReadTests, PacedWriteTests):
     """Subclass and define a ``storage`` fixture returning an empty storage (function scope)."""
 
     # Sizes large enough to take a backend's multi-part path when the subclass configures a small threshold.
@@ -150,133 +159,6 @@ class StoreTests(CapabilityTests, RangedReadTests, PacedWriteTests):
         assert info.value.root == storage.url
         assert "nowhere/x" in str(info.value)
 
-    # ---- list / delete -------------------------------------------------------------------------------------
-    def _populate_steps(self, storage: Storage) -> None:
-        for key in ("step-00000100/a", "step-00000100/ranks/0.json", "step-00000200/a", "latest", "step-1/x"):
-            storage.put(key, key.encode())
-
-    def test_list_prefixes(self, storage: Storage) -> None:
-        self._populate_steps(storage)
-        everything = {i.key: i for i in storage.list()}
-        assert set(everything) == {
-            "step-00000100/a",
-            "step-00000100/ranks/0.json",
-            "step-00000200/a",
-            "latest",
-            "step-1/x",
-        }
-        assert everything["latest"].size == len(b"latest")
-        assert {i.key for i in storage.list("step-00000100/")} == {
-            "step-00000100/a",
-            "step-00000100/ranks/0.json",
-        }
-        # A prefix ending inside a name matches like a string prefix, as on S3.
-        assert {i.key for i in storage.list("step-000001")} == {
-            "step-00000100/a",
-            "step-00000100/ranks/0.json",
-        }
-        assert {i.key for i in storage.list("step-00000100/ranks/0")} == {"step-00000100/ranks/0.json"}
-        assert {i.key for i in storage.list("lat")} == {"latest"}
-        assert list(storage.list("nothing-here")) == []
-        assert list(storage.list("nothing/here/")) == []
-
-    def test_list_etags_match_head(self, storage: Storage) -> None:
-        self._populate_steps(storage)
-        for info in storage.list():
-            assert storage.head(info.key) == info
-
-    def test_list_dirs(self, storage: Storage) -> None:
-        self._populate_steps(storage)
-        assert storage.list_dirs() == ["step-00000100", "step-00000200", "step-1"]
-        assert storage.list_dirs("step-00000100") == ["ranks"]
-        assert storage.list_dirs("missing") == []
-
-    def test_delete(self, storage: Storage) -> None:
-        storage.put("d/x", b"1")
-        storage.put("d/y", b"2")
-        storage.delete("d/x")
-        assert not storage.exists("d/x")
-        assert storage.get("d/y") == b"2"
-        storage.delete("d/x")  # missing is fine
-        storage.delete("never/was")
-
-    def test_delete_prefix_stops_at_segment_boundary(self, storage: Storage) -> None:
-        self._populate_steps(storage)
-        storage.put("step-10/y", b"y")
-        assert storage.delete_prefix("step-1") == 1
-        assert storage.exists("step-10/y")
-        assert storage.delete_prefix("step-00000100") == 2
-        assert {i.key for i in storage.list()} == {"step-00000200/a", "latest", "step-10/y"}
-        assert storage.delete_prefix("absent") == 0
-
-    # ---- create-only and compare-and-swap ------------------------------------------------------------------
-    @requires_capability(CONDITIONAL_CREATE)
-    def test_create_only(self, storage: Storage) -> None:
-        storage.put("manifest.json", b"first", mode="create")
-        with pytest.raises(AlreadyExistsError) as info:
-            storage.put("manifest.json", b"second", mode="create")
-        assert isinstance(info.value, FileExistsError)
-        assert storage.get("manifest.json") == b"first"
-
-    @requires_capability(CONDITIONAL_CREATE)
-    def test_create_only_large(self, storage: Storage) -> None:
-        payload = os.urandom(self.large_size)
-        storage.put("big", payload, mode="create")
-        with pytest.raises(AlreadyExistsError):
-            storage.put("big", b"small now", mode="create")
-        with pytest.raises(AlreadyExistsError):
-            storage.put("big", os.urandom(self.large_size), mode="create")
-        assert storage.get("big") == payload
-
-    @requires_capability(CONDITIONAL_CREATE)
-    def test_concurrent_creators_threads_one_wins(self, storage: Storage) -> None:
-        barrier = threading.Barrier(CONCURRENT_CREATORS)
-
-        def create(i: int) -> str:
-            barrier.wait()
-            try:
-                storage.put("race", f"writer-{i}".encode(), mode="create")
-            except AlreadyExistsError:
-                return "lost"
-            return f"writer-{i}"
-
-        with ThreadPoolExecutor(CONCURRENT_CREATORS) as pool:
-            outcomes = list(pool.map(create, range(CONCURRENT_CREATORS)))
-        winners = [o for o in outcomes if o != "lost"]
-        assert len(winners) == 1
-        assert storage.get("race") == winners[0].encode()
-
-    @pytest.mark.multiproc
-    @requires_capability(CONDITIONAL_CREATE)
-    def test_concurrent_creators_processes_one_wins(self, storage: Storage, spawn_pool: Executor) -> None:
-        start_at = time.time() + 1.0
-        futures = [
-            spawn_pool.submit(create_at, storage, "race", f"proc-{i}".encode(), start_at, aws_env())
-            for i in range(CONCURRENT_PROCESSES)
-        ]
-        outcomes = [f.result(timeout=120) for f in futures]
-        assert outcomes.count("won") == 1
-        assert outcomes.count("lost") == CONCURRENT_PROCESSES - 1
-        winner = outcomes.index("won")
-        assert storage.get("race") == f"proc-{winner}".encode()
-
-    @requires_capability(COMPARE_AND_SWAP)
-    def test_if_match_compare_and_swap(self, storage: Storage) -> None:
-        first = storage.put("latest", b"100")
-        second = storage.put("latest", b"200", mode=IfMatch(first.etag))
-        assert storage.get("latest") == b"200"
-        with pytest.raises(PreconditionError):
-            storage.put("latest", b"300", mode=IfMatch(first.etag))  # stale etag
-        assert storage.get("latest") == b"200"
-        storage.put("latest", b"400", mode=IfMatch(second.etag))
-        assert storage.get("latest") == b"400"
-
-    @requires_capability(COMPARE_AND_SWAP)
-    def test_if_match_on_missing_key_loses(self, storage: Storage) -> None:
-        with pytest.raises(PreconditionError):
-            storage.put("nothing", b"x", mode=IfMatch("0123456789abcdef"))
-        assert not storage.exists("nothing")
-
     def test_unknown_put_mode_is_refused_before_writing(self, storage: Storage) -> None:
         with pytest.raises(ConfigError):
             storage.put("k", b"x", mode="append")  # type: ignore[arg-type]
@@ -321,7 +203,7 @@ class StoreTests(CapabilityTests, RangedReadTests, PacedWriteTests):
     @pytest.mark.multiproc
     def test_works_in_spawned_process(self, storage: Storage, spawn_pool: Executor) -> None:
         storage.put("from-parent", b"parent")
-        future = spawn_pool.submit(write_and_read, storage, "from-child", b"child", "from-parent", aws_env())
+        future = spawn_pool.submit(write_and_read, storage, "from-child", b"child", "from-parent", parent_env())
         got = future.result(120)
         assert got == b"parent"
         assert storage.get("from-child") == b"child"
@@ -334,9 +216,11 @@ class StoreTests(CapabilityTests, RangedReadTests, PacedWriteTests):
     # ---- capabilities --------------------------------------------------------------------------------------
     def test_capabilities_are_declared(self, storage: Storage) -> None:
         assert isinstance(storage.url, str) and storage.url
-        assert isinstance(storage.is_posix, bool) and isinstance(storage.hash_prefix, bool)
+        assert isinstance(storage.store_id, str) and storage.store_id
+        assert isinstance(storage.hash_prefix, bool) and isinstance(storage.writes_in_parts, bool)
+        assert storage.write_conditions.create and storage.write_conditions.swap
         clone = pickle.loads(pickle.dumps(storage))
-        assert (clone.url, clone.is_posix, clone.hash_prefix) == (storage.url, storage.is_posix, storage.hash_prefix)
+        assert _capabilities(clone) == _capabilities(storage)
 
     def test_data_key_is_where_data_goes(self, storage: Storage) -> None:
         key = "step-00000100/__0_0.distcp"
@@ -344,9 +228,34 @@ class StoreTests(CapabilityTests, RangedReadTests, PacedWriteTests):
         assert data_key == (hashed_key(key) if storage.hash_prefix else key)
         storage.put(data_key, b"data")
         assert storage.get(data_key) == b"data"
-        if storage.is_posix:
-            with open(storage.local_path(data_key), "rb") as f:
+        directory = storage.local_directory()
+        if directory is not None:
+            with open(directory.local_path(data_key), "rb") as f:
                 assert f.read() == b"data"
+
+    def test_copy_to_another_storage(self, storage: Storage, tmp_path: Path) -> None:
+        payload = os.urandom(self.large_size + 5)
+        storage.put("step-00000001/__0_0.distcp", payload)
+        target = PosixStorage(tmp_path / "copy-target", fsync=False)
+        info = storage.copy_to("step-00000001/__0_0.distcp", target, "up/x", pacer=None)
+        assert (info.key, info.size) == ("up/x", len(payload))
+        assert target.get("up/x") == payload
+        with pytest.raises(NotFoundError):
+            storage.copy_to("step-00000001/missing", target, "up/y")
+        assert not target.exists("up/y")
+
+
+def _capabilities(storage: Storage) -> tuple[object, ...]:
+    directory = storage.local_directory()
+    return (storage.url, storage.store_id, storage.hash_prefix, storage.writes_in_parts, storage.write_conditions,
+            None if directory is None else directory.root)
+
+
+class _PlacedDirectory:
+    root = "/placed"
+
+    def local_path(self, key: str) -> str:
+        return f"/placed/{key}"
 
 
 class _Placed(Storage):
@@ -357,8 +266,19 @@ class _Placed(Storage):
         return "memory://placed/root"
 
     @property
-    def is_posix(self) -> bool:
+    def store_id(self) -> str:
+        return "memory://placed/root at the placed endpoint"
+
+    @property
+    def write_conditions(self) -> WriteConditions:
+        return WriteConditions(create="placed-create", swap="placed-swap")
+
+    @property
+    def writes_in_parts(self) -> bool:
         return True
+
+    def local_directory(self) -> LocalDirectory | None:
+        return _PlacedDirectory()
 
     @property
     def hash_prefix(self) -> bool:
@@ -373,9 +293,6 @@ class _Placed(Storage):
 
     def data_key(self, key: str) -> str:
         return f"placed/{key}"
-
-    def local_path(self, key: str) -> str:
-        return f"/placed/{key}"
 
     def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
         raise NotImplementedError
@@ -410,12 +327,14 @@ class WrapperTests(StoreTests):
     def test_wrapper_reports_its_inner_capabilities(self, tmp_path: Path) -> None:
         inner = _Placed()
         for wrapped in (self.wrap(inner, tmp_path), self.wrap(self.wrap(inner, tmp_path), tmp_path)):
-            assert (wrapped.url, wrapped.is_posix, wrapped.hash_prefix, wrapped.region) == (
-                "memory://placed/root", True, True, "xx-placed-1"
+            assert (wrapped.url, wrapped.store_id, wrapped.hash_prefix, wrapped.region, wrapped.writes_in_parts) == (
+                "memory://placed/root", inner.store_id, True, "xx-placed-1", True
             )
+            assert wrapped.write_conditions == inner.write_conditions
             assert wrapped.public_exposure() == inner.public_exposure()
             assert wrapped.data_key("step-00000001/x") == "placed/step-00000001/x"
-            assert wrapped.local_path("a/b") == "/placed/a/b"
+            directory = wrapped.local_directory()
+            assert directory is not None and directory.local_path("a/b") == "/placed/a/b"
 
 
 # ---- plugin fixtures ----------------------------------------------------------------------------------------
@@ -428,8 +347,7 @@ def spawn_pool() -> Iterator[Executor]:
     and the pool does not pay a torch import per worker (tens of seconds on a 2-core machine).
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ckptio.storage.s3.s3_storage", "ckptio.testing.conformance",
-                                    "ckptio.testing.spawned"])
+    context.set_forkserver_preload([*storage_modules(), "ckptio.testing.conformance", "ckptio.testing.spawned"])
     with ProcessPoolExecutor(CONCURRENT_PROCESSES, mp_context=context) as pool:
         futures = [pool.submit(warm_up, 0.3) for _ in range(CONCURRENT_PROCESSES)]
         for future in futures:

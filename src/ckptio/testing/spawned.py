@@ -1,30 +1,33 @@
 """Functions the conformance kit runs in spawned processes (module level, so a spawned worker can import them).
 
 Each receives its storage by pickling, as a writer process does. They must never rely on the parent's state
-beyond what they are passed (the AWS_* environment travels explicitly).
+beyond what they are passed (the environment travels explicitly: a backend's credentials and endpoint may have
+been set by a fixture after the pool's workers started).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
 from ckptio.errors import AlreadyExistsError
 from ckptio.storage.base import Storage
+from ckptio.storage.registry import storage_modules
 
 
 def warm_up(hold_s: float) -> int:
-    """Import what the tests use, and hold the worker a moment so every worker of the pool gets one call."""
-    import ckptio.storage
-    import ckptio.storage.s3.s3_storage  # noqa: F401
-
+    """Import every backend's storage, and hold the worker a moment so every worker of the pool gets one call."""
+    for module in storage_modules():
+        importlib.import_module(module)
     time.sleep(hold_s)
     return os.getpid()
 
 
-def aws_env() -> dict[str, str]:
-    """The parent's AWS_* variables: pool workers may have been spawned before a fixture set them."""
-    return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+def parent_env() -> dict[str, str]:
+    """The parent's environment: pool workers may have been started before a fixture set a backend's
+    credentials or endpoint."""
+    return dict(os.environ)
 
 
 def create_at(storage: Storage, key: str, payload: bytes, start_at: float, env: dict[str, str]) -> str:

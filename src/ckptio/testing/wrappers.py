@@ -9,6 +9,7 @@ processes through a small state file guarded by ``flock``.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import os
@@ -16,7 +17,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ckptio.errors import StorageError, StorageFullError
@@ -142,27 +143,32 @@ class CountingStorage(StorageWrapper):
 
 
 class LatencyStorage(StorageWrapper):
-    """Adds a fixed delay to every operation (a remote metadata server, a far bucket)."""
+    """Adds a fixed delay to every operation (a remote metadata server, a far bucket), or only to operations on keys
+    containing ``key_with`` (a slow commit: ``key_with="manifest.json"``)."""
 
-    def __init__(self, inner: Storage, *, seconds: float) -> None:
+    def __init__(self, inner: Storage, *, seconds: float, key_with: str | None = None) -> None:
         super().__init__(inner)
-        self.seconds = seconds
+        self.seconds, self.key_with = seconds, key_with
+
+    def _wait(self, key: str) -> None:
+        if self.key_with is None or self.key_with in key:
+            time.sleep(self.seconds)
 
     def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
-        time.sleep(self.seconds)
+        self._wait(key)
         return self.inner.put(key, data, mode=mode, pacer=pacer)
 
     def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
                  pacer: Pacer | None = None) -> ObjectInfo:
-        time.sleep(self.seconds)
+        self._wait(key)
         return self.inner.put_file(key, path, mode=mode, pacer=pacer)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
-        time.sleep(self.seconds)
+        self._wait(key)
         return self.inner.get(key, offset=offset, length=length)
 
     def head(self, key: str) -> ObjectInfo:
-        time.sleep(self.seconds)
+        self._wait(key)
         return self.inner.head(key)
 
 
@@ -222,3 +228,71 @@ class FaultStorage(StorageWrapper):
                  pacer: Pacer | None = None) -> ObjectInfo:
         self._check(key, os.path.getsize(path))
         return self.inner.put_file(key, path, mode=mode, pacer=pacer)
+
+
+class OpCountingStorage(StorageWrapper):
+    """Counts the operations made on the inner storage, by kind, in this process: the commit path's metadata
+    accounting (``format.commit_ops``) is held against these counts in tests and ``bench/bench_commit.py``.
+
+    Kinds are the protocol's operations: ``put`` (``put_file`` too: both create one object), ``get`` (and
+    ``readinto``), ``head`` (``exists`` goes through it), ``list``, ``list_dirs``, ``delete``, ``delete_prefix``:
+    one per call, whatever the call lists or moves. Derived operations a backend may override (``get_many``,
+    ``exists``) are counted as the primitives they are built from here.
+    """
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"inner": self.inner}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["inner"])  # type: ignore[misc]
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts so far (a copy: subtract two snapshots to count what happened between them)."""
+        with self._lock:
+            return dict(self.counts)
+
+    def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
+        self._count("put")
+        return self.inner.put(key, data, mode=mode, pacer=pacer)
+
+    def put_file(self, key: str, path: str, *, mode: WriteMode = "overwrite",
+                 pacer: Pacer | None = None) -> ObjectInfo:
+        self._count("put")
+        return self.inner.put_file(key, path, mode=mode, pacer=pacer)
+
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        self._count("get")
+        return self.inner.get(key, offset=offset, length=length)
+
+    def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
+        self._count("get")
+        return self.inner.readinto(key, buffers, offset=offset)
+
+    def head(self, key: str) -> ObjectInfo:
+        self._count("head")
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._count("list")
+        return self.inner.list(prefix)
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        self._count("list_dirs")
+        return self.inner.list_dirs(prefix)
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        self.inner.delete(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        self._count("delete_prefix")
+        return self.inner.delete_prefix(prefix)

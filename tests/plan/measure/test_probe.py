@@ -14,7 +14,7 @@ import pytest
 
 from ckptio._cli.main import main
 from ckptio.errors import ConfigError
-from ckptio.plan.measure.probe import ProbeConfig, probe
+from ckptio.plan.measure.probe import ProbeConfig, probe, target_capabilities
 from ckptio.plan.measure.profile import StorageProfile
 from ckptio.storage import PosixStorage
 from ckptio.testing.wrappers import ThrottledStorage
@@ -41,8 +41,12 @@ def test_probe_of_a_directory_measures_everything_and_leaves_nothing(tmp_path: P
     assert profile.per_writer_bytes_per_s > 0
     assert profile.read_bytes_per_s > 0
     assert profile.metadata_ops_per_s > 0
-    assert set(profile.metadata) == {"create", "stat", "rename", "list", "delete"}
+    # Every kind a commit makes, each measured alone (fsync: a 4 KiB rewrite made durable).
+    assert set(profile.metadata) == {"create", "stat", "rename", "list", "fsync", "unlink"}
     assert all(rate > 0 for rate in profile.metadata.values())
+    assert profile.to_json()["metadata"] == profile.metadata
+    kinds = [v for k, v in profile.metadata.items() if k != "fsync"]
+    assert profile.metadata_ops_per_s == pytest.approx(len(kinds) / sum(1 / v for v in kinds))
     assert profile.fsync_s is not None and profile.fsync_s >= 0
     assert profile.serialize_bytes_per_s is not None and profile.serialize_bytes_per_s > 0
     assert [p.writers for p in profile.concurrency] == [1, 2]
@@ -79,7 +83,7 @@ def test_probe_through_the_storage_protocol_never_overstates_a_throttle(tmp_path
     )
     profile = probe(store, _small(file_size_bytes=4 * MIB))
     assert profile.fsync_s is None
-    assert "rename" not in profile.metadata
+    assert set(profile.metadata) == {"create", "stat", "list", "unlink"}, "a store has no rename or fsync"
     assert 0 < profile.write_bytes_per_s <= cap * 1.1
     assert list(store.list("")) == []
 
@@ -203,3 +207,30 @@ def test_an_interrupted_probe_leaves_nothing_behind(tmp_path: Path) -> None:
         assert proc.returncode == 130, err.decode()
         assert b"interrupted" in err
         assert os.listdir(targets[sig].parent) == [], f"{sig!r} left {os.listdir(targets[sig].parent)}"
+
+
+def test_directory_capabilities_are_tried_and_leave_the_root_as_found(tmp_path: Path) -> None:
+    root = tmp_path / "new" / "root"
+    caps = target_capabilities(str(root))
+    assert caps.conditional_writes and caps.url == root.as_uri()
+    assert "link()" in caps.get("conditional_create").detail or "O_EXCL" in caps.get("conditional_create").detail
+    assert not (tmp_path / "new").exists(), "the parents the check had to create are removed"
+    (tmp_path / "kept").mkdir()
+    target_capabilities(tmp_path / "kept")
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_probe_reports_how_a_directory_excludes_other_clients(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["probe", str(tmp_path), "--writers", "1", "--file-size", "64KiB", "--files-per-writer", "1",
+            "--small-files", "8", "--max-seconds", "5", "--no-fsync", "--json"]
+    assert main(args) == 0
+    caps = json.loads(capsys.readouterr().out)["capabilities"]
+    assert caps["conditional_create"]["ok"] is True and "link()" in caps["conditional_create"]["detail"]
+    assert caps["compare_and_swap"]["ok"] is True and "O_EXCL lock file" in caps["compare_and_swap"]["detail"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_fsync_the_probe_measures_no_fsync_rate(tmp_path: Path) -> None:
+    profile = probe(tmp_path, _small(fsync=False, max_seconds=5.0))
+    assert "fsync" not in profile.metadata and {"create", "unlink"} <= set(profile.metadata)

@@ -16,7 +16,7 @@ from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.job.presets import PRESETS
 from ckptio.plan.simulation.burst import SimulationConfig, simulate
-from ckptio.plan.simulation.events import simulation_events, write_events
+from ckptio.plan.simulation.simulation_events import simulation_events, write_events
 
 GB = 1e9
 

@@ -20,9 +20,9 @@ The accept loop survives EMFILE/ENFILE/ENOBUFS/ENOMEM (backs off) and ECONNABORT
 
 Leftovers: an aborted ``put`` deletes its temporary file at once; a successful ``put`` also removes temporary
 files nobody wrote to for ``stale_s`` (a writer killed mid-transfer), and ``close()`` removes this process's
-remaining temporary files and the copies it received for steps that did not commit (``keep_steps``). Older
-committed steps are the local level's eviction's to delete. This module never touches a process group, a staging
-slot or the durable tier.
+remaining temporary files. The copies themselves are never deleted here: the writer's local tier owns every
+deletion of a kept file in ``local_dir`` (``received()`` tells it which copies this server took). This module
+never touches a process group, a staging slot or the durable tier.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection
 from typing import Any
 
 from ckptio.engine.partner.auth import Channel, server_handshake
@@ -77,11 +76,13 @@ class PartnerServer:
 
     def __init__(self, listener: socket.socket, local: Storage, *, secret: bytes,
                  limits: PartnerLimits | None = None) -> None:
-        if not local.is_posix:
+        directory = local.local_directory()
+        if directory is None:
             raise ConfigError("the partner server needs a POSIX local_dir")
         if len(secret) < 16:
             raise ConfigError("the partner secret must be at least 16 bytes")
         self.listener, self.local, self.limits = listener, local, limits or PartnerLimits()
+        self.directory = directory  # the kernel's side of the local tier: receives and sends are file descriptors
         self._secret = secret
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
         self._lock = threading.Lock()
@@ -200,7 +201,7 @@ class PartnerServer:
                 why.append("digest mismatch on arrival: the bytes were altered in transit")
             return not why
 
-        final = self.local.local_path(partner_copy_key(step, name))
+        final = self.directory.local_path(partner_copy_key(step, name))
         kept = receive_to_file(channel.sock, final, size, deadline=deadline, idle_s=self.limits.idle_s,
                                accept=accept, active=self._temps)
         self._count("put" if kept else "put_refused")
@@ -215,7 +216,7 @@ class PartnerServer:
     def _get(self, channel: Channel, step: int, name: str) -> None:
         for key in (own_copy_key(step, name), partner_copy_key(step, name)):
             try:
-                fd = os.open(self.local.local_path(key), os.O_RDONLY | os.O_NOFOLLOW)
+                fd = os.open(self.directory.local_path(key), os.O_RDONLY | os.O_NOFOLLOW)
             except (OSError, CkptError):
                 continue
             try:
@@ -231,15 +232,20 @@ class PartnerServer:
 
     # ---- cleanup ---------------------------------------------------------------------------------------------
     def _partner_dirs(self) -> list[str]:
-        base = self.local.local_path(PARTNERS_DIR)
+        base = self.directory.local_path(PARTNERS_DIR)
         with contextlib.suppress(OSError), os.scandir(base) as entries:
             return [e.path for e in entries if parse_step_dir(e.name) is not None and e.is_dir(follow_symlinks=False)]
         return []
 
-    def close(self, *, keep_steps: Collection[int] | None = None) -> None:
-        """Stop serving, end open connections, and remove leftovers: this process's temporary files and, when
-        ``keep_steps`` (the committed local-level steps) is given, every copy this server received for a step not
-        in it. Never ``shutdown()`` the listener: the trainer holds the same socket for the next writer."""
+    def received(self) -> list[tuple[int, str]]:
+        """The copies ``(step, name)`` this server received and kept: the local tier, their one deleter, drops
+        those of steps that never committed when the writer stops."""
+        with self._lock:
+            return sorted(self._received)
+
+    def close(self) -> None:
+        """Stop serving, end open connections, and remove this process's temporary files. Never ``shutdown()`` the
+        listener: the trainer holds the same socket for the next writer."""
         self._stop.set()
         with contextlib.suppress(OSError):
             self.listener.close()
@@ -254,15 +260,3 @@ class PartnerServer:
             time.sleep(0.01)
         remove_abandoned_temps(self._partner_dirs(), stale_s=self.limits.stale_s, active=set(self._temps),
                                own_too=True)
-        if keep_steps is not None:
-            self._remove_uncommitted(set(keep_steps))
-
-    def _remove_uncommitted(self, keep: set[int]) -> None:
-        with self._lock:
-            received = [(s, n) for s, n in self._received if s not in keep]
-        for step, name in received:
-            with contextlib.suppress(OSError, CkptError):
-                os.unlink(self.local.local_path(partner_copy_key(step, name)))
-        for step in {s for s, _ in received}:
-            with contextlib.suppress(OSError, CkptError):
-                os.rmdir(os.path.dirname(self.local.local_path(partner_copy_key(step, "x"))))  # only when empty

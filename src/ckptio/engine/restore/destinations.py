@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import io
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -130,19 +131,33 @@ class _Gathered(Dest):
         self.buffer = bytearray()
 
 
-def make_dest(req: ReadItem, place: Place, shape: ChunkShape | None, planner: LoadPlanner, *, step: int,
-              load_object: Callable[[ReadItem, memoryview], None], stream_for: Callable[[torch.Tensor], Any]) -> Dest:
+@dataclass(frozen=True, slots=True)
+class DestHooks:
+    """What a destination needs from its reader besides the item: the step (for errors), how stored bytes become
+    a ``torch.save`` blob (DCP stream extensions undone, plain DCP's zip CRC-32 checked), how an object is loaded
+    (the allowlisted unpickler), and the side stream of a GPU target."""
+
+    step: int | None
+    open_blob: Callable[[ReadItem, memoryview], bytes | memoryview]
+    load_object: Callable[[ReadItem, bytes | memoryview], None]
+    stream_for: Callable[[torch.Tensor], Any]
+
+
+def make_dest(req: ReadItem, place: Place, shape: ChunkShape | None, planner: LoadPlanner, hooks: DestHooks) -> Dest:
     """The destination of ``req`` on this rank (resolving its target tensor once, as DCP does)."""
     lo, hi = need_range(place, req.storage_offsets, req.lengths, shape)
+    step = hooks.step
     if req.type == LoadItemType.BYTE_IO:
-        return _Gathered(req, place.file, lo, hi, lambda buf: load_object(req, memoryview(buf)))
+        return _Gathered(req, place.file, lo, hi,
+                         lambda buf: hooks.load_object(req, hooks.open_blob(req, memoryview(buf))))
     target = planner.resolve_tensor(req).detach()
     if target.size() != torch.Size(req.lengths):
         raise StructureMismatchError(f"{req.storage_index.fqn!r}: checkpoint has shape {tuple(req.lengths)}, target "
                                      f"has {tuple(target.size())}", step=step, path=req.storage_index.fqn)
     if place.raw_offset is None or shape is None:
         def load_blob(buf: bytearray) -> None:
-            tensor = torch.load(io.BytesIO(buf), map_location="cpu", weights_only=True)
+            blob = hooks.open_blob(req, memoryview(buf))
+            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
             _check_shape(req, tensor, target, step)
             target.copy_(tensor)
@@ -151,7 +166,7 @@ def make_dest(req: ReadItem, place: Place, shape: ChunkShape | None, planner: Lo
     if sub_box_is_contiguous(shape.sizes, req.storage_offsets, req.lengths) and target.is_contiguous():
         if target.device.type == "cpu" and target.dtype == shape.dtype:
             return DirectDest(req, place.file, lo, hi, target=target, shape=shape)
-        return StreamDest(req, place.file, lo, hi, target=target, shape=shape, stream=stream_for(target))
+        return StreamDest(req, place.file, lo, hi, target=target, shape=shape, stream=hooks.stream_for(target))
 
     def load_strided(buf: bytearray) -> None:
         if buf:
@@ -161,7 +176,7 @@ def make_dest(req: ReadItem, place: Place, shape: ChunkShape | None, planner: Lo
     return _Gathered(req, place.file, lo, hi, load_strided)
 
 
-def _check_shape(req: ReadItem, tensor: torch.Tensor, target: torch.Tensor, step: int) -> None:
+def _check_shape(req: ReadItem, tensor: torch.Tensor, target: torch.Tensor, step: int | None) -> None:
     if target.size() != tensor.size():
         raise StructureMismatchError(f"{req.storage_index.fqn!r}: checkpoint has shape {tuple(tensor.size())}, "
                                      f"target has {tuple(target.size())}", step=step, path=req.storage_index.fqn)

@@ -2,93 +2,100 @@
 ckptio's StorageReader (:mod:`ckptio.engine.restore.storage_reader`): ranged reads into the targets, checksums on every
 block, each range read from the store by one rank and sent to the others that need it, an intact local copy preferred.
 
-Runs on the training thread; its only collectives are the step broadcast and those inside ``dcp.load`` (planning,
-and the reader's exchange of ranges), all on ckptio's side group. It runs no code from the store unless
+Runs on the training thread; its only collectives are the step broadcast, the readiness gate
+(:mod:`ckptio.engine.restore.readiness`) and those inside ``dcp.load`` (planning, and the reader's exchange of
+ranges), all on ckptio's side group. It runs no code from the store unless
 ``trust_pickles`` says so (docs/security.md): the reader unpickles ``.metadata`` and values with allowlists.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-
 from ckptio import format as fmt
+from ckptio.engine.restore.context import RestoreContext
+from ckptio.engine.restore.dcp_load import load_through
+from ckptio.engine.restore.readiness import check_ready, rank0_choice
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
-from ckptio.engine.side_group import SideGroup
-from ckptio.errors import CheckpointNotFoundError, CkptError, StructureMismatchError
+from ckptio.errors import CheckpointNotFoundError
+from ckptio.format.plain_dcp import is_plain_dcp, newest_plain_dcp_step
 from ckptio.storage.base import Storage
+
+log = logging.getLogger("ckptio")
 
 
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
     """What a ``restore`` read: the step (None: nothing to restore), the level it came from, and per source
     (``local``, ``partner``, ``durable``) how many files it read there; ``note`` says why a newer step or a faster
-    level was set aside."""
+    level was set aside, or that the step is a plain DCP checkpoint."""
 
     step: int | None
     level: str
-    """``durable``, ``local`` or ``none``."""
+    """``durable``, ``local``, ``dcp`` (a plain DCP checkpoint in the durable root, no ckptio manifest) or
+    ``none``."""
     sources: dict[str, int] = field(default_factory=dict)
     note: str | None = None
     seconds: float = 0.0
 
 
-def _choose_step(storage: Storage, step: int | None, group: SideGroup) -> int | CkptError | None:
-    if group.rank != 0:
-        return None
+@dataclass(frozen=True, slots=True)
+class DurableStep:
+    """A step restore can load from the durable root: committed by ckptio, or a plain DCP checkpoint."""
+
+    step: int
+    plain: bool
+
+
+def choose_durable(storage: Storage, step: int | None) -> DurableStep | None:
+    """Rank 0: the newest step of the durable root — committed, or a plain DCP checkpoint newer than every
+    committed one (:mod:`ckptio.format.plain_dcp`) — or ``step`` when it is either. A plain DCP checkpoint is never
+    skipped: a user moving from ``dcp.save`` restores their last checkpoint."""
     if step is None:
         steps = fmt.committed_steps(storage)
-        return steps[-1] if steps else None
-    if not storage.exists(fmt.manifest_key(step)):
-        return CheckpointNotFoundError("no committed checkpoint for this step", root=storage.url, step=step)
-    return step
+        plain = newest_plain_dcp_step(storage, above=steps[-1] if steps else None)
+        if plain is not None:
+            return DurableStep(plain, True)
+        return DurableStep(steps[-1], False) if steps else None
+    if storage.exists(fmt.manifest_key(step)):
+        return DurableStep(step, False)
+    if is_plain_dcp(storage, step):
+        return DurableStep(step, True)
+    raise CheckpointNotFoundError(
+        f"no committed checkpoint for this step: {fmt.step_dir(step)}/{fmt.MANIFEST} is missing, and the directory "
+        "is not a plain DCP checkpoint either (a .metadata without ckptio's rank indexes)", root=storage.url,
+        step=step)
 
 
-def unwrap_load_error(exc: CheckpointException, step: int) -> CkptError:
-    """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch."""
-    inners = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
-    for inner in inners:
-        if isinstance(inner, CkptError):
-            return inner
-    detail = "; ".join(sorted({f"{type(i).__name__}: {i}" for i in inners})) or repr(exc)
-    return StructureMismatchError(f"state does not match the checkpoint: {detail}", step=step)
+def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None = None) -> RestoreReport:
+    """Load the newest step of ``ctx.durable`` (or ``step``) into ``state``, every rank of ``ctx.group`` together
+    (:func:`choose_durable`: a plain DCP checkpoint is read through the same reader, and the report says so).
 
-
-def restore_step(
-    storage: Storage,
-    state: dict[str, Any],
-    *,
-    step: int | None = None,
-    local: Storage | None = None,
-    group: SideGroup | None = None,
-    concurrency: int = 4,
-    trust_pickles: bool = False,
-    safe_globals: Sequence[Any] = (),
-) -> int | None:
-    group = group or SideGroup()
-    chosen = group.broadcast_from_rank0(_choose_step(storage, step, group))
-    if isinstance(chosen, CkptError):
-        raise chosen
+    Rank 0 chooses and broadcasts the step (what stops it there is broadcast too, since the others wait for it);
+    then every rank reads the step's records, and a rank that cannot fails every rank at the readiness gate
+    (:mod:`ckptio.engine.restore.readiness`), before DCP's planning."""
+    t0 = time.monotonic()
+    group = ctx.group
+    chosen = rank0_choice(group, lambda: choose_durable(ctx.durable, step))
     if chosen is None:
-        return None
-    reader = CkptioStorageReader(storage, chosen, local=local, concurrency=concurrency,
-                                 trust_pickles=trust_pickles, safe_globals=safe_globals,
-                                 process_group=group.group if group.distributed else None)
-    reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised here, not wrapped by DCP
+        return RestoreReport(step=None, level="none", seconds=time.monotonic() - t0)
+    reader, error = None, None
     try:
-        with warnings.catch_warnings():
-            # One process without a process group is a supported mode here, not a mistake worth a warning.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(state, storage_reader=reader, process_group=group.group if group.distributed else None)
-    except CheckpointException as exc:
-        raise unwrap_load_error(exc, chosen) from exc
-    except CkptError:
-        raise
-    except (RuntimeError, KeyError, ValueError, AssertionError) as exc:
-        raise StructureMismatchError(f"state does not match the checkpoint: {exc}", step=chosen) from exc
-    return int(chosen)
+        manifest = None if chosen.plain else fmt.read_manifest(ctx.durable, chosen.step)
+        reader = CkptioStorageReader.in_context(ctx, chosen.step, manifest)
+        reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised at the gate, not wrapped by DCP
+    except Exception as exc:  # reported to every rank at the gate, then raised here as it is
+        error = exc
+    check_ready(group, error, timeout_s=ctx.options.ready_timeout_s, step=chosen.step)
+    assert reader is not None
+    load_through(reader, state, process_group=ctx.process_group, step=chosen.step)
+    note = None
+    if chosen.plain:
+        note = (f"step {chosen.step} is a plain DCP checkpoint ({fmt.step_dir(chosen.step)} has no ckptio manifest): "
+                "restored through ckptio's reader, each item checked against the zip CRC-32s torch.save keeps")
+        log.info("ckptio: %s", note)
+    return RestoreReport(step=chosen.step, level="dcp" if chosen.plain else "durable", note=note,
+                         seconds=time.monotonic() - t0)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -33,12 +32,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ckptio.engine.restore.destinations import Dest, StreamDest, make_dest
+from ckptio.engine.restore.context import ReadOptions, RestoreContext
+from ckptio.engine.restore.destinations import Dest, DestHooks, StreamDest, make_dest
 from ckptio.engine.restore.read_plan import (
     CHUNK_BYTES,
     ChunkShape,
@@ -46,50 +46,112 @@ from ckptio.engine.restore.read_plan import (
     RankReads,
     StoreLayout,
     Task,
-    item_blocks,
     need_range,
     plan_reads,
 )
-from ckptio.engine.restore.transfer import Source, Transfer
+from ckptio.engine.restore.step_layout import (
+    build_layout,
+    build_plain_layout,
+    check_real_sizes,
+    chunk_shapes,
+    read_item_records,
+)
+from ckptio.engine.restore.stored_blob import BlobOpener
+from ckptio.engine.restore.transfer import Source, Transfer, TransferSpec
 from ckptio.engine.side_group import any_true_in, moves_cpu_tensors
-from ckptio.errors import CkptError, CorruptCheckpointError, StorageError
-from ckptio.format import FileRecord, ItemRecord, Manifest, RankIndex, check_file, index_key, record_key, step_dir
+from ckptio.errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError
+from ckptio.format import (
+    MANIFEST,
+    METADATA,
+    FileRecord,
+    Manifest,
+    check_file,
+    index_key,
+    read_manifest,
+    record_key,
+    step_dir,
+)
 from ckptio.format.crosscheck import metadata_problems
+from ckptio.format.plain_dcp import is_plain_dcp, plain_manifest
 from ckptio.format.safe_pickle import load_metadata, load_object
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import ReadStore, Storage, join_key
+
+
+class ReadTally:
+    """What a rank's last ``read_data`` read, per source: the bytes, and the files served from the local tier."""
+
+    def __init__(self) -> None:
+        self.local_hits: list[str] = []
+        """Files served (wholly or partly) from the local tier (for reports and tests)."""
+        self.bytes_by_source: dict[str, int] = {}
+        """Bytes read from each source, and received from other ranks (``peers``)."""
+
+    def read(self, task: Task, label: str) -> None:
+        self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + task.length
+        if label == "local" and task.file not in self.local_hits:
+            self.local_hits.append(task.file)
+
+    def received(self, task: Task) -> None:
+        self.bytes_by_source["peers"] = self.bytes_by_source.get("peers", 0) + task.length
 
 
 class CkptioStorageReader(StorageReader):
-    """A DCP StorageReader over any ckptio storage: ranged, verified, shared reads; the local tier preferred."""
+    """A DCP StorageReader over any ckptio storage: ranged, verified, shared reads; the local tier preferred.
 
-    def __init__(self, storage: Storage, step: int, *, manifest: Manifest | None = None, local: Storage | None = None,
-                 concurrency: int = 4, trust_pickles: bool = False, safe_globals: Sequence[Any] = (),
-                 process_group: Any = None, chunk_bytes: int = CHUNK_BYTES, exchange: bool = True) -> None:
-        from ckptio.format import read_manifest
+    The keyword constructor is for DCP users; ckptio's own restore builds readers with :meth:`in_context`.
+    """
 
+    def __init__(self, storage: ReadStore, step: int | None, *, manifest: Manifest | None = None,
+                 local: ReadStore | None = None, concurrency: int = 4, trust_pickles: bool = False,
+                 safe_globals: Sequence[Any] = (), process_group: Any = None, chunk_bytes: int = CHUNK_BYTES,
+                 exchange: bool = True, extension_registry: Any = None) -> None:
+        """``step``: the committed step of a ckptio root to read, or a step directory of it that a plain
+        ``dcp.save`` wrote; None: ``storage``'s root is itself a plain DCP directory. ``extension_registry``: DCP's
+        ``ExtensionRegistry`` for items stored through stream extensions (None: DCP's default, ZStandard)."""
+        options = ReadOptions(concurrency=concurrency, trust_pickles=trust_pickles, safe_globals=tuple(safe_globals),
+                              chunk_bytes=chunk_bytes, exchange=exchange, extension_registry=extension_registry)
+        if manifest is None and step is not None:
+            manifest = _manifest_or_plain(storage, step)
+        self._open(storage, manifest, step=step, local=local, process_group=process_group, options=options)
+
+    @classmethod
+    def in_context(cls, ctx: RestoreContext, step: int, manifest: Manifest | None) -> CkptioStorageReader:
+        """The reader of ``step`` on the durable root of ``ctx`` (its local tier preferred): a committed step
+        (``manifest``), or a plain DCP checkpoint in the step's directory (None)."""
+        reader = cls.__new__(cls)
+        reader._open(ctx.durable, manifest, step=step, local=ctx.local, process_group=ctx.process_group,
+                     options=ctx.options)
+        return reader
+
+    def _open(self, storage: ReadStore, manifest: Manifest | None, *, step: int | None, local: ReadStore | None,
+              process_group: Any, options: ReadOptions) -> None:
         self.storage = storage
-        self.step = step
-        self.manifest = manifest or read_manifest(storage, step)
-        self.local = local
-        self.concurrency = concurrency
-        self.trust_pickles = trust_pickles
-        self.safe_globals = tuple(safe_globals)
-        self.chunk_bytes = chunk_bytes
-        self.exchange = exchange
-        """Share ranges several ranks need (read once, sent over the process group); False: each rank reads all
-        it needs itself."""
+        self.step = step if step is not None else 0
+        """The step read (0 for a plain DCP directory at the store's root, which has none)."""
+        self.plain = manifest is None
+        """A plain DCP checkpoint: no manifest, no rank index; a manifest is made from ``.metadata`` and the files'
+        real sizes (:func:`~ckptio.format.plain_dcp.plain_manifest`), and every item is checked by its zip CRC-32."""
+        self.prefix = step_dir(step) if step is not None else ""
+        self.manifest = manifest if manifest is not None else Manifest(step=step or 0, world_size=0, save_id=0,
+                                                                        files={}, total_bytes=0)
+        self.local = local if not self.plain else None  # the local tier holds ckptio's own steps only
+        self.options = options
         self.process_group = process_group
+        """The group ``dcp.load`` runs on (None: the default group, as DCP's own default)."""
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
         self._metadata: Metadata | None = None
         self._rank = 0
-        #: files served (wholly or partly) from the local tier in the last read_data (for reports and tests)
-        self.local_hits: list[str] = []
-        #: bytes this rank read from each source and received from other ranks in the last read_data
-        self.bytes_by_source: dict[str, int] = {}
+        self.tally = self._new_tally()
+        self.failure: CkptError | None = None
+        """What stopped this rank's exchange in the last ``read_data`` (:func:`~ckptio.engine.restore.dcp_load.
+        load_through` raises it when DCP's own collectives fail after it)."""
+
+    def _new_tally(self) -> ReadTally:
+        return ReadTally()
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        self.local_hits = []
-        self.bytes_by_source = {}
+        self.tally = self._new_tally()
+        self.failure = None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -108,9 +170,11 @@ class CkptioStorageReader(StorageReader):
             check_file(self.storage, self.step, name, raw,
                        FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
         try:
-            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.trust_pickles))
+            metadata = cast(Metadata, load_metadata(raw, path=key, trust_pickles=self.options.trust_pickles))
         except CorruptCheckpointError as exc:
             raise self._located(exc) from exc.__cause__
+        if self.plain:
+            self.manifest = plain_manifest(self.storage, self.prefix, self.step, metadata)
         problems = metadata_problems(metadata, self.manifest)
         if problems:
             # Reads must stay inside the files the manifest lists (and checksums): never a KeyError or a short read.
@@ -123,7 +187,7 @@ class CkptioStorageReader(StorageReader):
 
     def metadata_key(self) -> str:
         """Where ``.metadata`` is read from (the local level's reader reads its own)."""
-        return join_key(step_dir(self.step), ".metadata")
+        return join_key(self.prefix, METADATA) if self.prefix else METADATA
 
     def _located(self, exc: CorruptCheckpointError) -> CorruptCheckpointError:
         exc.root, exc.step = exc.root or self.storage.url, self.step
@@ -143,8 +207,10 @@ class CkptioStorageReader(StorageReader):
         shapes = self._shapes()
         needs = [[(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes)) for req in p.items]
                  for p in plans]
-        exchange = len(plans) == 1 or (self.exchange and self._group_moves_cpu(len(plans)))
-        reads = plan_reads(needs, layout, exchange=exchange, readers_of=self._readers_of, chunk=self.chunk_bytes)
+        self._check_claims({layout.places[req.storage_index].file for p in plans for req in p.items})
+        exchange = len(plans) == 1 or (self.options.exchange and self._group_moves_cpu(len(plans)))
+        reads = plan_reads(needs, layout, exchange=exchange, readers_of=self._readers_of,
+                           chunk=self.options.chunk_bytes)
         return [dataclasses.replace(p, storage_data=r) for p, r in zip(plans, reads, strict=True)]
 
     @staticmethod
@@ -154,66 +220,19 @@ class CkptioStorageReader(StorageReader):
 
     def _shapes(self) -> dict[MetadataIndex, ChunkShape]:
         assert self._metadata is not None
-        shapes = {}
-        for fqn, md in self._metadata.state_dict_metadata.items():
-            if isinstance(md, TensorStorageMetadata):
-                size = torch.empty((), dtype=md.properties.dtype).element_size()
-                for chunk in md.chunks:
-                    shapes[MetadataIndex(fqn, chunk.offsets)] = ChunkShape(tuple(chunk.sizes), size,
-                                                                          md.properties.dtype)
-        return shapes
+        return chunk_shapes(self._metadata)
 
     def _layout(self) -> StoreLayout:
-        """Places and blocks of every item; a file any of whose items lacks usable block checksums is read whole."""
-        records, shapes = self._item_records(), self._shapes()
-        usable: dict[str, bool] = {}
-        for idx, info in self.storage_data.items():
-            rec = records.get(idx)
-            ok = (rec is not None and rec.has_blocks()
-                  and (rec.file, rec.file_offset, rec.length) == (info.relative_path, info.offset, info.length))
-            if ok and rec is not None and rec.data_offset is not None:  # raw bytes: they must be the chunk's
-                shape = shapes.get(idx)
-                ok = shape is not None and rec.data_length == shape.nbytes
-            usable[info.relative_path] = usable.get(info.relative_path, True) and ok
-        layout = StoreLayout()
-        for idx, info in self.storage_data.items():
-            name = info.relative_path
-            if not usable[name]:
-                layout.whole_files[name] = self.manifest.files[name]
-                layout.places[idx] = Place(name, info.offset, info.length)
-                continue
-            rec = records[idx]
-            raw = None if rec.data_offset is None else info.offset + rec.data_offset
-            layout.places[idx] = Place(name, info.offset, info.length, raw)
-            layout.blocks[idx] = item_blocks(rec)
-        return layout
+        """Places and blocks of every item (:mod:`ckptio.engine.restore.step_layout`)."""
+        if self.plain:
+            return build_plain_layout(self.storage_data)
+        records = read_item_records(self.storage, self.manifest, lambda rank: index_key(self.step, rank))
+        return build_layout(self.storage_data, records, self._shapes(), self.manifest.files)
 
-    def _index_key(self, rank: int) -> str:
-        return index_key(self.step, rank)
-
-    def _parse_index(self, raw: bytes, key: str) -> RankIndex:
-        return RankIndex.from_json(raw, key=key)
-
-    def _item_records(self) -> dict[MetadataIndex, ItemRecord]:
-        """Item records of the rank indexes that belong to this save (others are ignored: files read whole)."""
-        def read(rank: int) -> RankIndex | None:
-            key = self._index_key(rank)
-            try:
-                index = self._parse_index(self.storage.get(key), key)
-            except (StorageError, CorruptCheckpointError):
-                return None
-            same = (index.step, index.save_id, index.rank) == (self.step, self.manifest.save_id, rank)
-            files = self.manifest.files
-            if not same or any(f.name not in files or (files[f.name].size, files[f.name].crc32c) != (f.size, f.crc32c)
-                               for f in index.files):
-                return None
-            return index
-
-        ranks = range(self.manifest.world_size)
-        with ThreadPoolExecutor(max(1, min(16, len(ranks))), thread_name_prefix="ckptio-index") as pool:
-            indexes = list(pool.map(read, ranks))
-        return {MetadataIndex(it.fqn, it.offset, it.index_hint): it
-                for index in indexes if index is not None for it in index.items}
+    def _check_claims(self, names: set[str]) -> None:
+        """Hold the manifest's sizes of the files a plan reads to the objects' real sizes, before any rank allocates
+        by them (the durable copies: the local tier's are checked by every read that uses them)."""
+        check_real_sizes(self.storage, self.manifest, names)
 
     def _readers_of(self, name: str) -> Sequence[int] | None:
         """The ranks that may read ``name`` (None: any)."""
@@ -244,14 +263,6 @@ class CkptioStorageReader(StorageReader):
         out.append(Source("durable", lambda offset, bufs: durable.readinto(key, bufs, offset=offset)))
         return out
 
-    def _on_read(self, task: Task, label: str) -> None:
-        self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + task.length
-        if label == "local" and task.file not in self.local_hits:
-            self.local_hits.append(task.file)
-
-    def _on_receive(self, task: Task) -> None:
-        self.bytes_by_source["peers"] = self.bytes_by_source.get("peers", 0) + task.length
-
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         reads, rank = plan.storage_data, self._rank
         shapes = self._shapes()
@@ -260,16 +271,16 @@ class CkptioStorageReader(StorageReader):
             layout = self._layout()
             needs = [(req.storage_index, *self._need(req, layout.places[req.storage_index], shapes))
                      for req in plan.items]
-            reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.chunk_bytes)[0], 0
+            reads, rank = plan_reads([needs], layout, exchange=False, chunk=self.options.chunk_bytes)[0], 0
         streams: dict[torch.device, Any] = {}
+        hooks = self._hooks(planner, streams)
         dests: list[Dest] = []
         error: CkptError | None = None
         try:
             for req in plan.items:
                 dests.append(make_dest(req, reads.places[req.storage_index],
                                        shapes.get(req.storage_index) if req.type != LoadItemType.BYTE_IO else None,
-                                       planner, step=self.step, load_object=self._loader(planner),
-                                       stream_for=lambda t: _side_stream(streams, t)))
+                                       planner, hooks))
         except CkptError as exc:
             error = exc
         group = self._group()
@@ -285,36 +296,52 @@ class CkptioStorageReader(StorageReader):
     def _transfer(self, reads: RankReads, dests: list[Dest], planner: LoadPlanner, *, streams: dict[Any, Any],
                   group: Any, rank: int) -> None:
         deferred: list[Dest] = []
+        unloadable: list[CkptError] = []
 
         def done(dest: Dest) -> None:
-            (deferred.append if dest.deferred else lambda d: d.finish(planner))(dest)
+            if dest.deferred:
+                deferred.append(dest)
+                return
+            try:
+                dest.finish(planner)
+            except CkptError as exc:  # raised once the walk is over: the other ranks still wait for our sends
+                unloadable.append(exc)
 
         for dest in dests:
             if dest.remaining == 0:
                 done(dest)
-        transfer = Transfer(rank=rank, group=group, step=self.step, root=self.storage.url,
-                            sources=self._sources, concurrency=self.concurrency, chunk=self.chunk_bytes,
+        spec = TransferSpec(rank=rank, group=group, step=self.step, root=self.storage.url,
+                            concurrency=self.options.concurrency, chunk=self.options.chunk_bytes,
                             pinned=any(isinstance(d, StreamDest) and d.stream is not None for d in dests),
-                            on_read=self._on_read, on_receive=self._on_receive,
                             batch_bytes=self.storage.read_batch_bytes)
+        transfer = Transfer(spec, self._sources, self.tally)
         try:
             transfer.run(reads.tasks, dests, done)
+        except CkptError as exc:
+            self.failure = exc  # DCP's gather of the outcome cannot carry it when a peer is gone
+            raise
         finally:
             for stream in streams.values():
                 stream.synchronize()
+        if unloadable:
+            raise unloadable[0]
         for dest in deferred:
             dest.finish(planner)
 
-    def _loader(self, planner: LoadPlanner) -> Any:
-        return lambda req, blob: self._load_object(req, blob, planner)
+    def _hooks(self, planner: LoadPlanner, streams: dict[torch.device, Any]) -> DestHooks:
+        opener = BlobOpener(self.storage_data, registry=self.options.extension_registry, check_zip=self.plain,
+                            root=self.storage.url, step=self.step)
+        return DestHooks(step=self.step, open_blob=opener,
+                         load_object=lambda req, blob: self._load_object(req, blob, planner),
+                         stream_for=lambda t: _side_stream(streams, t))
 
-    def _load_object(self, req: ReadItem, blob: memoryview, planner: LoadPlanner) -> None:
+    def _load_object(self, req: ReadItem, blob: bytes | memoryview, planner: LoadPlanner) -> None:
         """A non-tensor value: loaded here with the allowlist, never by DCP's planner (which unpickles anything)."""
-        if self.trust_pickles:
+        if self.options.trust_pickles:
             planner.load_bytes(req, io.BytesIO(blob))
             return
         try:
-            value = load_object(blob, safe_globals=self.safe_globals, path=req.storage_index.fqn)
+            value = load_object(blob, safe_globals=self.options.safe_globals, path=req.storage_index.fqn)
         except CorruptCheckpointError as exc:
             raise self._located(exc) from exc.__cause__
         if isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
@@ -345,3 +372,16 @@ def _done() -> Future[None]:
     fut: Future[None] = Future()
     fut.set_result(None)
     return fut
+
+
+def _manifest_or_plain(storage: ReadStore, step: int) -> Manifest | None:
+    """``step``'s manifest, or None when its directory is a plain DCP checkpoint; CheckpointNotFoundError (naming
+    the missing manifest) when it is neither."""
+    try:
+        return read_manifest(storage, step)
+    except CheckpointNotFoundError as exc:
+        if isinstance(storage, Storage) and is_plain_dcp(storage, step):
+            return None
+        raise CheckpointNotFoundError(f"no committed checkpoint for this step: {step_dir(step)}/{MANIFEST} is missing "
+                                      "and the directory is not a plain DCP checkpoint either", root=storage.url,
+                                      step=step) from exc

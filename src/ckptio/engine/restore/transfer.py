@@ -15,6 +15,8 @@ Every rank walks its tasks in the plan's global order and only ever waits for ta
 exchange cannot deadlock. A read that fails on every source does not stop the walk: the rank still sends what it
 has (the receivers' own checks reject it), finishes its schedule so no peer waits forever, and raises at the end.
 Receivers verify every block too, so a byte is never used unless a checksum covered it where it is used.
+A rank found gone mid-walk (:mod:`ckptio.engine.restore.peer_links`) is skipped from then on: the walk still
+finishes for the live ranks, then raises :class:`~ckptio.errors.PeerLostError` naming it.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
-import torch.distributed as dist
 
 from ckptio.engine.restore.destinations import Dest, tensor_bytes
+from ckptio.engine.restore.peer_links import PeerLinks, Posted
 from ckptio.engine.restore.read_plan import MAX_GAP, Task
-from ckptio.engine.side_group import recv_async, send_async
 from ckptio.errors import ChecksumError, CkptError, StorageError
 from ckptio.format.blocks import crc32c
 from ckptio.format.keys import step_dir
@@ -49,6 +50,8 @@ class Source:
 def bad_block(view: memoryview, task: Task) -> tuple[Any, int] | None:
     """The first block of ``task`` whose bytes in ``view`` fail their checksum, with the crc found."""
     for block in task.blocks:
+        if not block.crc:  # a plain DCP item: its zip CRC-32 is checked once it is gathered
+            continue
         start = block.offset - task.offset
         found = crc32c(view[start : start + block.length])
         if found != int(block.crc, 16):
@@ -66,23 +69,51 @@ class _Flight:
     read: Future[list[str | BaseException]] | None = None
     """The read of this task, alone or with adjacent ones; ``slot`` is its place in the outcome."""
     slot: int = 0
-    recv: Any = None
+    recv: Posted | None = None
+    sends: list[Posted] = field(default_factory=list)
+    """Sends to other ranks that still use ``view``."""
     waits: list[Any] = field(default_factory=list)
-    """Sends (gloo works) and side-stream copies (CUDA events) that still use ``view``."""
+    """Side-stream copies (CUDA events) that still use ``view``."""
+
+
+class Tally(Protocol):
+    """Who hears what a transfer moved: a task read from a source (by its label), or received from its reader."""
+
+    def read(self, task: Task, label: str) -> None: ...
+
+    def received(self, task: Task) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransferSpec:
+    """Where one rank's transfer runs and how hard it pushes."""
+
+    rank: int
+    """This rank in ``group``."""
+    group: Any
+    """The process group the ranges move on (None: one process, nothing moves)."""
+    step: int
+    root: str
+    """The step and the store's URL, for errors."""
+    concurrency: int
+    chunk: int
+    """Requests in flight, and the size of each of the ``concurrency`` bounce buffers."""
+    pinned: bool
+    """Bounce buffers in pinned memory (a target is on a GPU)."""
+    batch_bytes: int = 0
+    """Adjacent tasks this rank reads into their targets' memory are read in one request up to this many bytes
+    (``ReadStore.read_batch_bytes``: stores that charge per request)."""
 
 
 class Transfer:
-    """Runs one rank's tasks; ``sources(file)`` lists where a file can be read, best first."""
+    """Runs one rank's tasks; ``sources(file)`` lists where a file can be read, best first; ``tally`` hears what
+    was read and received."""
 
-    def __init__(self, *, rank: int, group: Any, step: int, root: str, sources: Callable[[str], Sequence[Source]],
-                 concurrency: int, chunk: int, pinned: bool, on_read: Callable[[Task, str], None],
-                 on_receive: Callable[[Task], None], batch_bytes: int = 0) -> None:
-        self.rank, self.group, self.step, self.root = rank, group, step, root
-        self.batch_bytes = batch_bytes
-        """Adjacent tasks this rank reads into their targets' memory are read in one request up to this many
-        bytes (``Storage.read_batch_bytes``: stores that charge per request)."""
-        self.sources, self.concurrency, self.chunk, self.pinned = sources, max(1, concurrency), chunk, pinned
-        self.on_read, self.on_receive = on_read, on_receive
+    def __init__(self, spec: TransferSpec, sources: Callable[[str], Sequence[Source]], tally: Tally) -> None:
+        self.rank, self.group, self.step, self.root = spec.rank, spec.group, spec.step, spec.root
+        self.batch_bytes, self.concurrency, self.chunk = spec.batch_bytes, max(1, spec.concurrency), spec.chunk
+        self.pinned, self.sources, self.tally = spec.pinned, sources, tally
+        self.links = PeerLinks(spec.group, step=spec.step, root=spec.root)
         self.errors: list[BaseException] = []
         self._free: list[torch.Tensor] = []
         self._made = 0
@@ -103,19 +134,19 @@ class Transfer:
         return self._new_buffer(self.chunk)
 
     def _release(self, flight: _Flight) -> None:
-        for work in flight.waits:
-            if isinstance(work, dist.Work):
-                work.wait()
-            else:
-                work.synchronize()
+        for send in flight.sends:
+            self.links.wait(send)
+        for event in flight.waits:
+            event.synchronize()
+        flight.sends.clear()
         flight.waits.clear()
         if flight.buffer is not None and flight.buffer.numel() == self.chunk:
             self._free.append(flight.buffer)
 
     def _sweep(self) -> None:
         """Return the buffers of finished tasks whose sends and copies are done, without waiting."""
-        while self._held and all(w.is_completed() if isinstance(w, dist.Work) else w.query()
-                                 for w in self._held[0].waits):
+        while self._held and all(map(self.links.done, self._held[0].sends)) and all(
+                w.query() for w in self._held[0].waits):
             self._release(self._held.popleft())
 
     # ---- one task -----------------------------------------------------------------------------------------
@@ -192,8 +223,7 @@ class Transfer:
         task = queue.popleft()
         flights = [self._flight(task, of_task[task.id])]
         if task.reader != self.rank:
-            flights[0].recv = recv_async(torch.frombuffer(flights[0].view, dtype=torch.uint8), self.group,
-                                         task.reader, task.id)
+            flights[0].recv = self.links.recv(flights[0].view, task.reader, task.id)
             return flights
         while flights[0].direct is not None and queue:  # direct: a batch holds no bounce buffer
             last, nxt = flights[-1].task, queue[0]
@@ -208,27 +238,32 @@ class Transfer:
             flight.read, flight.slot = future, slot
         return flights
 
-    def _finish(self, flight: _Flight, dests: list[Dest], done: Callable[[Dest], None]) -> None:
+    def _landed(self, flight: _Flight) -> bool:
+        """Whether ``flight``'s bytes are in and pass their checks (a read, sent on to its receivers whatever the
+        outcome, or a receive); a failure is recorded for the end of the walk."""
         task, view = flight.task, flight.view
-        ok = True
         if flight.read is not None:
             outcome = flight.read.result()[flight.slot]
+            for peer in task.receivers:  # even after a failure: the peer's own check rejects the bytes
+                flight.sends.append(self.links.send(view, peer, task.id))
             if isinstance(outcome, BaseException):  # recorded; the schedule goes on so no peer waits forever
                 self.errors.append(outcome)
-                ok = False
-            else:
-                self.on_read(task, outcome)
-            for peer in task.receivers:  # even after a failure: the peer's own check rejects the bytes
-                flight.waits.append(send_async(torch.frombuffer(view, dtype=torch.uint8), self.group, peer, task.id))
-        else:
-            flight.recv.wait()
-            bad = bad_block(view, task)
-            if bad is not None:
-                self.errors.append(self._checksum_error(task, bad, f"received from rank {task.reader}"))
-                ok = False
-            else:
-                self.on_receive(task)
-        if ok:
+                return False
+            self.tally.read(task, outcome)
+            return True
+        assert flight.recv is not None
+        if not self.links.wait(flight.recv):  # its reader is gone: PeerLinks recorded it
+            return False
+        bad = bad_block(view, task)
+        if bad is not None:
+            self.errors.append(self._checksum_error(task, bad, f"received from rank {task.reader}"))
+            return False
+        self.tally.received(task)
+        return True
+
+    def _finish(self, flight: _Flight, dests: list[Dest], done: Callable[[Dest], None]) -> None:
+        task, view = flight.task, flight.view
+        if self._landed(flight):
             for dest in dests:
                 lo, hi = max(task.offset, dest.lo), min(task.end, dest.hi)
                 if lo >= hi:
@@ -256,6 +291,8 @@ class Transfer:
                 self._sweep()
         while self._held:
             self._release(self._held.popleft())
+        if self.links.lost:  # the cause of whatever else failed: name the rank that is gone
+            raise next(iter(self.links.lost.values()))
         if self.errors:
             raise self.errors[0]
 

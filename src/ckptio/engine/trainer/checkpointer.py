@@ -1,12 +1,13 @@
 """The Checkpointer: save / maybe_save / wait_staged / guard / wait / restore / latest_step / close.
 
-``save`` runs on the training thread and does only what must happen there: decide on this rank alone (no
-collective on the steady path; ``engine.trainer.save_decision`` agrees the planning saves), re-plan when the structure
-changed, and launch the copy into a reusable staging slot (``engine.trainer.stager``), which then goes to this rank's
-writer process: serialization, checksums, writes, uploads, commit-or-drop. A failed save never kills training: it is
-reported by ``SaveHandle.wait``, ``Checkpointer.wait``, a log line at the next ``save``, events and metrics, and
-``close()`` raises the first failure never reported (within ``close_timeout_s``). Pending saves live in
-``engine.trainer.save_tracker``.
+``save`` runs on the training thread and does only what must happen there (``engine.trainer.save_launcher``):
+decide on this rank alone (no collective on the steady path; ``engine.trainer.save_decision`` agrees the planning
+saves), re-plan when the structure changed (``engine.trainer.plan_cache``), and launch the copy into a reusable
+staging slot (``engine.trainer.stager``), which then goes to this rank's writer process: serialization, checksums,
+writes, uploads, commit-or-drop. This class holds the collaborators, the public methods, the preemption exit and
+``close``. A failed save never kills training: it is reported by ``SaveHandle.wait``, ``Checkpointer.wait``, a log
+line at the next ``save``, events and metrics, and ``close()`` raises the first failure never reported (within
+``close_timeout_s``). Pending saves live in ``engine.trainer.save_tracker``.
 """
 
 from __future__ import annotations
@@ -18,31 +19,29 @@ import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ckptio import format as fmt
+from ckptio._wait import bounded
 from ckptio.config import CheckpointerConfig, CheckpointerOptions, resolve_config
 from ckptio.engine import protocol
 from ckptio.engine.owner_record import OwnerRecord
-from ckptio.engine.protocol import JobLevels
 from ckptio.engine.restore.step_restore import RestoreReport
 from ckptio.engine.side_group import SideGroup
 from ckptio.engine.trainer import exit_guard as atexit_guard
 from ckptio.engine.trainer.levels import SingleLevel, node_identity, open_levels
 from ckptio.engine.trainer.maybe_save_votes import MaybeSaveVotes
 from ckptio.engine.trainer.pace_rule import PaceRule, ranks_on_node
-from ckptio.engine.trainer.rank_plan import coordinated_plan, resolve_objects, resolve_tensors
-from ckptio.engine.trainer.save_decision import agree_to_plan, prepare_state
+from ckptio.engine.trainer.save_decision import SaveRequest
 from ckptio.engine.trainer.save_handle import SaveHandle
+from ckptio.engine.trainer.save_launcher import SaveLauncher
 from ckptio.engine.trainer.save_tracker import SaveTracker
-from ckptio.engine.trainer.stager import Stager, checked_sizes
-from ckptio.engine.trainer.staging_area import StagingArea, check_fits_on_every_rank, remove_stale_slots, staging_dir
+from ckptio.engine.trainer.stager import Stager
+from ckptio.engine.trainer.staging_area import StagingArea, remove_stale_slots, staging_dir
 from ckptio.engine.trainer.staging_guard import StagingGuard
-from ckptio.engine.trainer.step_rules import StepRules, checked_step
+from ckptio.engine.trainer.step_rules import checked_step
 from ckptio.engine.trainer.writer_proxy import WriterProxy
-from ckptio.errors import CheckpointerClosedError, CkptError, CommitError, ConfigError
-from ckptio.format.layout import plan_layout
+from ckptio.errors import CheckpointerClosedError, CheckpointerForkedError, CommitError, ConfigError
 from ckptio.obs.events import Event, EventLog, rank_path
 from ckptio.obs.metrics import SaveMetrics, start_rank_exporter
 from ckptio.obs.steps import StepTimer
-from ckptio.storage import PosixRoot, Storage, open_storage, parse_root
 
 if TYPE_CHECKING:
     # Annotations are never evaluated at run time, so Python 3.10 (no typing.Unpack) runs this module too.
@@ -55,7 +54,9 @@ class Checkpointer:
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``.
 
     Where saves go and restores come from (one level, or the local level beside the durable one) is its
-    ``levels`` collaborator (``engine.trainer.levels``)."""
+    ``levels`` collaborator (``engine.trainer.levels``). It belongs to the process that built it: in a forked
+    child every public method raises :class:`~ckptio.errors.CheckpointerForkedError` at once (the writer, the
+    staging thread and the slots are the parent's), except ``close()``, which does nothing there."""
 
     def __init__(self, root: Any = None, *, config: CheckpointerConfig | None = None, process_group: Any = None,
                  **options: Unpack[CheckpointerOptions]) -> None:
@@ -63,19 +64,14 @@ class Checkpointer:
         # All or nothing: each step that holds something (side group, storage client, event file, root claim, port,
         # process) registers its undo as it succeeds; when a later step raises, the undos run in reverse and the
         # error goes on. Once built, ``_resources`` is what close() undoes.
+        from ckptio.engine.trainer import preflight  # the policy modules load only when a Checkpointer does
+
         with contextlib.ExitStack() as undo_on_failure:
             self.group = SideGroup(process_group)
             if process_group is None:
                 undo_on_failure.callback(self.group.destroy)
             self.rank, self.world_size = self.group.rank, self.group.world_size
-            self.storage: Storage = open_storage(config.root, **self._storage_options())
-            if not isinstance(config.root, Storage):  # a Storage the caller passed is the caller's to close
-                undo_on_failure.callback(self.storage.close)
-            self.local: Storage | None = None
-            if config.local_dir is not None:
-                self.local = open_storage(config.local_dir, fsync=False)
-                if not isinstance(config.local_dir, Storage):
-                    undo_on_failure.callback(self.local.close)
+            self.storage, self.local = preflight.open_stores(config, undo_on_failure)
             self._resources = undo_on_failure.enter_context(contextlib.ExitStack())
             self._init_state()
             self._acquire()
@@ -87,12 +83,6 @@ class Checkpointer:
         self._owner: OwnerRecord | None = None
         self._exporter: Any = None
         self._close_deadline: float | None = None
-        self._plan_key: int | None = None
-        self._fast_flatten, self._plan_id = True, 0
-        self._tensor_items: list[Any] = []
-        self._object_items: list[Any] = []
-        self._layout: Any = None
-        self._last_save_mono: float | None = None
         self._created_mono = time.monotonic()
         self._closed = False
         self._pid = os.getpid()
@@ -121,10 +111,6 @@ class Checkpointer:
                                                events=self.events)
         resources.callback(self.levels.close)
         self._tracker = SaveTracker(self.events, self._staging, self.storage, self.rank, markers=self.levels.markers)
-        node_budget = config.flush_pace not in (None, "auto")  # only a node's budget needs the count: a collective
-        on_node = ranks_on_node(self.group, node_identity(config.node_id)) if node_budget else 1
-        self._pace = PaceRule(config.flush_pace, fraction=config.flush_pace_fraction, ranks_on_node=on_node,
-                              every_seconds=config.every_seconds)
         self._votes = MaybeSaveVotes(self.group, every_seconds=config.every_seconds, timeout_s=config.commit_timeout_s,
                                      watch_preemption=self.levels.watch_preemption)
         resources.callback(self._votes.drain)
@@ -135,17 +121,16 @@ class Checkpointer:
                               markers=self.levels.markers, rank=self.rank)
         resources.callback(self._stager.close)  # before the writer stops: queued copies still reach it
         resources.callback(atexit_guard.register(self))  # exit without close(): finish in-flight saves, say so
-        self._step_rules = StepRules(self._tracker, self._writer, rank=self.rank, root=self.storage.url,
-                                pending_wait_s=config.close_timeout_s, ack_wait_s=config.commit_timeout_s)
+        node_budget = config.flush_pace not in (None, "auto")  # only a node's budget needs the count: a collective
+        on_node = ranks_on_node(self.group, node_identity(config.node_id)) if node_budget else 1
+        pace = PaceRule(config.flush_pace, fraction=config.flush_pace_fraction, ranks_on_node=on_node,
+                        every_seconds=config.every_seconds)
+        self._launcher = SaveLauncher(config, group=self.group, events=self.events, staging=self._staging,
+                                      stager=self._stager, tracker=self._tracker, writer=self._writer,
+                                      markers=self.levels.markers, pace=pace, check_open=self._check_open)
         if config.start_writer == "on_init" or self.levels.writer_start() is not None:  # partners serve restores
             # Booting an interpreter that imports torch takes seconds: start now so it overlaps training.
             self._writer.ensure_started()
-
-    def _storage_options(self) -> dict[str, Any]:
-        opts = dict(self.config.storage_options)
-        if isinstance(self.config.root, (str, os.PathLike)) and isinstance(parse_root(self.config.root), PosixRoot):
-            opts.setdefault("fsync", self.config.fsync)
-        return opts
 
     def _writer_spec(self) -> protocol.WriterStart:
         return protocol.WriterStart(config=self.config.writer_config(), rank=self.rank, world_size=self.world_size,
@@ -170,135 +155,24 @@ class Checkpointer:
         an int >= 0 (else ConfigError, and the writer is untouched). Saving a step again supersedes it: this call
         first waits for a pending save of the same step, and the step then holds the later state.
         """
+        return self._submit(step, state, emergency=False)
+
+    def _submit(self, step: int, state: dict[str, Any], *, emergency: bool) -> SaveHandle:
         self._check_open()
         t0 = time.monotonic()
         save_id = self._save_ids.next()  # on every call and every rank, so that the ranks' ids stay aligned
-        levels = self.levels.job_levels(self._save_ids.count)
-        step = checked_step(step)
-        if self.levels.preempted_at() is not None and not (self.levels.emergency or self._votes.used):
+        request = SaveRequest(checked_step(step), save_id, self.levels.job_levels(self._save_ids.count,
+                                                                                  emergency=emergency), emergency)
+        if not emergency and self.levels.preempted_at() is not None and not self._votes.used:
             # SIGTERM came and no maybe_save agrees it across ranks: this save becomes the emergency save, then exit.
-            self._exit_preempted(step, state)
-        self.events.emit(Event.SAVE_REQUESTED, step)
+            self._exit_preempted(request.step, state)
+        self.events.emit(Event.SAVE_REQUESTED, request.step)
         self._tracker.log_unreported()
-        local_error, reserved = self._step_rules.before_agreement(step)
-        try:
-            handle = self._save(step, state, save_id, levels, local_error)
-        finally:
-            if reserved:  # released once the job (queued on the staging thread) holds the step in the writer
-                self._stager.after(lambda: self._step_rules.after_agreement(step, True))
+        handle = self._launcher.launch(request, state)
         if not handle.skipped:
             handle.requested_mono, handle.returned_mono = t0, time.monotonic()
             handle.blocking_s = handle.returned_mono - t0
-            self.events.emit(Event.SAVE_RETURNED, step, blocking_s=handle.blocking_s, bytes=handle.bytes)
-        return handle
-
-    def _save(self, step: int, state: dict[str, Any], save_id: int, levels: JobLevels,
-              local_error: CkptError | None) -> SaveHandle:
-        state_dict: Any = None
-        flat: dict[str, Any] = {}
-        key: int | None = None
-        if local_error is None:
-            state_dict, flat, key, local_error = prepare_state(state, plan_key=self._plan_key,
-                                                               fast=self._fast_flatten, rank=self.rank)
-        if self._plan_key is None or (key is not None and key != self._plan_key):
-            return self._planning_save(step, (state_dict, flat, key), save_id, levels, local_error)
-        # The steady path: no collective. Whatever this rank decides alone, it leaves a drop marker for the others.
-        t0 = time.monotonic()
-        if local_error is not None or self._tracker.writer_error is not None:
-            self._stager.drop(step, save_id, f"rank {self.rank} refused the save", levels)
-            self._raise_local(step, local_error)
-        if self._staging.free_slot_id() is None:
-            self._stager.after(self._writer.hurry)  # a paced flush holds the slot: full speed now
-            if self.config.overflow == "skip":
-                self._stager.drop(step, save_id, f"rank {self.rank} had no free staging slot", levels)
-                return self._skipped(step, "no free staging slot")
-            while not self._staging.wait_free(timeout=1.0):
-                self._check_open()
-        self.events.emit(Event.SAVE_AGREED, step, blocked_s=time.monotonic() - t0, pending=self._staging.pending())
-        return self._stage(step, flat, save_id, levels)
-
-    def _planning_save(self, step: int, prepared: tuple[Any, dict[str, Any], int | None], save_id: int,
-                       levels: JobLevels, local_error: CkptError | None) -> SaveHandle:
-        """The first save and a structure change plan collectively, so they are agreed collectively too."""
-        t0 = time.monotonic()
-        if self._staging.free_slot_id() is None:
-            self._stager.after(self._writer.hurry)  # a paced flush holds the slot: full speed now
-        try:
-            agreed = agree_to_plan(self.group, self._staging, step=step, timeout_s=self.config.commit_timeout_s,
-                                   overflow=self.config.overflow,
-                                   error=local_error is not None or self._tracker.writer_error is not None)
-        except ConfigError:
-            self._stager.drop(step, save_id, f"rank {self.rank} planned alone", levels)
-            raise
-        if agreed.any_error:
-            self._raise_local(step, local_error)
-            return self._skipped(step, "another rank reported an error", reason="error on a rank")
-        if not agreed.all_free:
-            return self._skipped(step, "no free staging slot")
-        self.events.emit(Event.SAVE_AGREED, step, blocked_s=time.monotonic() - t0, pending=self._staging.pending())
-        return self._stage(step, self._replan(*prepared), save_id, levels)
-
-    def _skipped(self, step: int, why: str, *, reason: str | None = None) -> SaveHandle:
-        self.events.emit(Event.SAVE_SKIPPED, step, reason=reason or why, pending=self._staging.pending())
-        return SaveHandle(step, skipped=True, skip_reason=why)
-
-    def _raise_local(self, step: int, local_error: CkptError | None) -> None:
-        """Raise this rank's own reason to give a save up: a dead writer (restarted first) or a bad state."""
-        self.events.emit(Event.SAVE_SKIPPED, step, reason="error on a rank", pending=self._staging.pending())
-        if self._tracker.writer_error is not None:
-            error, self._tracker.writer_error = self._tracker.writer_error, None
-            self._writer.forget()
-            self._writer.start()  # recover: the next save goes to a fresh writer
-            raise error
-        if local_error is not None:
-            local_error.step = step
-            local_error.rank = self.rank
-            raise local_error
-
-    def _replan(self, state_dict: dict[str, Any], flat: dict[str, Any], key: int | None) -> dict[str, Any]:
-        """DCP global planning (dedup across ranks) once per structure, through rank 0 as coordinator. Returns the
-        flat state to stage from (DCP's own, should the quick flattening ever disagree with it). Raises before
-        anything is staged when the staging slots cannot fit."""
-        plan = coordinated_plan(state_dict, flat, self.group)
-        if plan.flattening_differed:
-            log.warning("ckptio: state flattening differs from DCP's; using DCP's (slower) from now on")
-            self._fast_flatten = False
-        layout = plan_layout(self.rank, plan.tensor_items + plan.object_items, self.config.file_size_bytes)
-        check_fits_on_every_rank(self._staging, layout, self.group)
-        self._tensor_items, self._object_items, self._layout = plan.tensor_items, plan.object_items, layout
-        self._plan_key = key
-        self._plan_id += 1
-        self._writer.ensure_started()
-        message = protocol.WriterPlan(self._plan_id, layout, metadata_skeleton=plan.metadata_skeleton)
-        self._stager.after(lambda: self._writer.send_plan(message))  # after the jobs of the previous plan
-        return plan.flat
-
-    def _stage(self, step: int, flat: dict[str, Any], save_id: int, levels: JobLevels) -> SaveHandle:
-        slot_id = self._staging.free_slot_id()
-        assert slot_id is not None  # checked free above; only this thread acquires slots
-        handle = SaveHandle(step, slot_id=slot_id, save_id=save_id)
-        self._step_rules.seen(step)
-        last, self._last_save_mono = self._last_save_mono, time.monotonic()
-        handle.interval_s = self._last_save_mono - last if last is not None else None
-        slot = self._staging.acquire(slot_id, self._layout)
-        try:
-            tensors = resolve_tensors(flat, self._tensor_items)
-            handle.bytes = checked_sizes(slot, tensors)
-            objects = resolve_objects(flat, self._object_items)  # pickled now: objects are not guarded
-        except BaseException as exc:
-            self._staging.release(slot_id)
-            # The other ranks are saving this step: tell their writers it cannot commit.
-            self.levels.markers.mark(levels, step, f"rank{self.rank}", save_id, exc)
-            raise
-        rollback, replaces = self._tracker.job_rules(handle)
-        self._tracker.add(handle, levels)
-        self._pace.observe(handle.interval_s)
-        pace = None if self.levels.emergency else self._pace.rate(handle.bytes)  # an emergency save never waits
-        job = protocol.SaveJob(step=step, save_id=save_id, slot_id=slot_id, slot_path=slot.path,
-                               slot_nbytes=slot.nbytes, plan_id=self._plan_id, objects=tuple(objects),
-                               rollback=rollback, replaces=replaces, levels=levels, pace_bytes_per_s=pace)
-        self._writer.ensure_started()
-        self._stager.stage(handle, slot, tensors, job)
+            self.events.emit(Event.SAVE_RETURNED, request.step, blocking_s=handle.blocking_s, bytes=handle.bytes)
         return handle
 
     def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
@@ -312,7 +186,7 @@ class Checkpointer:
         step = checked_step(step)
         # Agreed without blocking (engine.trainer.maybe_save_votes): the decisions land on every rank at the same call,
         # 2 calls late.
-        elapsed_s = time.monotonic() - (self._last_save_mono or self._created_mono)
+        elapsed_s = time.monotonic() - (self._launcher.last_save_mono or self._created_mono)
         time_due, preempted = self._votes.decide(elapsed_s=elapsed_s, preempted=self.levels.preempted_at() is not None)
         if preempted:
             self._exit_preempted(step, state)  # SIGTERM on any rank: the emergency save, then SystemExit(0)
@@ -323,6 +197,7 @@ class Checkpointer:
     def wait(self, timeout: float | None = None) -> None:
         """Block until every pending save completed; raise the first failure not reported yet (once).
         ``TimeoutError`` naming the steps if ``timeout`` passes first."""
+        self._check_process()
         if not self._tracker.wait_until(None if timeout is None else time.monotonic() + timeout):
             raise TimeoutError(f"saves of steps {self._tracker.steps()} not complete within {timeout} s")
         failures = self._tracker.take_unreported()
@@ -334,6 +209,7 @@ class Checkpointer:
     def wait_staged(self, timeout: float | None = None) -> None:
         """Block until every save launched so far is staged (the state may be mutated after this); raise the first
         staging error not raised here yet. ``TimeoutError`` if ``timeout`` passes first."""
+        self._check_process()
         if not self._stager.wait_idle(timeout):
             raise TimeoutError(f"staging not complete within {timeout} s")
         error = self._stager.take_error()
@@ -346,17 +222,26 @@ class Checkpointer:
         of parts) that own buffers (BatchNorm and the like: the wait applies while the module is in training
         mode). Mutations elsewhere (in-place edits outside ``optimizer.step``/``forward``) still need
         ``wait_staged()``. Returns a handle whose ``remove()`` takes the hooks off (also a context manager)."""
+        self._check_process()
         return StagingGuard(self._stager, optimizer, model)
 
     def writer_ready(self, timeout: float | None = None) -> bool:
         """Wait until this rank's writer process has booted (True), or ``timeout`` passed (False)."""
+        self._check_process()
         self._writer.ensure_started()
-        return self._tracker.writer_ready.wait(timeout)
+        return self._tracker.writer_ready.wait(bounded(timeout))
 
     def pending_steps(self) -> list[int]:
+        self._check_process()
         return self._tracker.steps()
 
+    def pending_saves(self) -> list[SaveHandle]:
+        """The handles of the saves not complete yet, by step."""
+        self._check_process()
+        return sorted(self._tracker.handles(), key=lambda h: h.step)
+
     def latest_step(self) -> int | None:
+        self._check_process()
         steps = fmt.committed_steps(self.storage)
         return steps[-1] if steps else None
 
@@ -375,30 +260,36 @@ class Checkpointer:
         chosen = self.last_restore.step
         if chosen is not None:
             self._tracker.restored(chosen)
-            self._step_rules.seen(chosen)
+            self._launcher.step_rules.seen(chosen)
         return chosen
 
     def emergency_save(self, step: int, state: dict[str, Any]) -> SaveHandle:
         """Save ``step`` to the local level and its partners now (the durable level with ``durable_every=1``) and
         wait at most ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. All ranks call
         together. Returns the handle; a save that did not commit in time is reported, never raised."""
-        return self.levels.emergency_save(self.save, step, state)
+        self._check_process()
+        return self.levels.emergency_save(lambda s, st: self._submit(s, st, emergency=True), step, state)
 
     def _exit_preempted(self, step: int, state: dict[str, Any]) -> NoReturn:
-        """After a SIGTERM: the emergency save, then a clean exit (pending durable uploads are abandoned: the
-        local level holds a newer step)."""
+        """After a SIGTERM: the emergency save, then a clean exit within what is left of the grace period (pending
+        durable uploads are abandoned: the local level holds a newer step)."""
         self.emergency_save(step, state)
-        self.close(wait=False)
+        at = self.levels.preempted_at()
+        left = self.config.close_timeout_s if at is None else at + self.config.preempt_grace_s - time.monotonic()
+        self.close(wait=False, timeout=max(0.0, min(left, self.config.close_timeout_s)))
         raise SystemExit(0)
 
     def step_timer(self, step: int) -> contextlib.AbstractContextManager[None]:
         """Time one training step into the events (attributed later to staging, flush overlap, or neither)."""
+        self._check_process()
         return self.steps.step(step)
 
     def step_begin(self, step: int) -> None:
+        self._check_process()
         self.steps.begin(step)
 
     def step_end(self, step: int) -> float:
+        self._check_process()
         return self.steps.end(step)
 
     def close(self, *, wait: bool = True, timeout: float | None = None) -> None:
@@ -436,11 +327,20 @@ class Checkpointer:
             self._tracker.fail_all(CommitError, f"close() gave up on steps {steps} (bound reached); the writer was "
                                                 f"{how} before they committed")
 
+    def _check_process(self) -> None:
+        """Raise at once in a forked child: what a method would wait for there (the staging thread, the writer's
+        answers) does not exist in it, and what it would touch is the parent's."""
+        if os.getpid() != self._pid:
+            raise CheckpointerForkedError(f"built by process {self._pid}, used in its forked child {os.getpid()}: "
+                                          "build a Checkpointer in the child", root=self.storage.url, rank=self.rank)
+
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             raise CheckpointerClosedError("checkpointer is closed", root=self.storage.url, rank=self.rank)
 
     def __enter__(self) -> Checkpointer:
+        self._check_process()
         return self
 
     def __exit__(self, *exc: Any) -> None:

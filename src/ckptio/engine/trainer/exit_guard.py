@@ -13,88 +13,49 @@ reported, one line on stderr names the steps, how long the exit waited and each 
 failed). A failure that ``close()`` raises is printed on that line: an exception in an exit hook would only be a
 traceback, and the exit status stays the script's own.
 
-The registry holds weak references, so a Checkpointer that is garbage-collected is neither kept alive nor waited
-for; ``close()`` unregisters (the callable ``register`` returns is one of its resources). Only the process that
-built a Checkpointer closes it at exit: a forked child shares the parent's writer socket and root claim, and its
-exit must not stop the parent's writer. This module decides nothing about a save (``close()`` does) and never
-raises from the exit hook.
+The exit hook is :mod:`ckptio.engine.process_hooks`'s, which runs these closes before it unlinks any staging slot.
+It holds weak references, so a Checkpointer that is garbage-collected is neither kept alive nor waited for;
+``close()`` unregisters (the callable ``register`` returns is one of its resources). Only the process that built a
+Checkpointer closes it at exit: a forked child shares the parent's writer socket and root claim, and its exit must
+not stop the parent's writer. This module decides nothing about a save (``close()`` does) and never raises from the
+exit hook.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
-import itertools
-import os
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
+
+from ckptio.engine import process_hooks
 
 if TYPE_CHECKING:
     from ckptio.config import CheckpointerConfig
     from ckptio.engine.trainer.save_handle import SaveHandle
-    from ckptio.engine.trainer.save_tracker import SaveTracker
     from ckptio.storage import Storage
 
 
 class Checkpointer(Protocol):
-    """What the exit hook needs of a ``Checkpointer`` (named by shape: the Checkpointer imports this module)."""
+    """What the exit hook needs of a ``Checkpointer``, all of it public: its saves in flight, where they go, the
+    bound ``close()`` documents, and ``close()`` (named by shape: the Checkpointer imports this module)."""
 
     config: CheckpointerConfig
     storage: Storage
-    _tracker: SaveTracker
+
+    def pending_saves(self) -> list[SaveHandle]: ...
 
     def close(self) -> None: ...
 
-# token -> (pid that built it, the Checkpointer). No lock: single dict operations are atomic, and a weakref callback
-# (which may run inside any allocation, on any thread) could never wait for one.
-_live: dict[int, tuple[int, weakref.ref[Checkpointer]]] = {}
-_tokens = itertools.count()
-
-
 def register(checkpointer: Checkpointer) -> Callable[[], None]:
-    """Close ``checkpointer`` at interpreter exit unless it was closed before; returns the call that unregisters.
-
-    The exit hook is installed on the first registration, not on import: exit hooks run last-in first-out, so it
-    then runs before the staging module's own hook, which unlinks the slots the pending saves still need."""
-    _install_exit_hook()
-    token = next(_tokens)
-
-    def unregister() -> None:
-        _live.pop(token, None)
-
-    _live[token] = (os.getpid(), weakref.ref(checkpointer, lambda _: unregister()))  # collected: forgotten
-    return unregister
-
-
-@functools.cache
-def _install_exit_hook() -> None:
-    atexit.register(_at_exit)
-
-
-def _forget_after_fork() -> None:
-    """A forked child starts with no Checkpointer of its own."""
-    _live.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def _at_exit() -> None:
-    pid = os.getpid()
-    refs = [ref for owner, ref in list(_live.values()) if owner == pid]
-    for ref in refs:
-        checkpointer = ref()
-        if checkpointer is not None:
-            close_at_exit(checkpointer)
+    """Close ``checkpointer`` at interpreter exit unless it was closed before; returns the call that unregisters."""
+    return process_hooks.close_at_exit(checkpointer, close_at_exit)
 
 
 def close_at_exit(checkpointer: Checkpointer) -> None:
     """Close ``checkpointer`` as ``close()`` does (pending saves get up to ``close_timeout_s``), then print one
     line on stderr when saves were in flight or a failure was never reported. Never raises."""
-    handles = sorted(checkpointer._tracker.handles(), key=lambda h: h.step)
+    handles = checkpointer.pending_saves()
     t0 = time.monotonic()
     error: BaseException | None = None
     try:

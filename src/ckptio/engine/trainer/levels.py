@@ -7,7 +7,9 @@ The Checkpointer holds one of these as a collaborator, built by :func:`open_leve
 * :class:`TwoLevels`: every save goes to the local level (this node's ``local_dir`` plus copies on ``replicas``
   partner nodes) and every ``durable_every``-th also to the durable root; restore takes the newest restorable step
   of either level from the fastest intact copies (``engine.restore.two_level_restore``); SIGTERM becomes an emergency
-  save to the local level (``engine.trainer.preemption``).
+  save to the local level (a preemption hold of ``engine.process_hooks``: the first SIGTERM, and its duplicates
+  within ``preempt_duplicate_window_s``, mark the rank preempted; a later one, or the grace period running out,
+  ends the process as SIGTERM would).
 
 At construction (every rank together) each rank of a two-level job binds its partner server's listening socket and
 the side group exchanges each rank's :class:`~ckptio.engine.protocol.Peer` once; each writer inherits its socket and
@@ -26,13 +28,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckptio.config import CheckpointerConfig
+from ckptio.engine import process_hooks
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import agree_secret
 from ckptio.engine.protocol import JobLevels, LevelsStart, Peer
+from ckptio.engine.restore.context import LocalLevel, ReadOptions, RestoreContext
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
 from ckptio.engine.restore.two_level_restore import TwoLevelRestore
 from ckptio.engine.side_group import SideGroup
-from ckptio.engine.trainer.preemption import Preemption
 from ckptio.engine.trainer.save_handle import SaveHandle
 from ckptio.errors import CkptError, ConfigError
 from ckptio.format.local_level import local_records
@@ -91,8 +94,6 @@ class SingleLevel:
     def __init__(self, config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
                  events: EventLog) -> None:
         self.config, self.group, self.storage, self.local, self.events = config, group, storage, local, events
-        self.emergency = False
-        """True while an emergency save is being submitted (it goes to ``emergency_level`` only)."""
         self.markers = FailureMarkers(storage)
         """Where a rank's failure or drop marker of a save goes (``engine.failure_markers``)."""
 
@@ -100,8 +101,9 @@ class SingleLevel:
         """What the writer needs to know of the levels (None: durable only)."""
         return None
 
-    def job_levels(self, ordinal: int) -> JobLevels:
-        """The levels of the ``ordinal``-th save call (the same on every rank: every rank calls save together)."""
+    def job_levels(self, ordinal: int, *, emergency: bool) -> JobLevels:
+        """The levels of the ``ordinal``-th save call (the same on every rank: every rank calls save together); an
+        emergency save goes to ``emergency_level`` only."""
         return JobLevels()
 
     def preempted_at(self) -> float | None:
@@ -110,16 +112,12 @@ class SingleLevel:
 
     def emergency_save(self, save: Callable[[int, dict[str, Any]], SaveHandle], step: int,
                        state: dict[str, Any]) -> SaveHandle:
-        """Save ``step`` now through ``save``, to the local level when there is one, and wait at most
-        ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. A save that did not commit in
-        time is reported (event, log), never raised."""
+        """Save ``step`` now through ``save`` (which submits an emergency save: to ``emergency_level``, unpaced),
+        and wait at most ``preempt_grace_s`` (counted from the SIGTERM, if one came) for its commit. A save that did
+        not commit in time is reported (event, log), never raised."""
         at = self.preempted_at()
         t0 = at if at is not None else time.monotonic()
-        self.emergency = True
-        try:
-            handle = save(step, state)
-        finally:
-            self.emergency = False
+        handle = save(step, state)
         with contextlib.suppress(CkptError, TimeoutError):
             handle.wait(max(0.0, t0 + self.config.preempt_grace_s - time.monotonic()))
         committed = handle.done() and handle.error is None and not handle.skipped
@@ -132,13 +130,11 @@ class SingleLevel:
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """Load the newest committed step (or ``step``) into ``state``: every rank together."""
-        t0 = time.monotonic()
         config = self.config
-        chosen = restore_step(self.storage, state, step=step, local=self.local, group=self.group,
-                              concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
-                              safe_globals=config.safe_globals)
-        return RestoreReport(step=chosen, level="durable" if chosen is not None else "none",
-                             seconds=time.monotonic() - t0)
+        options = ReadOptions.of(concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
+                                 safe_globals=config.safe_globals)
+        return restore_step(RestoreContext(self.storage, self.group, local=self.local, options=options), state,
+                            step=step)
 
     def close(self) -> None:
         """Undo what construction took (sockets, signal handlers)."""
@@ -153,7 +149,7 @@ class TwoLevels(SingleLevel):
     def __init__(self, config: CheckpointerConfig, *, group: SideGroup, storage: Storage, local: Storage | None,
                  events: EventLog) -> None:
         super().__init__(config, group=group, storage=storage, local=local, events=events)
-        if local is None or not local.is_posix:
+        if local is None or local.local_directory() is None:
             raise ConfigError("durable_every > 1 needs a POSIX local_dir (the local level)")
         self.records = local_records(storage)
         self.markers = FailureMarkers(storage, self.records)
@@ -170,32 +166,30 @@ class TwoLevels(SingleLevel):
         except BaseException:
             self.listener.close()
             raise
-        self.preemption = Preemption(config.preempt_grace_s)
-        if config.preempt_grace_s > 0:
-            self.preemption.install()
-        else:
-            self.watch_preemption = False
+        self.preemption: process_hooks.PreemptionHold | None = None
+        if config.preempt_grace_s > 0:  # None off the main thread: SIGTERM is then left as it is
+            self.preemption = process_hooks.hold_sigterm(config.preempt_grace_s, config.preempt_duplicate_window_s)
+        self.watch_preemption = self.preemption is not None
 
     def writer_start(self) -> LevelsStart | None:
         return self.start
 
-    def job_levels(self, ordinal: int) -> JobLevels:
-        if self.emergency:
+    def job_levels(self, ordinal: int, *, emergency: bool) -> JobLevels:
+        if emergency:
             return JobLevels(durable=False, local=True)
         return JobLevels(durable=ordinal % self.config.durable_every == 0, local=True)
 
     def preempted_at(self) -> float | None:
-        return self.preemption.at
+        return self.preemption.at if self.preemption is not None else None
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """The newest restorable step on either level, each file from its fastest intact copy."""
-        config = self.config
-        restore = TwoLevelRestore(self.storage, self.records, local=self.local, group=self.group,
-                                  node=self.start.node, peers=self.start.peers, secret=self.start.secret,
-                                  timeout_s=config.partner_timeout_s,
-                                  concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
-                                  safe_globals=config.safe_globals)
-        report = restore.run(state, step)
+        config, start = self.config, self.start
+        options = ReadOptions.of(concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
+                                 safe_globals=config.safe_globals)
+        level = LocalLevel(self.records, start.node, start.peers, start.secret, config.partner_timeout_s)
+        ctx = RestoreContext(self.storage, self.group, local=self.local, options=options, level=level)
+        report = TwoLevelRestore(ctx).run(state, step)
         self.events.emit(Event.RESTORED, report.step, level=report.level, sources=report.sources, note=report.note,
                          seconds=report.seconds)
         return report
@@ -205,10 +199,12 @@ class TwoLevels(SingleLevel):
         try:
             return super().emergency_save(save, step, state)
         finally:
-            self.preemption.done()
+            if self.preemption is not None:
+                self.preemption.done()
 
     def close(self) -> None:
-        self.preemption.uninstall()
+        if self.preemption is not None:
+            self.preemption.release()
         self.listener.close()
 
 

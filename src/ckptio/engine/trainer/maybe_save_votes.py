@@ -18,6 +18,7 @@ import datetime
 import time
 from typing import Any
 
+from ckptio._wait import bounded
 from ckptio.engine.side_group import SideGroup
 from ckptio.errors import ConfigError
 
@@ -48,7 +49,7 @@ class StepVotes:
     def _wait(self, work: Any) -> None:
         began = time.monotonic()
         try:
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            work.wait(datetime.timedelta(seconds=bounded(self.timeout_s) or 0.0))
         except RuntimeError as exc:
             raise ConfigError(f"the ranks' maybe_save votes did not meet within {time.monotonic() - began:.0f} s: "
                             f"every rank must call maybe_save at the same steps ({exc})",

@@ -1,5 +1,5 @@
-"""The checks a Checkpointer runs on its durable root before it writes anything: residency, capabilities, volumes,
-and one test write.
+"""What a Checkpointer does with its roots before it writes anything: open them (:func:`open_stores`), then check
+the durable one (residency, capabilities, volumes, one test write) and claim it.
 
 Owns the order and the verdict: residency first (reads only; on by default, so a public bucket is refused
 unless ``allow_public=True``), then the store's capabilities (:mod:`ckptio.storage.capabilities`, which writes
@@ -24,11 +24,30 @@ from ckptio.engine.side_group import SaveIds, SideGroup
 from ckptio.errors import CkptError, StoreCapabilityError
 from ckptio.policy.residency import check_residency, resolve_residency
 from ckptio.policy.volumes import enforce_volume_policy
-from ckptio.storage import PosixRoot, parse_root
+from ckptio.storage import PosixRoot, open_storage, parse_root
 from ckptio.storage.base import Storage
 from ckptio.storage.capabilities import StoreCapabilities, capability_problems, detect_capabilities
 
 log = logging.getLogger("ckptio")
+
+
+def open_stores(config: CheckpointerConfig, undo: contextlib.ExitStack) -> tuple[Storage, Storage | None]:
+    """The durable root and the local level's directory (None without one). A store this opens is closed by
+    ``undo``; a ``Storage`` the caller passed is the caller's to close. A POSIX root path fsyncs as
+    ``config.fsync`` says unless its ``storage_options`` say otherwise; the local level never fsyncs (its copies
+    on partner nodes are what survive a crash)."""
+    options = dict(config.storage_options)
+    if isinstance(config.root, (str, os.PathLike)) and isinstance(parse_root(config.root), PosixRoot):
+        options.setdefault("fsync", config.fsync)
+    storage = open_storage(config.root, **options)
+    if not isinstance(config.root, Storage):
+        undo.callback(storage.close)
+    local: Storage | None = None
+    if config.local_dir is not None:
+        local = open_storage(config.local_dir, fsync=False)
+        if not isinstance(config.local_dir, Storage):
+            undo.callback(local.close)
+    return storage, local
 
 
 def preflight(storage: Storage, config: CheckpointerConfig, group: SideGroup,
@@ -61,11 +80,10 @@ def check_store(storage: Storage, config: CheckpointerConfig) -> StoreCapabiliti
     """
     check_residency(storage, resolve_residency(config.residency, allow_public=config.allow_public,
                                                store_private=config.store_private))
-    caps = None if storage.is_posix else _check_capabilities(storage, config)
-    # The URL is percent-encoded (spaces, non-ASCII): parse_root decodes it back into the path (RFC 8089).
-    root = parse_root(storage.url) if storage.is_posix else None
-    if isinstance(root, PosixRoot):
-        enforce_volume_policy(root.path, config.data_dirs, mode=config.volume_check)
+    directory = storage.local_directory()
+    caps = None if directory is not None else _check_capabilities(storage, config)
+    if directory is not None:
+        enforce_volume_policy(directory.root, config.data_dirs, mode=config.volume_check)
     key = f".ckptio-write-test-{os.getpid()}"
     storage.put(key, b"ok")
     storage.delete(key)

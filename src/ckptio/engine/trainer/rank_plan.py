@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import (
@@ -115,6 +116,10 @@ def _describe(value: Any) -> tuple[Any, ...]:
 def check_supported(flat: dict[str, Any]) -> None:
     """Reject values that cannot be staged, naming the key."""
     for fqn, value in flat.items():
+        if isinstance(value, ShardedTensor):  # its attributes raise through __torch_function__: test it first
+            raise UnsupportedStateError(
+                f"{fqn!r}: ShardedTensor (torch.distributed._shard, PyTorch's legacy sharded type) is not supported; "
+                "convert it to a DTensor (torch.distributed.tensor), which ckptio saves and DCP reshards", path=fqn)
         if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
             if value.is_sparse or value.layout != torch.strided:
                 raise UnsupportedStateError(f"{fqn!r}: sparse/non-strided tensors are not supported", path=fqn)

@@ -1,5 +1,5 @@
-"""What ``save`` works out on the training thread before anything is staged: the state's flat form and
-fingerprint, and — for a planning save only — the collective agreement.
+"""What ``save`` works out on the training thread before anything is staged: the request it serves, and — for a
+planning save only — the collective agreement (the state's flat form and fingerprint are ``plan_cache``'s).
 
 A *planning* save (the first one, or one whose state structure changed) re-plans with every rank, so it is agreed
 with every rank first: a bounded barrier (a structure change on some ranks only is a
@@ -11,35 +11,24 @@ writer.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
+from ckptio.engine.protocol import JobLevels
 from ckptio.engine.side_group import Agreement, SideGroup
-from ckptio.engine.trainer.rank_plan import (
-    check_supported,
-    flatten_like_dcp,
-    make_planner,
-    quick_fingerprint,
-    statefuls_to_state_dict,
-)
 from ckptio.engine.trainer.staging_area import StagingArea
-from ckptio.errors import CkptError, UnsupportedStateError
 
 
-def prepare_state(state: dict[str, Any], *, plan_key: int | None, fast: bool,
-                  rank: int) -> tuple[Any, dict[str, Any], int | None, CkptError | None]:
-    """Flatten and fingerprint the state: (state dict, flat state, fingerprint, error). A bad state is returned as
-    an error (to agree on, or to drop the save with), not raised."""
-    try:
-        state_dict = statefuls_to_state_dict(state)
-        flat = flatten_like_dcp(state_dict) if fast else make_planner(state_dict, is_coordinator=rank == 0).state_dict
-        key = quick_fingerprint(flat)
-        if key != plan_key:
-            check_supported(flat)  # before the agreement: a rank must not fail alone after it
-        return state_dict, flat, key, None
-    except CkptError as exc:
-        return None, {}, None, exc
-    except Exception as exc:
-        return None, {}, None, UnsupportedStateError(f"state cannot be planned: {type(exc).__name__}: {exc}")
+@dataclass(frozen=True, slots=True)
+class SaveRequest:
+    """One ``save`` call as the ranks know it: the same on every rank, since every rank calls ``save`` together."""
+
+    step: int
+    save_id: int
+    """Derived alike on every rank from the run's nonce and the call's ordinal (``side_group.SaveIds``)."""
+    levels: JobLevels
+    emergency: bool = False
+    """An emergency save (after a SIGTERM, or ``emergency_save``): local level only, never paced, and never
+    itself turned into another emergency save."""
 
 
 def agree_to_plan(group: SideGroup, staging: StagingArea, *, step: int, timeout_s: float, overflow: str,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 
+from ckptio._wait import bounded
+
 
 class SaveHandle:
     """One save: ``skipped`` now, ``done()``/``wait()`` for its commit."""
@@ -47,7 +49,7 @@ class SaveHandle:
     def wait_staged(self, timeout: float | None = None) -> None:
         """Block until the staging slot holds the snapshot (the state may be mutated after this); re-raise the
         staging error if the copy failed. ``TimeoutError`` if ``timeout`` passes first."""
-        if not self._staged.wait(timeout):
+        if not self._staged.wait(bounded(timeout)):
             raise TimeoutError(f"staging of step {self.step} not complete within {timeout} s")
         if self._staging_error is not None:
             self._reported = True
@@ -62,11 +64,11 @@ class SaveHandle:
 
     def wait_done(self, timeout: float | None = None) -> bool:
         """Wait until the save completed either way, without raising its error (which stays unreported)."""
-        return self._event.wait(timeout)
+        return self._event.wait(bounded(timeout))
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until committed; re-raise the save's error. ``TimeoutError`` if ``timeout`` passes first."""
-        if not self._event.wait(timeout):
+        if not self._event.wait(bounded(timeout)):
             raise TimeoutError(f"save of step {self.step} not committed within {timeout} s")
         if self._error is not None:
             self._reported = True

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ckptio._wait import bounded
 from ckptio.engine import protocol
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.trainer.save_handle import SaveHandle
@@ -97,7 +98,7 @@ class SaveTracker:
 
     def wait_reserved(self, step: int, timeout: float) -> bool:
         with self.reserved:
-            ok = self.reserved.wait_for(lambda: step in self._reserved_steps, timeout)
+            ok = self.reserved.wait_for(lambda: step in self._reserved_steps, bounded(timeout))
             self._reserved_steps.discard(step)
             return ok
 

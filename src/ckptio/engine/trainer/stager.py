@@ -21,6 +21,7 @@ callbacks it is given do), and never touches ``torch.cuda`` unless a source tens
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from ckptio._wait import bounded
 from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.protocol import JobLevels, SaveJob
 from ckptio.engine.trainer.save_handle import SaveHandle
@@ -98,6 +100,7 @@ class Stager:
         self._queued = 0  # items put and not yet run (jobs and ordered callbacks)
         self._streams: dict[Any, Any] = {}
         self._error: BaseException | None = None  # the first staging error wait_staged has not raised yet
+        self._pid = os.getpid()
 
     # ---- the training thread -----------------------------------------------------------------------------------
     def stage(self, handle: SaveHandle, slot: StagingSlot, tensors: list[torch.Tensor], message: SaveJob) -> None:
@@ -154,7 +157,11 @@ class Stager:
             self._put(write)
 
     def wait_mutable(self) -> None:
-        """Return once the caller may mutate the state saved so far (see the module docstring). Never raises."""
+        """Return once the caller may mutate the state saved so far (see the module docstring). Never raises. In a
+        forked child it returns at once: the child's state is its own copy, and no staging thread runs there to
+        finish a copy the parent had in flight."""
+        if os.getpid() != self._pid:
+            return
         with self._cond:
             jobs = list(self._inflight)
         for job in jobs:
@@ -166,7 +173,7 @@ class Stager:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every launched copy is staged and handed on; False when ``timeout`` passed first."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._queued == 0 and not self._inflight, timeout)
+            return self._cond.wait_for(lambda: self._queued == 0 and not self._inflight, bounded(timeout))
 
     def take_error(self) -> BaseException | None:
         with self._cond:

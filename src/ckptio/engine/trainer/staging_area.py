@@ -7,39 +7,36 @@ without a copy and without the training process's GIL. Buffers are allocated on 
 every later save while the layout's size holds. On CUDA the slot is page-locked (``cudaHostRegister``) so
 device-to-host copies run ``non_blocking`` and one stream sync ends the staging.
 
-Slot files never outlive their process by design: ``close`` unlinks them, an interpreter that exits without
-``close`` unlinks them at exit, and a SIGTERM unlinks them before the process dies — when no one else handles
-SIGTERM, a handler is installed while staging areas exist; it frees every slot, then lets the default action
-(termination) happen. A user's own SIGTERM handler is left alone (call ``Checkpointer.close`` from it). Unlinking
-never disturbs a save in flight: the writer keeps its mapping. Only kill -9 leaves files behind, which the next
-Checkpointer on the host removes (``remove_stale_slots``).
+Slot files never outlive their process by design: ``close`` unlinks them, and every live staging area is a release
+action of :mod:`ckptio.engine.process_hooks`, so an interpreter that exits without ``close`` unlinks them at exit
+(after the open Checkpointers were closed), and a SIGTERM that ends the process unlinks them before it dies. A
+user's own SIGTERM handler is left alone (call ``Checkpointer.close`` from it). Unlinking never disturbs a save in
+flight: the writer keeps its mapping. Only kill -9 leaves files behind, which the next Checkpointer on the host
+removes (``remove_stale_slots``).
 
 Slot files belong to the process that created them, never to its forked children. A child forked while a
-Checkpointer lives (a ``multiprocessing`` pool, a data loader's workers) inherits the slots' objects, this module's
-SIGTERM handler and its exit hook; were they to act there, terminating the pool's workers would unlink the parent's
-slots, and the next writer the parent started would fail every save on the missing file. So each slot unlinks only
-in the process that created it, and a forked child forgets every staging area and gets SIGTERM's default action
-back.
+Checkpointer lives (a ``multiprocessing`` pool, a data loader's workers) inherits the slots' objects; were they to
+act there, terminating the pool's workers would unlink the parent's slots, and the next writer the parent started
+would fail every save on the missing file. So each slot unlinks only in the process that created it, and a forked
+child forgets every release action (``process_hooks``).
 
 This module never serializes, hashes or writes to storage: the training process only copies.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import mmap
 import os
 import secrets
-import signal
 import tempfile
 import threading
-import weakref
-from types import FrameType
 
 import torch
 
 from ckptio._proc import pid_alive
+from ckptio._wait import bounded
+from ckptio.engine import process_hooks
 from ckptio.engine.side_group import SideGroup
 from ckptio.errors import CkptError, ConfigError, StorageFullError, UnsupportedStateError
 from ckptio.format.layout import RankLayout
@@ -76,55 +73,6 @@ def remove_stale_slots(directory: str = SHM_DIR) -> int:
                 os.unlink(os.path.join(directory, name))
                 removed += 1
     return removed
-
-
-_areas: weakref.WeakSet[StagingArea] = weakref.WeakSet()
-_areas_lock = threading.Lock()
-
-
-def _forget_parent_areas() -> None:
-    """In a freshly forked child: the parent's staging areas are not this process's to free. The handler goes too:
-    the child's SIGTERM must end the child as if ckptio were not there."""
-    _areas.clear()
-    _areas_lock.release()  # held across the fork (see below), so the child's copy is in a known state
-    with contextlib.suppress(ValueError):  # the forking thread is the child's main thread; if not, leave it
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _unlink_all_slots() -> None:
-    """Remove the files of every live staging area of this process (their mappings stay valid)."""
-    for area in list(_areas):
-        area.unlink_files()
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _unlink_all_slots()
-    # Then die of SIGTERM as if no handler were installed (exit status and parent's view unchanged).
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _register(area: StagingArea) -> None:
-    with _areas_lock:
-        _areas.add(area)
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _unregister(area: StagingArea) -> None:
-    with _areas_lock:
-        _areas.discard(area)
-        if not _areas and threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-atexit.register(_unlink_all_slots)
-# The registry's lock is taken around every fork, so a child never inherits it held by a thread that is gone.
-os.register_at_fork(before=_areas_lock.acquire, after_in_parent=_areas_lock.release,
-                    after_in_child=_forget_parent_areas)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -232,11 +180,11 @@ class StagingArea:
         self.directory = directory
         self.slots: list[StagingSlot | None] = [None] * max_pending
         self._cond = threading.Condition()
-        _register(self)
+        self._unregister = process_hooks.release_on_termination(self, StagingArea.unlink_files)
 
     def unlink_files(self) -> None:
-        """Remove the slot files now (signal handler, exit); the mappings stay usable until ``close``. Takes no
-        lock: a signal handler may run while this thread holds one."""
+        """Remove the slot files now (SIGTERM, exit); the mappings stay usable until ``close``. Takes no lock: it
+        runs on the SIGTERM watcher thread while the training thread may hold one."""
         for slot in list(self.slots):
             if slot is not None:
                 slot.unlink()
@@ -273,7 +221,7 @@ class StagingArea:
 
     def wait_free(self, timeout: float | None = None) -> bool:
         with self._cond:
-            return self._cond.wait_for(lambda: self._free_slot_id() is not None, timeout)
+            return self._cond.wait_for(lambda: self._free_slot_id() is not None, bounded(timeout))
 
     def _free_slot_id(self) -> int | None:
         for i, slot in enumerate(self.slots):
@@ -310,7 +258,7 @@ class StagingArea:
                     slot.close()
             self.slots = [None] * self.max_pending
             self._cond.notify_all()
-        _unregister(self)
+        self._unregister()
 
 
 def check_fits_on_every_rank(area: StagingArea, layout: RankLayout, group: SideGroup) -> None:

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ckptio._proc import child_env
+from ckptio._wait import bounded
 from ckptio.engine.protocol import (
     FromWriter,
     SaveJob,
@@ -148,7 +149,7 @@ class WriterProxy:
         self._stopping = True
         self._send(WriterStop())
         if self._reader is not None:
-            self._reader.join(max(timeout, 0.0))
+            self._reader.join(bounded(timeout))
         try:
             proc.wait(timeout=0 if self._reader is not None and self._reader.is_alive() else 5)
             clean = True

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ckptio._wait import bounded
+
 
 @dataclass(frozen=True, slots=True)
 class PaceReport:
@@ -61,7 +63,8 @@ class PacedFlush:
             return
         began = self._clock()
         if due > began:
-            self._wait(self.hurry, due - began)  # returns early once hurried
+            # A tiny rate puts the ticket centuries away: the wait is bounded (ckptio._wait), a hurry still ends it.
+            self._wait(self.hurry, bounded(due - began) or 0.0)  # returns early once hurried
             with self._lock:
                 self._waits.append((began, min(due, self._clock())))
 

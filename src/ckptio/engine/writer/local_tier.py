@@ -1,8 +1,11 @@
-"""The one owner of a rank's ``local_dir``: its space, and which steps leave it when.
+"""The one owner of a rank's ``local_dir``: its space, and which files leave it when.
 
-Every path that frees local space asks this object: the job pipeline before a save (the byte budget
-``local_capacity_bytes``) and after a full disk (ENOSPC), and each level's committer after a commit. One rule
-serves them all, so they cannot disagree:
+**Every deletion in ``local_dir`` goes through :class:`LocalTier`.** The job pipeline asks it before a save (the
+byte budget ``local_capacity_bytes``) and after a full disk (ENOSPC), and to delete a failed attempt's files; each
+level's committer asks it after a commit; the local level asks it to drop the partner copies its server received for
+steps that never committed. One owner, so that no two deleters can disagree on what a restore may still need. (The
+partner server's temporary files of a copy still arriving are the receiver's own until they are renamed into
+place: ``engine.partner.files``.) One rule serves every caller:
 
 * A step that a save of this writer is writing (live) is never evicted, nor are partner copies of steps above the
   newest commit (a partner's save of them may still be arriving).
@@ -11,6 +14,8 @@ serves them all, so they cannot disagree:
 * To make room for a save of ``S``, an older step goes only once it is *superseded*: committed on the durable level
   (its local files are then a cache) or older than the newest local-level commit. Never the only copy of the
   newest local-level step.
+* A failed attempt's own files go, and partner copies of a step that did not commit on the local level go when the
+  writer stops.
 
 Deletions are best effort (a failing disk must not fail a committed save); the next commit retries them. This
 module never writes a data file, never reads a staging slot, and never deletes anything of the durable root.
@@ -19,12 +24,14 @@ module never writes a data file, never reads a staging slot, and never deletes a
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection, Iterable
 
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.format import all_step_dirs, committed_steps, manifest_key, step_dir
 from ckptio.format.keys import parse_step_dir
-from ckptio.format.local_level import PARTNERS_DIR
+from ckptio.format.local_level import PARTNERS_DIR, partner_copy_key
+from ckptio.format.rollback import delete_data_files
 from ckptio.storage.base import Storage, join_key
 
 
@@ -57,7 +64,20 @@ class LocalTier:
     def _delete(self, step: int) -> None:
         self.storage.delete_prefix(step_dir(step))
 
-    # ---- the three callers ----------------------------------------------------------------------------------------
+    # ---- the callers ---------------------------------------------------------------------------------------------
+    def discard(self, step: int, names: Collection[str]) -> None:
+        """Delete this rank's files ``names`` of a failed attempt at ``step`` (never another attempt's)."""
+        with contextlib.suppress(StorageError):
+            delete_data_files(self.storage, step, names)
+
+    def drop_partner_copies(self, copies: Iterable[tuple[int, str]], *, committed: Collection[int]) -> None:
+        """Delete the partner copies ``(step, name)`` received for steps not in ``committed`` (the writer stops:
+        a later commit's eviction would only find them once a later step commits)."""
+        for step, name in copies:
+            if step not in committed:
+                with contextlib.suppress(StorageError):
+                    self.storage.delete(partner_copy_key(step, name))
+
     def evict_below(self, step: int, live: frozenset[int]) -> None:
         """After a commit of ``step`` on any level: own and partner copies of older steps go (not live ones)."""
         with contextlib.suppress(StorageError):

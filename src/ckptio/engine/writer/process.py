@@ -18,13 +18,13 @@ from __future__ import annotations
 import importlib
 import os
 import queue
-import signal
 import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
 
 from ckptio._proc import lower_priority
+from ckptio.engine import process_hooks
 from ckptio.engine.owner_record import OwnerRecord, heartbeat
 from ckptio.engine.protocol import (
     Outbox,
@@ -128,10 +128,7 @@ def main() -> None:
     # The writer imports torch only where it must (rank 0's commit, a tensor torchsave cannot frame); torch then
     # starts with one intra-op thread: serialization is memcpy-bound, the cores belong to training.
     os.environ["OMP_NUM_THREADS"] = "1"
-    # Ctrl-C reaches every process of the terminal's process group, and schedulers often SIGTERM the whole group:
-    # either would kill the save in flight. The trainer decides when this process stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    process_hooks.writer_ignores_termination()  # the trainer decides when this process stops
     conn = Connection(int(sys.argv[1]))
     start = conn.recv()
     if not isinstance(start, WriterStart):

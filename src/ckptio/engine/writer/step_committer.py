@@ -6,74 +6,57 @@ A level is a :class:`CommitLevel`: where its records live (the durable root, or 
 :class:`StepCommitter` thread per level, jobs in order, and both levels follow the same steps:
 
 * Rank 0 commits: every rank index of this save present → after a restore, retire the abandoned trajectory on every
-  level (``format.rollback``) → the step's commit lock → uncommit the step this save supersedes → ``.metadata`` →
-  manifest, create-only (the commit) → ``latest`` → retention, which records the steps it removes in the level's
-  ``retired.json``.
+  level (``format.rollback``) → the commit point under the step's lock (``commit_point``: ``.metadata`` and the
+  manifest, create-only, or the crash-atomic supersede of a step saved again) → ``latest`` → cleanup
+  (``level_cleanup``: retention, which records the steps it removes in the level's ``retired.json``).
 * Every other rank watches for the manifest of its own save; a step that rank 0 committed and retention already
   removed is found in ``retired.json`` — the one way a watcher learns that its step was retired, on both levels.
-* A failure or drop marker of the save (any rank's) ends the wait at once: ``SaveFailed``, or ``SaveDropped`` when a
-  rank gave the attempt up on purpose (the ranks agree on commit-or-drop through the store, never a collective).
+* A failure or drop marker of the save (any rank's) ends the wait at once: failed, or dropped when a rank gave the
+  attempt up on purpose (the ranks agree on commit-or-drop through the store, never a collective).
 
-The level that decides a save's outcome (``CommitRequest.reports``: the durable level, or the local level for a
-local-only save) tells the trainer :class:`SaveDone` / :class:`SaveFailed` / :class:`SaveDropped`; the other only
-emits ``level_committed`` / ``level_failed`` events. Cleanup runs after the outcome is sent, under
+Every outcome goes to the level's :class:`~ckptio.engine.writer.level_outcome.LevelOutcome`, the one place an
+attempt ends on a level (marker, deletion, message). Cleanup runs after the outcome is sent, under
 :meth:`LiveSteps.cleaning`, and leaves live steps alone: a failed deletion must never fail a committed save.
+
+**Back-pressure.** The committer counts the requests it has not finished (queued, committing, or cleaning up);
+:meth:`StepCommitter.wait_for_room` holds the job pipeline before it writes the next save's files while that count
+exceeds ``max_pending``. So at most ``max_pending`` + 1 saves per level are written but not committed; the staging
+slots the pipeline holds meanwhile make the trainer's ``overflow`` rule (block or skip) apply.
 
 It must never write a data file or a rank index (the job pipeline does), nor read a staging slot.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import pickle
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ckptio.engine.failure_markers import FailureMarkers, level_only
 from ckptio.engine.owner_record import ensure_lease
-from ckptio.engine.protocol import CommitInfo, Outbox, Rollback, SaveDone, SaveDropped, SaveFailed, WriterStart
+from ckptio.engine.protocol import Outbox, Rollback, WriterStart
+from ckptio.engine.writer.commit_point import CommitPoint
+from ckptio.engine.writer.level_cleanup import CommittedSteps, LevelCleanup
+from ckptio.engine.writer.level_outcome import Attempt, LevelOutcome
 from ckptio.engine.writer.live_steps import LiveSteps
-from ckptio.errors import (
-    AlreadyExistsError,
-    CkptError,
-    CommitError,
-    CorruptCheckpointError,
-    RootInUseError,
-    StorageError,
-)
+from ckptio.errors import CommitError, CorruptCheckpointError, StorageError
 from ckptio.format import (
     Manifest,
     RankIndex,
-    apply_retention,
     checksum,
-    committed_steps,
     manifest_key,
     read_failure_markers,
-    remove_unlisted_files,
     step_dir,
     update_latest,
     versions,
-    write_manifest,
 )
-from ckptio.format.layout import data_file_name
-from ckptio.format.local_level import holder_nodes
 from ckptio.format.retention import read_retired
-from ckptio.format.rollback import (
-    Superseded,
-    delete_data_files,
-    drop_superseded,
-    point_latest_at_newest,
-    reinstate,
-    retire_abandoned,
-    uncommit,
-)
+from ckptio.format.rollback import Superseded, point_latest_at_newest, retire_abandoned
 from ckptio.obs.events import Event, Phase
-from ckptio.storage.base import Storage, join_key
+from ckptio.storage.base import join_key
 
 T = TypeVar("T")
 
@@ -84,35 +67,37 @@ class CommitLevel:
 
     name: str
     """``durable`` or ``local`` (events, messages)."""
-    records: Storage
-    """Where rank indexes, markers, ``.metadata``, manifests, ``latest`` and ``retired.json`` live."""
+    committed: CommittedSteps
+    """The level's records (rank indexes, markers, ``.metadata``, manifests, ``latest``, ``retired.json``) and the
+    steps committed there."""
     keep_last: int
     """Committed steps kept by retention (0: all)."""
-    retire_also: tuple[Storage, ...] = ()
-    """The other levels' records: a rollback retires the abandoned trajectory on every level at once."""
+    retire_also: tuple[CommittedSteps, ...] = ()
+    """The other levels: a rollback retires the abandoned trajectory on every level at once."""
     after_commit: Callable[[int, frozenset[int]], None] | None = None
     """Rank-local cleanup after a commit of ``step`` (the local tier's eviction), given the live steps."""
 
 
 @dataclass(frozen=True, slots=True)
 class CommitRequest:
-    """One save whose rank index is in the level's records, handed from the job pipeline to the level's thread."""
+    """One save whose rank index is in the level's records, handed from the level to its committer thread."""
 
-    step: int
-    save_id: int
+    attempt: Attempt
     metadata_skeleton: bytes | None
     """Rank 0 only: the plan's pickled DCP Metadata without storage_data."""
-    n_files: int = 0
-    """This rank's data files in the save (deleted from ``discard_tiers`` should it fail)."""
-    discard_tiers: tuple[Storage, ...] = ()
-    """Where this rank's data files of a failed attempt are deleted (never a tier another level still reads)."""
     rollback: Rollback | None = None
     replaces: tuple[int, ...] = ()
     """Save ids whose manifest of this step this save may supersede (the trainer's earlier saves of it)."""
-    reports: bool = True
-    """This level's outcome is the save's outcome (else it is reported by events only)."""
     prepare: Callable[[], None] | None = field(default=None, compare=False)
-    """Runs first on the level's thread (the local level's replication and rank index); raising fails the level."""
+    """Runs first on the level's thread (the local level's copies and rank index); raising fails the level."""
+
+    @property
+    def step(self) -> int:
+        return self.attempt.step
+
+    @property
+    def save_id(self) -> int:
+        return self.attempt.save_id
 
     def may_replace(self, manifest: Manifest | None) -> bool:
         """May this save supersede ``manifest`` (None: unreadable) of its step? Its trainer's own earlier save of
@@ -124,97 +109,105 @@ class CommitRequest:
             manifest is None or manifest.save_id not in rollback.own_save_ids)
 
 
-def report_failure(out: Outbox, start: WriterStart, step: int, save_id: int, exc: BaseException) -> None:
-    """Tell the trainer a save failed, always with a CkptError (it names the root, step and rank)."""
-    out.event(Event.SAVE_FAILED, step, error=str(exc), error_type=type(exc).__name__)
-    if not isinstance(exc, CkptError):
-        wrapped = StorageError(f"{type(exc).__name__}: {exc}", root=start.durable.url, step=step, rank=start.rank)
-        wrapped.__cause__ = None
-        exc = wrapped
-    out.send(SaveFailed(step, save_id, exc))
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    """What rank 0's commit of a request leaves for cleanup."""
 
-
-def discard_attempt(tiers: Sequence[Storage], rank: int, step: int, save_id: int, n_files: int) -> None:
-    """Delete this rank's data files of a failed save from ``tiers`` (best effort: the disk may be failing)."""
-    names = [data_file_name(rank, n, save_id) for n in range(n_files)]
-    for tier in tiers:
-        with contextlib.suppress(StorageError):
-            delete_data_files(tier, step, names)
+    manifest: Manifest
+    superseded: Superseded | None = None
 
 
 class _Dropped(Exception):
     """A rank gave up this save on purpose (a drop marker): it commits nowhere and is reported as skipped."""
 
 
+class _FailedElsewhere(Exception):
+    """Another rank's failure marker ended the wait: the failure is already on the store, not marked again."""
+
+    def __init__(self, error: CommitError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class StepCommitter:
     """The commit (rank 0) or watch (other ranks) thread of one writer for one level, with its cleanup."""
 
     def __init__(self, level: CommitLevel, start: WriterStart, out: Outbox, live: LiveSteps, *,
-                 markers: FailureMarkers) -> None:
-        self.level, self.start, self.out, self.live, self.markers = level, start, out, live, markers
-        self.records = level.records
+                 outcome: LevelOutcome) -> None:
+        self.level, self.start, self.out, self.live, self.outcome = level, start, out, live, outcome
+        self.records = level.committed.records
+        config = start.config
+        self.point = CommitPoint(level.name, self.records, timeout_s=config.commit_timeout_s,
+                                 verify=config.commit == "lease",
+                                 check_lease=lambda: ensure_lease(start.durable, start.owner))
+        self.cleanup = LevelCleanup(level.name, level.committed, start, out, live, keep_last=level.keep_last)
         self._requests: queue.Queue[CommitRequest | None] = queue.Queue()
+        self._room = threading.Condition()
+        self._unfinished = 0
         self._thread = threading.Thread(target=self._loop, name=f"ckptio-commit-{level.name}", daemon=True)
         self._thread.start()
 
     def submit(self, request: CommitRequest) -> None:
+        with self._room:
+            self._unfinished += 1
         self._requests.put(request)
 
-    def backlog(self) -> int:
-        """Requests queued and not started (the local level fails fast on a stuck partner when this grows)."""
-        return self._requests.qsize()
+    def wait_for_room(self, limit: int) -> float:
+        """Return once at most ``limit`` requests are unfinished; the seconds waited."""
+        t0 = time.monotonic()
+        with self._room:
+            self._room.wait_for(lambda: self._unfinished <= limit)
+        return time.monotonic() - t0
+
+    def unfinished(self) -> int:
+        with self._room:
+            return self._unfinished
 
     def close(self) -> None:
-        """Finish the queued commits, then stop the thread."""
+        """Finish the queued commits and a last leftover sweep (rank 0), then stop the thread."""
         self._requests.put(None)
         self._thread.join()
 
     # ---- one request --------------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.start.rank == 0:
+            self.cleanup.at_start()
         while (request := self._requests.get()) is not None:
             try:
-                if request.prepare is not None:
-                    request.prepare()
-                manifest, superseded = self._commit(request) if self.start.rank == 0 else self._watch(request)
-            except _Dropped as drop:
-                self._ended(request)
-                if request.reports:
-                    self.out.send(SaveDropped(request.step, request.save_id, str(drop)))
-                continue
-            except BaseException as exc:
-                if self.start.rank == 0:
-                    self.markers.mark(level_only(self.level.name), request.step, "commit", request.save_id, exc)
-                self._ended(request)
-                self._failed(request, exc)
-                continue
-            # Cleanup holds off new saves' registration, so it cannot miss one that starts meanwhile.
-            with self.live.cleaning():
-                self.live.remove(request.step)
-                self._succeeded(request, manifest)
-                live = self.live.steps()
-                if self.level.after_commit is not None:
-                    self.level.after_commit(request.step, live)
-                if self.start.rank == 0:
-                    self._retain(request.step, live, superseded, manifest)
+                self._run(request)
+            finally:
+                with self._room:
+                    self._unfinished -= 1
+                    self._room.notify_all()
+        if self.start.rank == 0:
+            self.cleanup.sweep()
 
-    def _ended(self, request: CommitRequest) -> None:
-        discard_attempt(request.discard_tiers, self.start.rank, request.step, request.save_id, request.n_files)
-        self.live.remove(request.step)
-
-    def _succeeded(self, request: CommitRequest, manifest: Manifest) -> None:
-        if self.level.name != "durable":
-            self.out.event(Event.LEVEL_COMMITTED, request.step, level=self.level.name, durable_too=not request.reports,
-                           holders=holder_nodes(manifest))
-        if request.reports:
-            info = CommitInfo(total_bytes=manifest.total_bytes, files=len(manifest.files))
-            self.out.send(SaveDone(request.step, request.save_id, info))
-
-    def _failed(self, request: CommitRequest, exc: BaseException) -> None:
-        if self.level.name != "durable":
-            self.out.event(Event.LEVEL_FAILED, request.step, level=self.level.name, error=str(exc),
-                           error_type=type(exc).__name__)
-        if request.reports:
-            report_failure(self.out, self.start, request.step, request.save_id, exc)
+    def _run(self, request: CommitRequest) -> None:
+        attempt, rank0 = request.attempt, self.start.rank == 0
+        try:
+            if request.prepare is not None:
+                request.prepare()
+            committed = self._commit(request) if rank0 else _Committed(self._watch(request))
+        except _Dropped as drop:
+            self.outcome.dropped(attempt, str(drop))
+            return
+        except _FailedElsewhere as failed:
+            self.outcome.failed(attempt, failed.error, mark=False)
+            self.cleanup.attempt_failed()
+            return
+        except BaseException as exc:
+            self.outcome.failed(attempt, exc, who="commit" if rank0 else None)
+            self.cleanup.attempt_failed()
+            return
+        # Cleanup holds off new saves' registration, so it cannot miss one that starts meanwhile.
+        with self.live.cleaning():
+            self.live.remove(request.step)
+            self.outcome.committed(attempt, committed.manifest)
+            live = self.live.steps()
+            if self.level.after_commit is not None:
+                self.level.after_commit(request.step, live)
+            if rank0:
+                self.cleanup.after_commit(request.step, live, committed.manifest, committed.superseded)
 
     def _wait_for(self, request: CommitRequest, ready: Callable[[], T | None]) -> T:
         """Poll ``ready()`` with backoff until it returns non-None, a failure marker appears, or time runs out."""
@@ -228,8 +221,9 @@ class StepCommitter:
             markers = read_failure_markers(self.records, request.step, request.save_id)
             failures = [text for text, dropped in markers if not dropped]
             if failures:
-                raise CommitError(f"{self.level.name} level: another rank failed this save: " + "; ".join(failures),
-                                  root=self.records.url, step=request.step, rank=self.start.rank)
+                raise _FailedElsewhere(CommitError(f"{self.level.name} level: another rank failed this save: "
+                                                   + "; ".join(failures), root=self.records.url, step=request.step,
+                                                   rank=self.start.rank))
             if markers:  # dropped on purpose by a rank: no rank's index of it ever completes the set
                 raise _Dropped("; ".join(text for text, _ in markers))
             if time.monotonic() > deadline:
@@ -240,6 +234,7 @@ class StepCommitter:
 
     # ---- rank 0 -------------------------------------------------------------------------------------------------
     def _gather_indexes(self, request: CommitRequest) -> list[RankIndex] | None:
+        """Every rank's index of this save, or None."""
         world_size = self.start.world_size
         keys = [i.key for i in self.records.list(join_key(step_dir(request.step), "ranks") + "/")]
         if len(keys) < world_size:
@@ -261,33 +256,11 @@ class StepCommitter:
         if manifest.save_id != request.save_id and not request.may_replace(manifest):
             raise CommitError("step is already committed by another save", root=self.records.url, step=request.step)
 
-    def _lock_step(self, step: int, save_id: int) -> str:
-        """Create-only ``commit.lock`` in the step directory for the ``.metadata`` → manifest window: a second
-        committer of the same step (two jobs racing on one root with ownership off) fails here instead of
-        overwriting the winner's ``.metadata``. A lock older than ``commit_timeout_s`` is a crashed committer's."""
-        key = join_key(step_dir(step), "commit.lock")
-        body = json.dumps({"save_id": save_id, "time": time.time()}).encode()
-        for _ in range(2):
-            try:
-                self.records.put(key, body, mode="create")
-                return key
-            except AlreadyExistsError:
-                try:
-                    held = json.loads(self.records.get(key))
-                except (StorageError, ValueError):
-                    held = {}
-                if held.get("save_id") == save_id:
-                    return key
-                if time.time() - float(held.get("time", 0)) < self.start.config.commit_timeout_s:
-                    raise CommitError("another save is committing this step", root=self.records.url,
-                                      step=step) from None
-                self.records.delete(key)  # stale: its committer died
-        raise CommitError("cannot take the step's commit lock", root=self.records.url, step=step)
-
-    def _commit(self, request: CommitRequest) -> tuple[Manifest, Superseded | None]:
+    def _commit(self, request: CommitRequest) -> _Committed:
         records, step = self.records, request.step
         t0 = time.monotonic()
         indexes = self._wait_for(request, lambda: self._gather_indexes(request))
+        ready = time.monotonic()
         if request.metadata_skeleton is None:
             raise CorruptCheckpointError("rank 0 job carries no metadata", step=step)
         # Only rank 0's committer needs DCP's classes (unpickling the skeleton loads torch too): other ranks'
@@ -304,39 +277,16 @@ class StepCommitter:
         manifest = Manifest(step=step, world_size=self.start.world_size, save_id=request.save_id, files=files,
                             total_bytes=sum(f.size for f in files.values()), versions=versions(),
                             metadata_crc32c=checksum([raw_metadata]))
-        superseded, t2 = self._write_commit(request, manifest, raw_metadata)
-        t3 = time.monotonic()
-        self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t2 - t1, bytes=0, tier=self.level.name,
-                       waited_s=t1 - t0)
-        self.out.event(Event.PHASE, step, phase=Phase.MANIFEST, seconds=t3 - t2, bytes=0, tier=self.level.name)
+        superseded = self.point.write(manifest, raw_metadata, may_replace=request.may_replace)
+        t2 = time.monotonic()
+        self.out.event(Event.PHASE, step, phase=Phase.METADATA, seconds=t1 - ready, bytes=0, tier=self.level.name,
+                       waited_s=ready - t0)
+        self.out.event(Event.PHASE, step, phase=Phase.MANIFEST, seconds=t2 - t1, bytes=0, tier=self.level.name)
         if retired:
             point_latest_at_newest(records)
         else:
             update_latest(records, step)
-        return manifest, superseded
-
-    def _write_commit(self, request: CommitRequest, manifest: Manifest,
-                      raw_metadata: bytes) -> tuple[Superseded | None, float]:
-        """Under the step's lock: uncommit what this save supersedes, ``.metadata``, then the manifest. A step
-        saved again is uncommitted first, so that no reader ever pairs the old manifest with the new
-        ``.metadata``; should the new commit fail, the old one is put back."""
-        records, step = self.records, request.step
-        lock = self._lock_step(step, request.save_id)
-        try:
-            superseded = uncommit(records, step, save_id=request.save_id, may_replace=request.may_replace)
-            try:
-                records.put(join_key(step_dir(step), ".metadata"), raw_metadata)
-                t2 = time.monotonic()
-                ensure_lease(self.start.durable, self.start.owner)
-                write_manifest(records, manifest, verify=self.start.config.commit == "lease")
-            except BaseException:
-                if superseded is not None:
-                    reinstate(records, step, superseded)
-                raise
-        finally:
-            with contextlib.suppress(StorageError):
-                records.delete(lock)
-        return superseded, t2
+        return _Committed(manifest, superseded)
 
     def _retire(self, request: CommitRequest) -> list[int]:
         """After a restore, the first commit above the restored step retires the abandoned later steps first, on
@@ -346,17 +296,19 @@ class StepCommitter:
             return []
         retired: list[int] = []
         with self.live.cleaning() as live:
-            for records in (self.records, *self.level.retire_also):
-                retired += retire_abandoned(records, above=rollback.above, keep=request.step,
-                                            own_save_ids=rollback.own_save_ids, live=live,
-                                            markers_kept_s=self.start.config.commit_timeout_s)
+            for level in (self.level.committed, *self.level.retire_also):
+                gone = retire_abandoned(level.records, above=rollback.above, keep=request.step,
+                                        own_save_ids=rollback.own_save_ids, live=live,
+                                        markers_kept_s=self.start.config.commit_timeout_s)
+                level.forget(gone)
+                retired += gone
         if retired:
             self.out.event(Event.STEPS_RETIRED, request.step, restored_step=rollback.above,
                            retired=sorted(set(retired)), level=self.level.name)
         return retired
 
     # ---- other ranks --------------------------------------------------------------------------------------------
-    def _watch(self, request: CommitRequest) -> tuple[Manifest, None]:
+    def _watch(self, request: CommitRequest) -> Manifest:
         def manifest_ready() -> Manifest | None:
             try:
                 raw = self.records.get(manifest_key(request.step))
@@ -371,33 +323,4 @@ class StepCommitter:
             # Another save's manifest is the step this save supersedes: rank 0 replaces it, keep watching.
             return manifest if manifest.save_id == request.save_id else None
 
-        return self._wait_for(request, manifest_ready), None
-
-    # ---- cleanup (rank 0) ---------------------------------------------------------------------------------------
-    def _retain(self, step: int, live: frozenset[int], superseded: Superseded | None, manifest: Manifest) -> None:
-        """Garbage of a superseded save and steps beyond keep_last; runs after the trainer heard "done".
-
-        Retention waits (until a later commit) while a save of a step it could delete is live: it deletes only
-        committed steps below the newest and uncommitted directories below ``step``.
-        """
-        records, t0 = self.records, time.monotonic()
-        removed: list[int] = []
-        try:
-            ensure_lease(self.start.durable, self.start.owner)  # never delete in a root another job now owns
-            if superseded is not None:
-                drop_superseded(records, step, superseded, manifest)
-            if step not in live:  # a crashed attempt's leftovers; never while another save of this step runs
-                remove_unlisted_files(records, manifest)
-            if _no_live_step_below_newest(records, live - {step}):
-                # Markers stay as long as another rank's watcher may still wait for them (format.retention).
-                removed = apply_retention(records, keep_last=self.level.keep_last, newest_committed=step,
-                                          markers_kept_s=self.start.config.commit_timeout_s)
-        except (StorageError, CorruptCheckpointError, RootInUseError) as exc:
-            # A failed deletion must not fail the commit; retention is retried at the next one.
-            self.out.event(Event.RETRY, step, op="retention", attempt=1, error=str(exc))
-        self.out.event(Event.PHASE, step, phase=Phase.RETENTION, seconds=time.monotonic() - t0, bytes=0,
-                       tier=self.level.name, removed=removed)
-
-
-def _no_live_step_below_newest(records: Storage, others: Collection[int]) -> bool:
-    return not others or min(others) > max(committed_steps(records), default=-1)
+        return self._wait_for(request, manifest_ready)

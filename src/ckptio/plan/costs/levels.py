@@ -1,11 +1,11 @@
 """The inputs of the two-level model: the node-local level, the failure classes, and each level's times.
 
 Owns what the multi-level model (:mod:`ckptio.plan.costs.multilevel`) and the failure simulator
-(:mod:`ckptio.plan.simulation.failures`) both read: the local level as the planner sees it (:class:`LocalLevel`:
-per-node bandwidths, replicas, ranks per node), the job's failures split into the classes that decide which level can
-restore (:class:`FailureRates`), and the seconds each level takes to commit a save and to restore one
-(:class:`LevelTimes`). It must never optimize a schedule (``multilevel`` does) nor draw a failure
-(:mod:`ckptio.plan.simulation.failures`).
+(:mod:`ckptio.plan.simulation.failure_injection`) both read: the local level as the planner sees it
+(:class:`LocalLevel`: per-node bandwidths, replicas, ranks per node), the job's failures split into the classes that
+decide which level can restore (:class:`FailureRates`), and the seconds each level takes to commit a save and to restore
+one (:class:`LevelTimes`). It must never optimize a schedule (``multilevel`` does) nor draw a failure
+(:mod:`ckptio.plan.simulation.failure_injection`).
 
 The failure classes (each a Poisson process; the rates add up to the job's ``1/MTBF``):
 
@@ -35,6 +35,10 @@ NODE_LOSS_SHARE = 0.78
 """Default share of a job's interruptions that lose one node: Llama 3 405B's pre-training attributed 78% of its
 419 unexpected interruptions to confirmed or suspected hardware ("The Llama 3 Herd of Models", Meta, 2024, §3.3.4);
 each took a GPU or host out of the job."""
+
+PREEMPTION_STEPS = 3
+"""Training steps between a SIGTERM and the emergency save's copy under ``maybe_save``: the step under way, then the
+two calls the non-blocking vote takes to agree the preemption on every rank (``engine.trainer.maybe_save_votes``)."""
 
 JOB_LOSS_SHARE = 0.05
 """Default share no local copy survives: an assumption (no public breakdown gives it). Give ``--job-loss-mtbf``
@@ -205,6 +209,16 @@ class LevelTimes:
         """``plan --json``'s ``restore_s``: per level; durable is null when the read bandwidth is unknown."""
         return {"local": self.restore_local_s, "partner": self.restore_partner_s,
                 "durable": self.restore_durable_s if self.durable_restore_measured else None}
+
+
+def emergency_grace_s(times: LevelTimes, step_time_s: float | None) -> float | None:
+    """The grace period a preemption must leave for the emergency save to commit on the local level: the steps
+    until ``maybe_save`` acts (:data:`PREEMPTION_STEPS`; none counted without a step time), the copy, and the
+    local commit (own tier plus partner copies). None without a local level. A save still holding the only staging
+    slot (``max_pending=1``) comes first: add its flush, or give ``max_pending=2``."""
+    if times.local_flush_s is None:
+        return None
+    return PREEMPTION_STEPS * (step_time_s or 0.0) + times.blocking_s + times.local_flush_s
 
 
 def level_times(shape: CheckpointShape, storage: StoreLimits, budget: BurstBudget,

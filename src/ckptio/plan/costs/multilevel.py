@@ -1,8 +1,8 @@
 """The two-level plan: how often to save to the node-local level (with partner copies) and how often durably.
 
 Owns the multi-level model of ``ckptio plan``, its optimizer, and the answer it prints (:class:`TwoLevelPlan`). It must
-never touch storage or draw failures (``plan.simulation.failures`` checks this model by injecting them), and never size
-a checkpoint (``plan.job.checkpoint``) or a burst (``plan.costs.budget``): it reads their answers.
+never touch storage or draw failures (``plan.simulation.failure_injection`` checks this model by injecting them), and
+never size a checkpoint (``plan.job.checkpoint``) or a burst (``plan.costs.budget``): it reads their answers.
 
 The model is the first-order multi-level model of Di, Bouguerra, Bautista-Gomez and Cappello ("Optimization of
 multi-level checkpoint model for large scale HPC applications", IPDPS 2014), the multi-level form of Young's:
@@ -47,6 +47,7 @@ from ckptio.plan.costs.levels import (
     FailureRates,
     LevelTimes,
     LocalLevel,
+    emergency_grace_s,
     failure_rates,
     level_times,
 )
@@ -283,6 +284,9 @@ class TwoLevelPlan:
     """Every save durable, every restore from the durable tier."""
     two_level: Loss | None
     """Local level plus partners, every k-th durable; None without ``--local-bandwidth``."""
+    emergency_grace_s: float | None = None
+    """The grace period the emergency save needs after a SIGTERM (``levels.emergency_grace_s``); None without a
+    local level."""
 
     def to_json(self) -> dict[str, Any]:
         two = self.two_level
@@ -294,6 +298,7 @@ class TwoLevelPlan:
             "durable_every": two.schedule.durable_every if two else None,
             "single_level_interval_s": self.single.schedule.local_interval_s,
             "restore_s": self.times.restore_json(),
+            "emergency_grace_s": self.emergency_grace_s,
             "levels": {
                 "model": MODEL, "nodes": self.nodes, "replicas": self.replicas,
                 "failures": self.rates.to_json(), "times": self.times.to_json(),
@@ -325,4 +330,5 @@ def plan_two_levels(shape: CheckpointShape, storage: StoreLimits, schedule: Sche
                        local_interval_s=local_interval_s, durable_every=durable_every,
                        step_time_s=schedule.step_time_s)
     return TwoLevelPlan(ranks=shape.ranks, nodes=nodes, replicas=local.replicas if local else None, rates=rates,
-                        times=times, single=single, two_level=two)
+                        times=times, single=single, two_level=two,
+                        emergency_grace_s=emergency_grace_s(times, schedule.step_time_s))

@@ -2,7 +2,8 @@
 
 Owns ``ckptio probe``'s measurements: write and read throughput against the number of concurrent writers
 (files shaped like the job's, each fsynced and published by rename, as the engine writes them), the cost of an
-fsync, and small-file metadata operations (create, rename, stat, list, delete). Everything lives under one
+fsync, and the rate of each metadata operation a commit makes (:mod:`ckptio.plan.measure.probe_metadata`: create,
+stat, rename, list, fsync, unlink). Everything lives under one
 hidden directory of the target, removed on every exit path — success, error, Ctrl-C — together with any parent
 the probe had to create. The probe must never touch anything outside that directory, and never run past its
 time bound by more than one chunk's write per writer.
@@ -10,12 +11,14 @@ time bound by more than one chunk's write per writer.
 A POSIX directory is probed with plain system calls (so writes can stop mid-file when time is up, and the page
 cache can be dropped before reading back); any other :class:`~ckptio.storage.Storage` (``s3://``, or a wrapped
 store in tests) through the storage protocol, one object per file. The writers' serialize rate is measured on
-this host too (:mod:`ckptio.plan.measure.serialize`): it is the stage before the store.
+this host too (:mod:`ckptio.plan.measure.serialize_rate`): it is the stage before the store.
 
 Before it writes anything to a store, the probe checks residency (a public bucket is refused unless the given
 :class:`~ckptio.policy.residency.Residency` allows it) and then the store's capabilities
-(:mod:`ckptio.storage.capabilities`: conditional writes, multipart, ranged reads), which
-:func:`target_capabilities` returns afterwards without asking the store again.
+(:mod:`ckptio.storage.capabilities`: conditional writes, objects written in parts, ranged reads), which
+:func:`target_capabilities` returns afterwards without asking the store again. A directory's capabilities are
+tried too (its conditional writes are hard links and exclusive creates, which not every filesystem honours), in
+a scratch directory of their own.
 """
 
 from __future__ import annotations
@@ -23,12 +26,11 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from typing import TypeVar
@@ -38,11 +40,12 @@ import numpy as np
 from ckptio.errors import ConfigError
 from ckptio.plan.measure.clock import Clock, Progress
 from ckptio.plan.measure.fio import run_fio
+from ckptio.plan.measure.probe_metadata import SmallFilePhases, planner_ops_per_s
 from ckptio.plan.measure.probe_targets import PosixTarget, ProbeTarget, StorageTarget
 from ckptio.plan.measure.profile import ConcurrencyPoint, StorageProfile
-from ckptio.plan.measure.serialize import serialize_bytes_per_s
+from ckptio.plan.measure.serialize_rate import serialize_bytes_per_s
 from ckptio.policy.residency import Residency, check_residency
-from ckptio.storage import PosixRoot, open_storage, parse_root
+from ckptio.storage import PosixRoot, PosixStorage, open_storage, parse_root
 from ckptio.storage.base import Storage
 from ckptio.storage.capabilities import StoreCapabilities, detect_capabilities
 
@@ -54,11 +57,8 @@ SMALL_FILE_BYTES = 4096
 _THROUGHPUT_SHARE = 0.70
 _METADATA_SHARE = 0.15
 _FIO_SHARE = 0.30
-_FSYNC_SAMPLES = 20
-_LIST_REPEATS = 20
 _SERIALIZE_BYTES = 64 << 20
 _SERIALIZE_MIN_BOUND_S = 20.0
-_MIN_OPS_PER_WORKER = 4
 _LAST_PHASE_END = 0.95
 
 T = TypeVar("T")
@@ -138,23 +138,24 @@ def probe(
     return run.profile()
 
 
-def check_store_target(storage: Storage, residency: Residency | None = None) -> StoreCapabilities | None:
-    """Residency, then capabilities, of a store about to be probed (None for a POSIX storage). Raises
-    ResidencyError or StoreCapabilityError (a store without the APIs residency needs) before any write."""
+def check_store_target(storage: Storage, residency: Residency | None = None) -> StoreCapabilities:
+    """Residency, then capabilities, of a store about to be probed. Raises ResidencyError or
+    StoreCapabilityError (a store without the APIs residency needs) before any write."""
     check_residency(storage, residency or Residency())
-    return None if storage.is_posix else detect_capabilities(storage)
+    return detect_capabilities(storage)
 
 
 def target_capabilities(
     target: str | os.PathLike[str] | Storage, residency: Residency | None = None
-) -> StoreCapabilities | None:
-    """What the store at ``target`` honours (cached in this process: free after :func:`probe` of it); None for
-    a POSIX directory. Checks residency first, like the probe."""
+) -> StoreCapabilities:
+    """What the store at ``target`` honours (cached in this process: free after :func:`probe` of it). Checks
+    residency first, like the probe. A directory is tried in a scratch directory below it, removed afterwards
+    with any parent it had to create, so that the root is left as it was found."""
     if isinstance(target, Storage):
         return check_store_target(target, residency)
     root = parse_root(target)
     if isinstance(root, PosixRoot):
-        return None
+        return _directory_capabilities(root)
     storage = open_storage(root)
     try:
         return check_store_target(storage, residency)
@@ -162,8 +163,24 @@ def target_capabilities(
         storage.close()
 
 
+def _directory_capabilities(root: PosixRoot) -> StoreCapabilities:
+    scratch = PosixTarget(root.path, _scratch_name(), fsync=True)
+    scratch.setup()
+    try:
+        caps = detect_capabilities(PosixStorage(scratch.root), refresh=True)
+    finally:
+        scratch.cleanup()
+    scratch_url = PosixStorage(scratch.root).url
+    checks = tuple(replace(c, detail=c.detail.replace(scratch_url, root.url)) for c in caps.checks)
+    return StoreCapabilities(url=root.url, checks=checks)
+
+
+def _scratch_name() -> str:
+    return f".ckptio-probe-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
 def _open_target(target: str | os.PathLike[str] | Storage, config: ProbeConfig) -> ProbeTarget:
-    name = f".ckptio-probe-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    name = _scratch_name()
     if isinstance(target, Storage):
         return StorageTarget(target, name)
     root = parse_root(target)  # a clear ConfigError for schemes it does not know
@@ -219,8 +236,10 @@ class _ProbeRun:
         self.serialize_rate = self.serialize()
         throughput_share = _THROUGHPUT_SHARE - (_FIO_SHARE if self.fio else 0.0)
         self.throughput(self.clock.at(throughput_share))
-        self.fsync_s = self.fsync_cost(self._phase_end(throughput_share + 0.03, 0.03))
-        self.metadata = self.metadata_rates(self._phase_end(throughput_share + _METADATA_SHARE, 0.10))
+        small = SmallFilePhases(self.target, workers=self.config.writers, small_files=self.config.small_files,
+                                clock=self.clock, payload=bytes(_pattern(SMALL_FILE_BYTES)), parallel=self.parallel)
+        self.fsync_s = small.fsync_cost(self._phase_end(throughput_share + 0.03, 0.03))
+        self.metadata = small.metadata_rates(self._phase_end(throughput_share + _METADATA_SHARE, 0.10))
         if self.fio:
             self.fio_figures = self.run_fio()
 
@@ -286,65 +305,6 @@ class _ProbeRun:
             read += self.target.read_file(name, buffer, self.clock, deadline)
         return read
 
-    def fsync_cost(self, deadline: float) -> float | None:
-        self.clock.report("fsync")
-        payload = bytes(_pattern(SMALL_FILE_BYTES))
-        costs: list[float] = []
-        for i in range(_FSYNC_SAMPLES):
-            if costs and self.clock.expired(deadline):
-                break
-            cost = self.target.fsync_cost(f"fsync/{i}", payload)
-            if cost is None:
-                return None
-            costs.append(cost)
-        self.target.remove_tree("fsync")
-        return statistics.median(costs) if costs else None
-
-    def metadata_rates(self, deadline: float) -> dict[str, float]:
-        """Operations per second of each metadata kind, the probe's writers sharing the small files."""
-        payload = bytes(_pattern(SMALL_FILE_BYTES))
-        live = [f"meta/{i:06d}" for i in range(self.config.small_files)]
-        rates: dict[str, float] = {}
-        for op in self.target.metadata_ops:
-            if not live:
-                break
-            self.clock.report(f"metadata: {op}")
-            start = time.monotonic()
-            if op == "list":
-                count = self._list_repeatedly(deadline)
-            else:
-                done = self._run_op(op, live, payload, deadline)
-                count = len(done)
-                if op == "create":
-                    live = done  # later ops touch only files that exist
-            if count:
-                rates[op] = count / max(time.monotonic() - start, 1e-9)
-        self.target.remove_tree("meta")
-        return rates
-
-    def _list_repeatedly(self, deadline: float) -> int:
-        count = 0
-        while count < _LIST_REPEATS and (count < 1 or not self.clock.expired(deadline)):
-            self.target.list_dir("meta")
-            count += 1
-        return count
-
-    def _run_op(self, op: str, names: list[str], payload: bytes, deadline: float) -> list[str]:
-        """Apply ``op`` to ``names``, each worker thread taking every n-th; returns the names done."""
-        workers = self.config.writers
-
-        def work(shard: int) -> list[str]:
-            done: list[str] = []
-            for name in names[shard::workers]:
-                # A few operations of each kind even when earlier phases used the time: a rate needs some.
-                if len(done) >= _MIN_OPS_PER_WORKER and self.clock.expired(deadline):
-                    break
-                self.target.metadata_op(op, name, payload)
-                done.append(name)
-            return done
-
-        return [name for shard in self.parallel(workers, work) for name in shard]
-
     def run_fio(self) -> dict[str, float] | None:
         directory = self.target.fio_directory()
         if directory is None:
@@ -361,8 +321,8 @@ class _ProbeRun:
     def profile(self) -> StorageProfile:
         writes = [p.write_bytes_per_s for p in self.points if p.write_bytes_per_s > 0]
         reads = [p.read_bytes_per_s for p in self.points if p.read_bytes_per_s]
-        ops = [v for v in self.metadata.values() if v > 0]
-        if not writes or not reads or not ops:
+        metadata_ops_per_s = planner_ops_per_s(self.metadata)
+        if not writes or not reads or not metadata_ops_per_s:
             raise ConfigError(
                 f"the probe of {self.target.url} measured nothing within {self.config.max_seconds:g} s: "
                 "raise --max-seconds or lower --file-size"
@@ -374,8 +334,7 @@ class _ProbeRun:
             write_bytes_per_s=max(writes),
             per_writer_bytes_per_s=self.points[0].write_bytes_per_s or max(writes),
             read_bytes_per_s=max(r for r in reads if r is not None),
-            # Harmonic mean: the rate of a workload doing one operation of each kind in turn.
-            metadata_ops_per_s=len(ops) / sum(1.0 / v for v in ops),
+            metadata_ops_per_s=metadata_ops_per_s,
             metadata=self.metadata,
             fsync_s=self.fsync_s,
             serialize_bytes_per_s=self.serialize_rate,

@@ -21,6 +21,8 @@ from ckptio.storage.base import Storage, join_key
 
 _RENAMED = ".renamed"
 _SYNC_EVERY_BYTES = 64 << 20
+#: Every metadata kind the probe measures, in the order it runs them (unlink last: it removes the files).
+METADATA_KINDS = ("create", "stat", "rename", "list", "fsync", "unlink")
 
 
 class ProbeTarget(abc.ABC):
@@ -48,7 +50,7 @@ class ProbeTarget(abc.ABC):
 
     @abc.abstractmethod
     def metadata_op(self, op: str, name: str, payload: bytes) -> None:
-        """One ``create``/``stat``/``rename``/``delete`` of the small file ``name``."""
+        """One operation of kind ``op`` (:data:`METADATA_KINDS` but ``list``) on the small file ``name``."""
 
     @abc.abstractmethod
     def list_dir(self, prefix: str) -> int:
@@ -77,13 +79,13 @@ class PosixTarget(ProbeTarget):
     """A directory probed with system calls: writes stop mid-file at the deadline, reads bypass the cache."""
 
     kind: Literal["posix", "object"] = "posix"
-    metadata_ops = ("create", "stat", "rename", "list", "delete")
 
     def __init__(self, parent: str, name: str, *, fsync: bool) -> None:
         self.parent = os.path.abspath(parent)
         self.root = os.path.join(self.parent, name)
         self.url = self.parent
         self.fsync = fsync
+        self.metadata_ops = METADATA_KINDS if fsync else tuple(k for k in METADATA_KINDS if k != "fsync")
         self._created_parents: list[str] = []
 
     def setup(self) -> None:
@@ -177,9 +179,14 @@ class PosixTarget(ProbeTarget):
                 os.close(fd)
         elif op == "rename":
             os.rename(path, path + _RENAMED)
-        elif op in ("stat", "delete"):
+        elif op in ("stat", "fsync", "unlink"):
             current = path + _RENAMED if os.path.exists(path + _RENAMED) else path
-            os.stat(current) if op == "stat" else os.unlink(current)
+            if op == "stat":
+                os.stat(current)
+            elif op == "fsync":
+                _rewrite_durably(current, payload)
+            else:
+                os.unlink(current)
         else:
             raise ConfigError(f"unknown metadata op {op!r}")
 
@@ -205,13 +212,13 @@ class PosixTarget(ProbeTarget):
 class StorageTarget(ProbeTarget):
     """Any :class:`Storage` (an object store, a wrapped store): one object per file, no mid-file stop."""
 
-    metadata_ops = ("create", "stat", "list", "delete")
+    metadata_ops = ("create", "stat", "list", "unlink")  # an object store has no rename, and no fsync to ask for
 
     def __init__(self, storage: Storage, name: str) -> None:
         self.storage = storage
         self.prefix = name
         self.url = storage.url
-        self.kind = "posix" if storage.is_posix else "object"
+        self.kind = "posix" if storage.local_directory() is not None else "object"
 
     def _key(self, name: str) -> str:
         return join_key(self.prefix, name)
@@ -235,7 +242,7 @@ class StorageTarget(ProbeTarget):
             self.storage.put(key, payload)
         elif op == "stat":
             self.storage.head(key)
-        elif op == "delete":
+        elif op == "unlink":
             self.storage.delete(key)
         else:
             raise ConfigError(f"unknown metadata op {op!r}")
@@ -247,8 +254,19 @@ class StorageTarget(ProbeTarget):
         self.storage.delete_prefix(self._key(prefix))
 
     def fio_directory(self) -> str | None:
-        if not self.storage.is_posix:
+        directory = self.storage.local_directory()
+        if directory is None:
             return None
-        path = self.storage.local_path(self._key("fio"))
+        path = directory.local_path(self._key("fio"))
         os.makedirs(path, exist_ok=True)
         return path
+
+
+def _rewrite_durably(path: str, payload: bytes) -> None:
+    """Rewrite the first 4 KiB of ``path`` and fsync it: one page of new data made durable, as a publish waits for."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, payload[:4096], 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -63,10 +63,12 @@ class StorageProfile:
     """Best aggregate read throughput of the written files (restore estimate)."""
 
     metadata_ops_per_s: float
-    """Small-object operations per second over create, rename, stat, list and delete (all ops together)."""
+    """Small-object operations per second over the kinds of ``metadata`` but fsync (all ops together)."""
 
     metadata: dict[str, float] = field(default_factory=dict)
-    """Operations per second by kind: ``create``, ``rename``, ``stat``, ``list``, ``delete``."""
+    """Operations per second by kind, those a commit makes: ``create``, ``stat``, ``rename``, ``list``, ``fsync``,
+    ``unlink`` (:mod:`ckptio.plan.measure.probe_metadata`; an object store has no rename or fsync). Profiles from
+    before named unlink ``delete``."""
 
     fsync_s: float | None = None
     """Median cost of one fsync of a small freshly written file (POSIX)."""

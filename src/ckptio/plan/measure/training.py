@@ -122,13 +122,7 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     before = _timed_steps(step, steps)
     for index in range(1, repeats + 1):
         agree(False)  # the ranks start their saves together
-        began = time.perf_counter()
-        try:
-            done = save(index)
-        except Exception as exc:  # raised after the last round: peers in lockstep take as many steps
-            failures.append(exc)
-            done = _nothing_in_flight
-        blocking = time.perf_counter() - began
+        done, blocking = _start_save(save, index, failures)
         live = []
         while agree(not done()):
             live.append(_step_seconds(step))
@@ -140,6 +134,20 @@ def measure_save_loss(step: Callable[[], object], save: Callable[[int], Callable
     if failures:
         raise failures[0]
     return lost / repeats
+
+
+def _start_save(save: Callable[[int], Callable[[], bool]], index: int,
+                failures: list[Exception]) -> tuple[Callable[[], bool], float]:
+    """Start save ``index``: its poll and the seconds the call held the loop. A save that raises is kept in
+    ``failures`` (raised after the last round) and is done at once, so that this rank's peers in lockstep take as
+    many steps as it does."""
+    began = time.perf_counter()
+    try:
+        done = save(index)
+    except Exception as exc:
+        failures.append(exc)
+        done = _nothing_in_flight
+    return done, time.perf_counter() - began
 
 
 def _nothing_in_flight() -> bool:

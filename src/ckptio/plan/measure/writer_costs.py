@@ -8,13 +8,18 @@ figure. It must never keep what it writes: its file sinks are removed when it re
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ckptio.plan.costs.inputs import WriterCosts
 from ckptio.plan.measure.memory import memory_available
+
+if TYPE_CHECKING:
+    import torch
 
 _COPY_PROBE_BYTES = 64 << 20
 
@@ -54,55 +59,67 @@ def measure_writer_costs(nbytes: int = _COST_PROBE_BYTES, *, directory: str | No
     import crc32c
     import torch
 
-    from ckptio.storage.posix.direct_io import DirectIOUnsupported, write_direct
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the writers and the staging copies each run on one thread
     source = torch.rand(max(nbytes // 4, 1))
     target = torch.empty_like(source).copy_(source)  # touched: a reused staging slot
     raw = source.numpy().data.cast("B")
     try:
-        with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-costs-") as sinks:
-            names = iter(range(1 << 30))
-
-            def new_file() -> str:
-                return os.path.join(sinks, str(next(names)))
-
-            def page_cache_write() -> None:
-                with open(new_file(), "wb", buffering=0) as f:
-                    f.write(raw)
-
-            def torch_save() -> None:
-                # As DCP's FileSystemWriter writes a file: torch.save, then flush and fsync (sync_files=True, its
-                # default). The fsync's writeback runs in the caller and is part of what the writer costs.
-                with open(new_file(), "wb") as f:
-                    torch.save(source, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-
-            def direct_write() -> None:
-                path = new_file()
-                try:
-                    write_direct(path, [raw], fsync=False)
-                except DirectIOUnsupported:  # no O_DIRECT here: ckptio writes buffered, and so costs a page-cache write
-                    page_cache_write()
-
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".ckptio-costs-") as scratch:
+            sinks = _FileSinks(scratch, source, raw)
             in_memory = {
                 "copy_bytes_per_s": lambda: target.copy_(source),
                 "fresh_copy_bytes_per_s": lambda: torch.empty_like(source).copy_(source),
                 "checksum_bytes_per_s": lambda: crc32c.crc32c(raw),
             }
             rates = {name: raw.nbytes / _median_cpu_seconds(fn) for name, fn in in_memory.items()}
-            _take_freed_page_cache(new_file, cold_below=rates["fresh_copy_bytes_per_s"] / 2)
+            _take_freed_page_cache(sinks.new_file, cold_below=rates["fresh_copy_bytes_per_s"] / 2)
             to_files = {
-                "page_cache_bytes_per_s": page_cache_write,
-                "torch_save_bytes_per_s": torch_save,
-                "direct_write_bytes_per_s": direct_write,
+                "page_cache_bytes_per_s": sinks.page_cache_write,
+                "torch_save_bytes_per_s": sinks.torch_save,
+                "direct_write_bytes_per_s": sinks.direct_write,
             }
             rates |= {name: raw.nbytes / _median_cpu_seconds(fn) for name, fn in to_files.items()}
             return WriterCosts(**rates)
     finally:
         torch.set_num_threads(threads)
+
+
+class _FileSinks:
+    """The writes of the cost probe into files: each into a new file under ``directory``, kept until the caller
+    removes the directory, as every save writes new files (the growing page cache is part of the cost)."""
+
+    def __init__(self, directory: str, source: torch.Tensor, raw: memoryview) -> None:
+        import torch
+
+        from ckptio.storage.posix.direct_io import DirectIOUnsupported, write_direct
+
+        self._directory, self._source, self._raw = directory, source, raw
+        self._names = itertools.count()
+        # Bound here, not imported in the timed writes: an import's look-up is no part of a save's cost.
+        self._torch_save, self._write_direct, self._unsupported = torch.save, write_direct, DirectIOUnsupported
+
+    def new_file(self) -> str:
+        return os.path.join(self._directory, str(next(self._names)))
+
+    def page_cache_write(self) -> None:
+        with open(self.new_file(), "wb", buffering=0) as f:
+            f.write(self._raw)
+
+    def torch_save(self) -> None:
+        """As DCP's FileSystemWriter writes a file: torch.save, then flush and fsync (sync_files=True, its default).
+        The fsync's writeback runs in the caller and is part of what the writer costs."""
+        with open(self.new_file(), "wb") as f:
+            self._torch_save(self._source, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def direct_write(self) -> None:
+        path = self.new_file()
+        try:
+            self._write_direct(path, [self._raw], fsync=False)
+        except self._unsupported:  # no O_DIRECT here: ckptio writes buffered, and so costs a page-cache write
+            self.page_cache_write()
 
 
 _SOAK_CHUNK = 64 << 20

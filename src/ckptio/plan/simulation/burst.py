@@ -34,47 +34,21 @@ The model (documented assumptions, each a choice that can be argued with):
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
-from ckptio.errors import ConfigError
-from ckptio.obs.events import Phase
 from ckptio.plan.costs.budget import plan_burst
 from ckptio.plan.costs.fairshare import max_min_rates
 from ckptio.plan.costs.intervals import Schedule
 from ckptio.plan.costs.store import StoreLimits, checkpoint_traffic_cap
 from ckptio.plan.job.checkpoint import CheckpointShape
 from ckptio.plan.simulation.burst_types import CheckpointRecord, SimulationConfig, SimulationResult
+from ckptio.plan.simulation.burst_writers import UPLOAD, BurstWriters, ClassWriter
 
 __all__ = ["CheckpointRecord", "SimulationConfig", "SimulationResult", "simulate"]
 
 _EPS_S = 1e-9
-SERIALIZE, LOCAL_WRITE, UPLOAD = Phase.SERIALIZE, Phase.LOCAL_WRITE, Phase.UPLOAD
 _MAX_EVENTS = 5_000_000
-
-
-@dataclass(slots=True)
-class _Job:
-    ckpt: int
-    remaining: float
-    started: float | None = None
-
-
-@dataclass(slots=True)
-class _ClassState:
-    index: int
-    count: int
-    bytes: float
-    queues: list[deque[_Job]]
-    """One FIFO per writer stage, in pipeline order; the last is the upload to the store."""
-    slots_used: int = 0
-    local_held: int = 0
-
-    def pending(self) -> int:
-        return sum(len(q) for q in self.queues)
 
 
 def simulate(
@@ -87,7 +61,11 @@ def simulate(
 
 
 class _Simulator:
-    """The event loop: advance to the next completion, apply it, repeat."""
+    """The event loop: advance to the next completion, apply it, repeat.
+
+    Owns training (compute, save requests, copies) and the store's sharing among writers and loaders; the
+    writers' stages, slots and local tier are :class:`~ckptio.plan.simulation.burst_writers.BurstWriters`'.
+    """
 
     def __init__(
         self,
@@ -100,13 +78,9 @@ class _Simulator:
     ) -> None:
         self.shape, self.storage, self.config = shape, storage, config
         self.interval_s, self.blocking_s = interval_s, blocking_s
-        self.stages = self._stages()
-        self.classes = [
-            _ClassState(i, c.count, c.bytes, [deque() for _ in self.stages])
-            for i, c in enumerate(shape.classes)
-        ]
+        self.writers = BurstWriters(shape, storage, config)
+        self.classes = self.writers.classes
         self.ckpt_cap = checkpoint_traffic_cap(shape, storage)
-        self.local_slots = self._local_capacity()
         self.loader_per_rank = config.loader_read_bytes_per_s / shape.ranks
         self.t = 0.0
         self.phase = "compute"  # compute | waiting | copying | sync
@@ -120,31 +94,12 @@ class _Simulator:
         self.peak_demand = 0.0
         self.compute_segments: list[tuple[float, float, float]] = []
 
-    # ---- set-up --------------------------------------------------------------------------------------------
-    def _stages(self) -> list[str]:
-        """The writer's stages for one save: serialize (when modelled), local write (tiered), upload."""
-        stages = [SERIALIZE] if math.isfinite(self.storage.serialize_bytes_per_s) else []
-        return [*stages, LOCAL_WRITE, UPLOAD] if self.config.mode == "tiered" else [*stages, UPLOAD]
-
-    def _local_capacity(self) -> int:
-        if self.config.mode != "tiered":
-            return 0
-        assert self.config.local_capacity_bytes is not None
-        per_node = self.shape.bytes_per_rank_max * self.config.ranks_per_node
-        slots = int(self.config.local_capacity_bytes // per_node)
-        if slots < 1:
-            raise ConfigError(
-                f"the local tier ({self.config.local_capacity_bytes / 2**30:.1f} GiB per node) cannot hold "
-                f"one checkpoint of {self.config.ranks_per_node} ranks ({per_node / 2**30:.1f} GiB)"
-            )
-        return slots
-
     # ---- the loop ------------------------------------------------------------------------------------------
     def run(self, *, plan_flush_s: float) -> SimulationResult:
         for _ in range(_MAX_EVENTS):
             if self._finished():
                 return self._result(plan_flush_s)
-            self._start_jobs()
+            self.writers.start_jobs(self.t)
             upload_rates, loader_total = self._rates()
             compute_rate = self._compute_rate(loader_total)
             dt = self._horizon(upload_rates, compute_rate)
@@ -156,12 +111,12 @@ class _Simulator:
     def _finished(self) -> bool:
         requested = len(self.records)
         idle_training = self.phase == "compute" and math.isinf(self.compute_left)
-        drained = not any(c.pending() for c in self.classes)
+        drained = not self.writers.busy()
         return requested == self.config.checkpoints and idle_training and drained
 
     def _rates(self) -> tuple[list[float], float]:
         """Per-rank upload rate of each class (0 when idle) and the loaders' aggregate read rate."""
-        active = [c for c in self.classes if c.queues[-1]]
+        active = self.writers.uploading()
         loader_on = self.phase == "compute" and self.loader_per_rank > 0
         flows = [(c.count, self._writer_cap(c)) for c in active]
         if loader_on:
@@ -180,7 +135,7 @@ class _Simulator:
             rates[c.index] = r
         return rates, loader_total
 
-    def _writer_cap(self, c: _ClassState) -> float:
+    def _writer_cap(self, c: ClassWriter) -> float:
         """One rank's upload cap: the store's per-writer cap, held to its paced rate while its flush is the newest
         save's (a later request sends it to full speed, as the engine's ``hurry``)."""
         cap, pace = self.storage.per_writer_bytes_per_s, self.config.pace
@@ -195,27 +150,10 @@ class _Simulator:
             return 1.0
         return min(1.0, loader_total / self.config.loader_read_bytes_per_s)
 
-    def _stage_rate(self, stage: int, c: _ClassState, upload_rates: list[float]) -> float:
-        """Bytes/s one rank of ``c`` moves through ``stage`` now."""
-        name = self.stages[stage]
-        if name == UPLOAD:
-            return upload_rates[c.index]
-        if name == SERIALIZE:
-            return self.storage.serialize_bytes_per_s
-        assert self.config.local_bytes_per_s is not None
-        return self.config.local_bytes_per_s / self.config.ranks_per_node
-
-    def _running(self) -> Iterator[tuple[int, _ClassState, _Job]]:
-        """``(stage, class, job)`` of each stage's head job that has started."""
-        for c in self.classes:
-            for stage, queue in enumerate(c.queues):
-                if queue and queue[0].started is not None:
-                    yield stage, c, queue[0]
-
     def _horizon(self, upload_rates: list[float], compute_rate: float) -> float:
         dt = math.inf
-        for stage, c, job in self._running():
-            rate = self._stage_rate(stage, c, upload_rates)
+        for stage, c, job in self.writers.running():
+            rate = self.writers.stage_rate(stage, c, upload_rates)
             if rate > 0:
                 dt = min(dt, job.remaining / rate)
         if self.phase == "compute" and compute_rate > 0:
@@ -227,10 +165,10 @@ class _Simulator:
         return max(dt, 0.0)
 
     def _advance(self, dt: float, upload_rates: list[float], compute_rate: float) -> None:
-        for stage, c, job in self._running():
-            moved = min(job.remaining, self._stage_rate(stage, c, upload_rates) * dt)
+        for stage, c, job in self.writers.running():
+            moved = min(job.remaining, self.writers.stage_rate(stage, c, upload_rates) * dt)
             job.remaining -= moved
-            if self.stages[stage] == UPLOAD:
+            if self.writers.stages[stage] == UPLOAD:
                 self.bytes_written += moved * c.count
         if dt > 0:
             demand = sum(upload_rates[c.index] * c.count for c in self.classes)
@@ -263,43 +201,20 @@ class _Simulator:
         return len(self.records) < self.config.checkpoints or self.phase != "compute"
 
     # ---- completions ---------------------------------------------------------------------------------------
-    def _start_jobs(self) -> None:
-        for c in self.classes:
-            for stage, queue in enumerate(c.queues):
-                if not queue or queue[0].started is not None:
-                    continue
-                if self.stages[stage] == LOCAL_WRITE:
-                    if c.local_held >= self.local_slots:
-                        continue  # the local tier is full until a drain finishes
-                    c.local_held += 1
-                queue[0].started = self.t
-
     def _complete_jobs(self) -> None:
         """Move each finished head job to its next stage; repeat while zero-byte jobs pass through."""
         moved = True
         while moved:
-            self._start_jobs()
+            self.writers.start_jobs(self.t)
             moved = False
-            for stage, c, job in list(self._running()):
+            for stage, c, job in list(self.writers.running()):
                 if job.remaining > _EPS_S * max(c.bytes, 1.0):
                     continue
-                c.queues[stage].popleft()
-                self._stage_done(stage, c, job)
+                name = self.writers.stages[stage]
+                self.records[job.ckpt].phases.append((c.index, name, job.started or self.t, self.t))
+                if self.writers.hand_on(stage, c):
+                    self._class_done(job.ckpt)
                 moved = True
-
-    def _stage_done(self, stage: int, c: _ClassState, job: _Job) -> None:
-        name = self.stages[stage]
-        self.records[job.ckpt].phases.append((c.index, name, job.started or self.t, self.t))
-        if name == LOCAL_WRITE:
-            c.slots_used -= 1  # the staging slot is free once the local tier holds the bytes
-        if stage + 1 < len(self.stages):
-            c.queues[stage + 1].append(_Job(job.ckpt, c.bytes))
-            return
-        if self.config.mode == "async":
-            c.slots_used -= 1
-        elif self.config.mode == "tiered":
-            c.local_held -= 1
-        self._class_done(job.ckpt)
 
     def _class_done(self, ckpt: int) -> None:
         self.done_classes[ckpt] = self.done_classes.get(ckpt, 0) + 1
@@ -315,21 +230,18 @@ class _Simulator:
         more = len(self.records) < self.config.checkpoints
         if self.phase == "compute" and self.compute_left <= _EPS_S and more:
             self._request_save()
-        if self.phase == "waiting" and self._slot_free():
+        if self.phase == "waiting" and self.writers.slot_free():
             self._start_copy()
         if self.phase == "copying" and self.copy_left <= _EPS_S:
             self._copy_done()
         if self.phase == "sync" and self.records[-1].committed_s is not None:
             self._resume()
 
-    def _slot_free(self) -> bool:
-        return self.config.mode == "sync" or all(c.slots_used < self.config.max_pending for c in self.classes)
-
     def _request_save(self) -> None:
         record = CheckpointRecord(index=len(self.records), requested_s=self.t,
-                                  queue_depth=max(c.pending() for c in self.classes))
+                                  queue_depth=self.writers.deepest_queue())
         self.records.append(record)
-        if self._slot_free():
+        if self.writers.slot_free():
             self._start_copy()
         elif self.config.overflow == "skip":
             record.skipped = True
@@ -343,10 +255,7 @@ class _Simulator:
     def _copy_done(self) -> None:
         record = self.records[-1]
         record.returned_s = self.t
-        for c in self.classes:
-            c.queues[0].append(_Job(record.index, c.bytes))
-            c.slots_used += self.config.mode != "sync"
-        self.peak_slots = max(self.peak_slots, *(c.slots_used for c in self.classes))
+        self.peak_slots = max(self.peak_slots, self.writers.enqueue(record.index))
         if self.config.mode == "sync":
             self.phase = "sync"
             self._complete_jobs()  # a class with nothing to write is done at once

@@ -1,8 +1,8 @@
 """What goes into the burst simulator and what comes out: its configuration, one record per save, the result.
 
 Owns the validated :class:`SimulationConfig` and the result types ``ckptio simulate --json`` prints and
-``plan.simulation.events`` turns into events. Must never run the model (``plan.simulation.burst`` does): these are
-plain data.
+``plan.simulation.simulation_events`` turns into events. Must never run the model (``plan.simulation.burst``
+does): these are plain data.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """POSIX directory storage: local NVMe/RAM tiers and parallel filesystems (Lustre, GPFS, NFS, …).
 
 Atomicity comes from the filesystem: data goes to a hidden temp file in the target directory, is fsynced, then
-``os.replace``d (overwrite) or ``os.link``ed (create-only: ``link`` fails when the target exists, on every POSIX
-filesystem including NFS), and the directory is fsynced so the name survives a power loss.
+``os.replace``d (overwrite) or published by a conditional write (:mod:`ckptio.storage.posix.exclusion`: create-only
+by ``link()``, compare-and-swap under an ``O_EXCL`` lock file; both exclude writers on other clients of a shared
+filesystem, never relying on ``flock``), and the directory is fsynced so the name survives a power loss.
 This module must never leave a temp file behind on a clean error path.
 
 Containment: a key names a path under the root and nothing else. ``..`` segments are refused, and so is any key
@@ -14,14 +15,22 @@ system call is a residual race; docs/security.md.)
 
 from __future__ import annotations
 
+import builtins
 import errno
-import fcntl
 import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from ckptio.errors import AlreadyExistsError, NotFoundError, PreconditionError, StorageError, StorageFullError
+from ckptio.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    NotFoundError,
+    PreconditionError,
+    StorageError,
+    StorageFullError,
+)
 from ckptio.storage.base import (
     Buffer,
     Data,
@@ -30,6 +39,7 @@ from ckptio.storage.base import (
     Pacer,
     PutMode,
     Storage,
+    WriteConditions,
     WriteMode,
     as_buffers,
     check_put_mode,
@@ -44,9 +54,15 @@ from ckptio.storage.posix.direct_io import (
     write_all,
     write_direct,
 )
+from ckptio.storage.posix.exclusion import Exclusion
+from ckptio.storage.posix.fs_ops import TMP_PREFIX, FileSystemOps
+from ckptio.storage.posix.root import PosixRoot
 from ckptio.storage.posix.writeback import PacedWriteback
+from ckptio.storage.root import Root
 
-TMP_PREFIX = ".tmp-"
+# TMP_PREFIX is re-exported: the partner channel names its temp files with it.
+__all__ = ["READ_MIN_BYTES", "TMP_PREFIX", "PosixStorage"]
+
 # os.write moves at most ~2 GiB per call; 64 MiB slices keep the kernel's page cache writeback smooth.
 _WRITE_SLICE = 64 << 20
 # A paced write's slice: the direct path's chunk, so that both reach the disk in pieces of one size.
@@ -93,14 +109,17 @@ class PosixStorage(Storage):
     ``direct_io``: write large objects with ``O_DIRECT``, bypassing the page cache
     (:mod:`ckptio.storage.posix.direct_io` says why). ``None`` (the default) does so for objects of 16 MiB or more when
     ``fsync`` is on, and falls back to buffered writes for good on a filesystem that refuses it; ``False`` never;
-    ``True`` for every object.
+    ``True`` for every object. ``ops``: the filesystem operations exclusion rests on
+    (:class:`~ckptio.storage.posix.fs_ops.FileSystemOps`; tests stand in a filesystem that refuses some).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, region: str | None = None,
-                 direct_io: bool | None = None) -> None:
+                 direct_io: bool | None = None, ops: FileSystemOps | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
         self.direct_io = direct_io
+        self.ops = ops or FileSystemOps()
+        self._exclusion = Exclusion(self.ops)
         self._direct_refused = False
         self._region = region
         # Percent-encoded (spaces, non-ASCII): ckptio.storage.parse_root turns it back into self.root.
@@ -110,20 +129,36 @@ class PosixStorage(Storage):
     def url(self) -> str:
         return self._url
 
+    @classmethod
+    def open_root(cls, root: Root, **options: Any) -> PosixStorage:
+        """The storage of a directory root (the scheme registry's entry point); ``options`` are the keywords of
+        the constructor."""
+        if not isinstance(root, PosixRoot):
+            raise ConfigError(f"not a directory root: {root.url}")
+        try:
+            return cls(root.path, **options)
+        except TypeError as exc:
+            raise ConfigError(f"unknown POSIX storage option: {exc}") from None
+
+    def local_directory(self) -> PosixStorage:
+        return self
+
     @property
-    def is_posix(self) -> bool:
-        return True
+    def write_conditions(self) -> WriteConditions:
+        create = "an O_EXCL lock file, then rename()" if self._exclusion.link_refused else "link()"
+        return WriteConditions(create=create, swap="an O_EXCL lock file, then rename()")
 
     @property
     def region(self) -> str | None:
         return self._region
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "fsync": self.fsync, "region": self._region, "direct_io": self.direct_io}
+        return {"root": self.root, "fsync": self.fsync, "region": self._region, "direct_io": self.direct_io,
+                "ops": self.ops}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["root"], fsync=state["fsync"], region=state["region"],  # type: ignore[misc]
-                      direct_io=state.get("direct_io"))
+                      direct_io=state.get("direct_io"), ops=state.get("ops"))
 
     def local_path(self, key: str) -> str:
         """The path of ``key``; StorageError when the key is not a plain relative key or when the path goes through
@@ -164,6 +199,10 @@ class PosixStorage(Storage):
 
         return self._commit(key, copy, check_put_mode(mode))
 
+    def copy_to(self, key: str, target: Storage, target_key: str, *, pacer: Pacer | None = None) -> ObjectInfo:
+        """Streams the file into ``target`` (:meth:`Storage.put_file`: S3 uploads it part by part)."""
+        return target.put_file(target_key, self.local_path(key), pacer=pacer)
+
     def _commit(self, key: str, fill: Callable[[str], None], mode: PutMode) -> ObjectInfo:
         path = self.local_path(key)
         directory, name = os.path.split(path)
@@ -171,15 +210,13 @@ class PosixStorage(Storage):
         try:
             self._makedirs(directory)
             fill(tmp)
-            if isinstance(mode, IfMatch):
-                self._replace_if_match(tmp, path, key, mode.etag)
-            elif mode == "create":
-                self._link_create(tmp, path, key)
-            else:
-                os.replace(tmp, path)
+            # The published file is this one (rename and link keep the inode and mtime): its etag is the answer,
+            # never a stat of the name afterwards, which a racing writer may already have replaced.
+            st = os.stat(tmp)
+            self._publish(tmp, path, key, mode)
             if self.fsync:
                 _fsync_dir(directory)
-            return ObjectInfo(key=join_key(key), size=os.stat(path).st_size, etag=_etag(os.stat(path)))
+            return ObjectInfo(key=join_key(key), size=st.st_size, etag=_etag(st))
         except OSError as exc:
             if isinstance(exc, StorageError):
                 raise
@@ -189,6 +226,17 @@ class PosixStorage(Storage):
                 os.unlink(tmp)
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
+
+    def _publish(self, tmp: str, path: str, key: str, mode: PutMode) -> None:
+        if isinstance(mode, IfMatch):
+            etag = mode.etag
+            if not self._exclusion.swap(tmp, path, lambda st: st is not None and _etag(st) == etag):
+                raise PreconditionError(f"{key!r} changed (its etag is no longer {etag})", root=self.url, path=path)
+        elif mode == "create":
+            if not self._exclusion.create(tmp, path):
+                raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=path)
+        else:
+            os.replace(tmp, path)
 
     def _try_direct(self, tmp: str, size: int, parts: Iterable[memoryview], pacer: Pacer | None) -> bool:
         """Write ``tmp`` with O_DIRECT when this storage should; False when it wrote nothing (write buffered)."""
@@ -226,30 +274,6 @@ class PosixStorage(Storage):
                 os.fsync(fd)
         finally:
             os.close(fd)
-
-    def _link_create(self, tmp: str, path: str, key: str) -> None:
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise AlreadyExistsError(f"{key!r} already exists", root=self.url, path=path) from None
-
-    def _replace_if_match(self, tmp: str, path: str, key: str, if_match: str) -> None:
-        # flock on the directory serialises compare-and-swap between processes on this host; cross-host CAS on a
-        # shared filesystem is only as good as its flock (Lustre/GPFS honour it, some NFS mounts do not).
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(dfd, fcntl.LOCK_EX)
-            try:
-                current = _etag(os.stat(path))
-            except FileNotFoundError:
-                current = None
-            if current != if_match:
-                raise PreconditionError(
-                    f"{key!r} changed (etag {current} != {if_match})", root=self.url, path=path
-                )
-            os.replace(tmp, path)
-        finally:
-            os.close(dfd)
 
     def _makedirs(self, directory: str) -> None:
         if os.path.isdir(directory):
@@ -343,6 +367,20 @@ class PosixStorage(Storage):
                 except FileNotFoundError:  # deleted while listing
                     continue
                 yield ObjectInfo(key=key, size=st.st_size, etag=_etag(st))
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """One ``os.scandir`` of the directory ``prefix``: its subdirectories, never a walk below them (a root
+        holding many steps costs one directory read, not a stat of every file). Links are not followed, as for
+        every key; a directory a crashed writer left empty may be listed (the contract allows it)."""
+        base = join_key(prefix)
+        top = self.local_path(base) if base else self.root
+        try:
+            with os.scandir(top) as entries:
+                return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise self._error(exc, base) from exc
 
     def delete(self, key: str) -> None:
         path = self.local_path(key)

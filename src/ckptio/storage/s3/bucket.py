@@ -1,8 +1,8 @@
 """Where an S3 bucket's bytes live and who can read them: the placement capabilities of :class:`S3Storage`.
 
 Owns the read-only bucket calls behind ``S3Storage.region`` (HeadBucket) and ``S3Storage.public_exposure()``
-(public-access block, policy status, ACL), each retried like any S3 request. It must never write, and never
-change a bucket setting.
+(public-access block, policy status, ACL), each sent through the storage's transport and retried like any
+request. It must never write, and never change a bucket setting.
 
 Public means: the bucket's public-access block is absent or not fully on, AND either its policy status says
 ``IsPublic`` or its ACL grants to AllUsers/AuthenticatedUsers. A setting that cannot be read raises
@@ -15,12 +15,12 @@ identity may not read it".
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ckptio.errors import StorageError, StoreCapabilityError
 from ckptio.storage.base import Exposure
 from ckptio.storage.s3.options import status_code
+from ckptio.storage.s3.transport import S3Transport
 
 _PUBLIC_GROUPS = (
     "http://acs.amazonaws.com/groups/global/AllUsers",
@@ -32,25 +32,11 @@ _UNSUPPORTED_STATUS = frozenset({501, 405})
 _UNSUPPORTED_CODES = frozenset({"NotImplemented", "MethodNotAllowed"})
 
 
-class Bucket(Protocol):
-    """What these reads need of an :class:`~ckptio.storage.s3.s3_storage.S3Storage` (named structurally: no import
-    cycle)."""
 
-    bucket: str
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def client(self) -> Any: ...
-
-    def _call(self, key: str, fn: Callable[[], Any]) -> Any: ...
-
-
-def read_region(store: Bucket) -> str:
+def read_region(store: S3Transport) -> str:
     """The bucket's own region (``x-amz-bucket-region``), not the client's signing region."""
     try:
-        resp = store._call("", lambda: store.client.head_bucket(Bucket=store.bucket))
+        resp = store.request("head_bucket")
         headers = resp["ResponseMetadata"]["HTTPHeaders"]
     except StorageError as exc:
         # A HeadBucket sent to the wrong region answers 301/400 but still names the bucket's region.
@@ -65,21 +51,20 @@ def read_region(store: Bucket) -> str:
     return str(headers["x-amz-bucket-region"])
 
 
-def read_exposure(store: Bucket) -> Exposure:
+def read_exposure(store: S3Transport) -> Exposure:
     """Whether the bucket is public, and why; StorageError when one of its settings cannot be read."""
-    bucket, client = store.bucket, store.client
-    block = _read(store, "public-access block", lambda: client.get_public_access_block(Bucket=bucket),
+    bucket = store.bucket
+    block = _read(store, "public-access block", "get_public_access_block",
                   missing=("NoSuchPublicAccessBlockConfiguration",))
     config = (block or {}).get("PublicAccessBlockConfiguration", {})
     if all(config.get(flag) for flag in _BLOCK_FLAGS):
         # A full block overrides any policy or ACL.
         return Exposure(public=False, detail=f"bucket {bucket!r} has a full public-access block")
-    status = _read(store, "policy status", lambda: client.get_bucket_policy_status(Bucket=bucket),
-                   missing=("NoSuchBucketPolicy",))
+    status = _read(store, "policy status", "get_bucket_policy_status", missing=("NoSuchBucketPolicy",))
     if (status or {}).get("PolicyStatus", {}).get("IsPublic"):
         return Exposure(public=True, detail=f"bucket {bucket!r} is public: its bucket policy grants public "
                         "access and its public-access block is not fully on")
-    acl = _read(store, "ACL", lambda: client.get_bucket_acl(Bucket=bucket), missing=())
+    acl = _read(store, "ACL", "get_bucket_acl", missing=())
     for grant in (acl or {}).get("Grants", []):
         uri = grant.get("Grantee", {}).get("URI")
         if uri in _PUBLIC_GROUPS:
@@ -89,12 +74,10 @@ def read_exposure(store: Bucket) -> Exposure:
     return Exposure(public=False, detail=f"bucket {bucket!r} grants no public access by policy or ACL")
 
 
-def _read(
-    store: Bucket, what: str, call: Callable[[], dict[str, Any]], *, missing: tuple[str, ...]
-) -> dict[str, Any] | None:
+def _read(store: S3Transport, what: str, operation: str, *, missing: tuple[str, ...]) -> dict[str, Any] | None:
     """One read-only bucket call; None when the setting does not exist."""
     try:
-        return store._call("", call)
+        return store.request(operation)
     except StorageError as exc:
         status, code = status_code(exc.__cause__)
         if code in missing:

@@ -6,41 +6,21 @@ here each part's response is read from the socket into its own slice of the buff
 response), so a byte is copied once, by the kernel. A range larger than ``S3Options.read_part_size`` is split
 into parts fetched concurrently (``S3Options.max_concurrency``), as boto3's ``download_fileobj`` and s5cmd do.
 
-Retries are the storage's own (``S3Storage._call``): a part whose transfer fails is fetched again from its start,
+Requests go through the storage's transport (:class:`~ckptio.storage.s3.transport.S3Transport`), which retries
+them: a part whose transfer fails is fetched again from its start,
 overwriting what the failed attempt left in its slice. Nothing here decides whether bytes are right: the caller
 checks its checksums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from ckptio.errors import StorageError
-from ckptio.storage.base import ObjectInfo
-from ckptio.storage.s3.options import S3Options, status_code
-
-_T = TypeVar("_T")
-
-class S3Reads(Protocol):
-    """What these reads use of :class:`~ckptio.storage.s3.s3_storage.S3Storage` (named structurally: s3.py imports this
-    module, so this module must not import it back)."""
-
-    bucket: str
-    options: S3Options
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def client(self) -> Any: ...
-
-    def _full(self, key: str) -> str: ...
-
-    def _call(self, key: str, fn: Callable[[], _T]) -> _T: ...
-
-    def head(self, key: str) -> ObjectInfo: ...
+from ckptio.storage.s3.options import status_code
+from ckptio.storage.s3.transport import S3Transport
 
 
 def slice_views(views: Sequence[memoryview], start: int, length: int) -> list[memoryview]:
@@ -79,14 +59,14 @@ def _fill(body: Any, views: Sequence[memoryview]) -> int:
     return done
 
 
-def _get_part(storage: S3Reads, key: str, start: int, views: Sequence[memoryview]) -> int:
+def _get_part(transport: S3Transport, key: str, start: int, views: Sequence[memoryview]) -> int:
     from botocore.exceptions import IncompleteReadError
 
     length = sum(v.nbytes for v in views)
-    full = storage._full(key)
+    full = transport.object_key(key)
 
-    def fetch() -> int:
-        resp = storage.client.get_object(Bucket=storage.bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
+    def fetch(client: Any) -> int:
+        resp = client.get_object(Bucket=transport.bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
         body = resp["Body"]
         expected = int(resp.get("ContentLength", length))
         try:
@@ -104,29 +84,29 @@ def _get_part(storage: S3Reads, key: str, start: int, views: Sequence[memoryview
         return got
 
     try:
-        return storage._call(key, fetch)
+        return transport.call(key, fetch)
     except StorageError as exc:
         if status_code(exc.__cause__)[0] == 416:  # the range starts at or past the end: nothing to read
             return 0
         raise
 
 
-def readinto(storage: S3Reads, key: str, views: Sequence[memoryview], offset: int) -> int:
+def readinto(transport: S3Transport, key: str, views: Sequence[memoryview], offset: int) -> int:
     """:meth:`ckptio.storage.base.Storage.readinto` for S3: ``read_part_size`` ranges fetched concurrently."""
     if offset < 0:
-        raise StorageError(f"invalid range offset={offset} on {key!r}", root=storage.url)
+        raise StorageError(f"invalid range offset={offset} on {key!r}", root=transport.url)
     total = sum(v.nbytes for v in views)
     if total == 0:
-        storage.head(key)  # a missing key still raises NotFoundError
+        transport.request("head_object", key)  # a missing key still raises NotFoundError
         return 0
-    part = storage.options.read_part_size
+    part = transport.options.read_part_size
     starts = list(range(0, total, part))
     parts = [slice_views(views, s, min(part, total - s)) for s in starts]
     if len(parts) == 1:
-        return _get_part(storage, key, offset, parts[0])
-    workers = min(storage.options.max_concurrency, len(parts))
+        return _get_part(transport, key, offset, parts[0])
+    workers = min(transport.options.max_concurrency, len(parts))
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptio-s3-read") as pool:
-        futures = [pool.submit(_get_part, storage, key, offset + s, p) for s, p in zip(starts, parts, strict=True)]
+        futures = [pool.submit(_get_part, transport, key, offset + s, p) for s, p in zip(starts, parts, strict=True)]
         try:
             got = [f.result() for f in futures]
         finally:

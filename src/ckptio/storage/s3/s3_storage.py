@@ -1,16 +1,12 @@
 """S3 (and S3-protocol) storage: the durable tier of a checkpoint root ``s3://bucket/prefix``.
 
-Owns the S3 client of each process, multipart uploads, conditional writes (``If-None-Match: *`` for
-create-only, ``If-Match`` for compare-and-swap), retries and the mapping of S3 errors onto
-:mod:`ckptio.errors`. Options and the retry classification live in :mod:`ckptio.storage.s3.options`; the
-bucket's placement (region, public exposure) is read by :mod:`ckptio.storage.s3.bucket`.
-It must never hand a half-written object to a reader (PUT and CompleteMultipartUpload are atomic on S3), never
-leave a multipart upload open after a failure it saw, and never retry a request whose failure is permanent.
-
-Retries are ours, not botocore's (botocore's retries are switched off): a create-only write retried after an
-attempt whose outcome is unknown (dropped connection, timeout, 5xx) may meet 412 *because of its own
-earlier success*; only the code that knows it retried can tell, by comparing the stored write token with
-its own.
+Owns multipart uploads, conditional writes (``If-None-Match: *`` for create-only, ``If-Match`` for
+compare-and-swap) and what a lost condition means. Every request goes through the storage's transport
+(:mod:`ckptio.storage.s3.transport`: the client, retries, error mapping); options and the retry classification live
+in :mod:`ckptio.storage.s3.options`; the bucket's placement (region, public exposure) is read by
+:mod:`ckptio.storage.s3.bucket`. It must never hand a half-written object to a reader (PUT and
+CompleteMultipartUpload are atomic on S3), never leave a multipart upload open after a failure it saw, and never
+retry a request whose failure is permanent.
 """
 
 from __future__ import annotations
@@ -19,20 +15,13 @@ import builtins
 import contextlib
 import functools
 import os
-import random
 import secrets
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import Any
 
-from ckptio.errors import (
-    ConfigError,
-    NotFoundError,
-    StorageError,
-)
+from ckptio.errors import ConfigError, NotFoundError, StorageError
 from ckptio.storage.base import (
     HASHED_DIR_PREFIX,
     Buffer,
@@ -43,18 +32,21 @@ from ckptio.storage.base import (
     Pacer,
     PutMode,
     Storage,
+    WriteConditions,
     WriteMode,
     as_buffers,
     check_put_mode,
     hashed_key,
     join_key,
 )
-from ckptio.storage.root import S3Root, parse_root
+from ckptio.storage.root import Root
 from ckptio.storage.s3 import ranged_read
 from ckptio.storage.s3.bucket import read_exposure, read_region
 from ckptio.storage.s3.conditions import condition_lost, lost_condition_error
-from ckptio.storage.s3.options import S3Options, is_transient, make_client, sends_checksums, status_code
+from ckptio.storage.s3.options import S3Options, status_code
 from ckptio.storage.s3.parts import CHECKSUM_ALGORITHM, FileSlice, MiB, SegmentReader, choose_part_size, split_parts
+from ckptio.storage.s3.root import S3Root, parse_s3_url
+from ckptio.storage.s3.transport import S3Transport
 
 # HASHED_DIR_PREFIX, hashed_key and MiB are re-exported: callers imported them from here before.
 __all__ = ["HASHED_DIR_PREFIX", "MiB", "S3Options", "S3Storage", "hashed_key"]
@@ -62,8 +54,8 @@ __all__ = ["HASHED_DIR_PREFIX", "MiB", "S3Options", "S3Storage", "hashed_key"]
 # User metadata naming the write (a random token per put call): how a retried conditional write recognises
 # its own earlier success. S3 returns it on HEAD as x-amz-meta-ckptio-write.
 _TOKEN_META = "ckptio-write"
+_CONDITIONS = WriteConditions(create="If-None-Match: *", swap="If-Match")
 
-_T = TypeVar("_T")
 _Body = Callable[[], SegmentReader | FileSlice]  # a fresh reader per attempt: botocore may have read the last
 
 
@@ -79,22 +71,42 @@ class S3Storage(Storage):
             raise ConfigError(f"unknown S3 option: {exc}") from None
         self.bucket = bucket
         self.prefix = join_key(prefix)
-        self._url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.transport = S3Transport(bucket, self.prefix, self.options)
         self._bucket_region: str | None = None
-        self._reset_process_state()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Storage:
         """``s3://bucket/prefix`` → storage; ``options`` are :class:`S3Options` fields."""
-        root = parse_root(url)
-        if not isinstance(root, S3Root):
+        if not url.lower().startswith("s3://"):
             raise ConfigError(f"not an s3:// URL: {url!r}")
+        return cls.open_root(parse_s3_url(url), **options)
+
+    @classmethod
+    def open_root(cls, root: Root, **options: Any) -> S3Storage:
+        """The storage of an ``s3://`` root (the scheme registry's entry point)."""
+        if not isinstance(root, S3Root):
+            raise ConfigError(f"not an S3 root: {root.url}")
         return cls(root.bucket, root.prefix, **options)
 
     # ---- capabilities --------------------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return self._url
+        return self.transport.url
+
+    @property
+    def store_id(self) -> str:
+        """The URL and the endpoint it is reached at: one bucket name on two servers is two stores."""
+        endpoint = self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") \
+            or os.environ.get("AWS_ENDPOINT_URL") or "aws"
+        return f"{self.url} at {endpoint}"
+
+    @property
+    def write_conditions(self) -> WriteConditions:
+        return _CONDITIONS
+
+    @property
+    def writes_in_parts(self) -> bool:
+        return True
 
     @property
     def hash_prefix(self) -> bool:
@@ -108,82 +120,30 @@ class S3Storage(Storage):
     def region(self) -> str | None:
         """The bucket's region (HeadBucket ``x-amz-bucket-region``), read once per process."""
         if self._bucket_region is None:
-            self._bucket_region = read_region(self)
+            self._bucket_region = read_region(self.transport)
         return self._bucket_region
 
     def public_exposure(self) -> Exposure:
         """Read now, never cached: a bucket policy or ACL can change under a running job."""
-        return read_exposure(self)
+        return read_exposure(self.transport)
 
-    def _reset_process_state(self) -> None:
-        self._client: Any = None
-        self._client_pid = 0
-        self._client_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        #: Requests sent and retries made by this process (for probes, benches and tests).
-        self.stats = {"requests": 0, "retries": 0}
+    @property
+    def client(self) -> Any:
+        """This process's boto3 S3 client (the transport's)."""
+        return self.transport.client
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Requests sent and retries made by this process (for probes, benches and tests)."""
+        return self.transport.stats
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "bucket": self.bucket,
-            "prefix": self.prefix,
-            "options": asdict(self.options),
-            "bucket_region": self._bucket_region,
-        }
+        return {"bucket": self.bucket, "prefix": self.prefix, "options": asdict(self.options),
+                "bucket_region": self._bucket_region}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["bucket"], state["prefix"], **state["options"])  # type: ignore[misc]
         self._bucket_region = state["bucket_region"]
-
-    # ---- client and retries --------------------------------------------------------------------------------
-    @property
-    def client(self) -> Any:
-        """This process's boto3 S3 client (thread-safe; created on first use)."""
-        if self._client is None or self._client_pid != os.getpid():
-            with self._client_lock:
-                if self._client is None or self._client_pid != os.getpid():
-                    # A forked child must not share the parent's connections: it opens its own client.
-                    self._client, self._client_pid = make_client(self.options), os.getpid()
-        return self._client
-
-    def _full(self, key: str) -> str:
-        clean = join_key(key)
-        if not clean or key.startswith("/"):
-            raise StorageError(f"invalid key {key!r}", root=self.url)
-        return f"{self.prefix}/{clean}" if self.prefix else clean
-
-    def _count(self, name: str) -> None:
-        with self._stats_lock:
-            self.stats[name] += 1
-
-    def _call(self, key: str, fn: Callable[[], _T], *, attempts_seen: list[int] | None = None) -> _T:
-        """Run one request with bounded exponential backoff and full jitter on transient failures."""
-        opts = self.options
-        for attempt in range(opts.max_attempts):
-            self._count("requests")
-            if attempts_seen is not None:
-                attempts_seen.append(attempt)
-            try:
-                return fn()
-            except Exception as exc:
-                if not is_transient(exc) or attempt + 1 == opts.max_attempts:
-                    raise self._error(exc, key) from exc
-            self._count("retries")
-            time.sleep(random.uniform(0, min(opts.retry_cap_s, opts.retry_base_s * 2**attempt)))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _error(self, exc: Exception, key: str) -> StorageError:
-        if isinstance(exc, StorageError):
-            return exc
-        status, code = status_code(exc)
-        path = f"s3://{self.bucket}/{self._full(key)}" if key else self.url
-        if code == "NoSuchBucket":
-            return StorageError(f"bucket {self.bucket!r} does not exist", root=self.url, path=path)
-        if status == 404 or code in ("NoSuchKey", "NotFound"):
-            return NotFoundError(f"no such object {key!r}", root=self.url, path=path)
-        if status is not None:
-            return StorageError(f"S3 {code or status} on {key!r}: {exc}", root=self.url, path=path)
-        return StorageError(f"S3 request failed on {key!r}: {exc}", root=self.url, path=path)
 
     # ---- primitives ----------------------------------------------------------------------------------------
     def put(self, key: str, data: Data, *, mode: PutMode = "overwrite", pacer: Pacer | None = None) -> ObjectInfo:
@@ -217,7 +177,7 @@ class S3Storage(Storage):
 
     def put_parts(self, key: str, parts: Sequence[bytes], *, mode: PutMode = "overwrite") -> ObjectInfo:
         """``parts`` as the parts of one multipart upload, whatever their size (the capability probe's check that
-        the store takes multipart uploads: one small part is a valid upload, being the last part)."""
+        the store completes multipart uploads: one small part is a valid upload, being the last part)."""
         check_put_mode(mode)
         bodies = [functools.partial(SegmentReader, [memoryview(p)]) for p in parts]
         return self._put_multipart(key, bodies, sum(len(p) for p in parts), mode)
@@ -230,18 +190,18 @@ class S3Storage(Storage):
 
     def _checksum(self, body: SegmentReader | FileSlice | None) -> dict[str, str]:
         """CRC32C arguments of an upload request (of CreateMultipartUpload: the declaration), unless turned off."""
-        if not sends_checksums(self.client):
+        if not self.transport.sends_checksums:
             return {}
         return {"ChecksumAlgorithm": CHECKSUM_ALGORITHM} if body is None else body.checksum_args()
 
     def _put_single(self, key: str, body: _Body, size: int, mode: PutMode) -> ObjectInfo:
-        full, token = self._full(key), secrets.token_hex(8)
+        full, token = self.transport.object_key(key), secrets.token_hex(8)
         attempts: list[int] = []
         extra = {**self._conditions(mode), **self._checksum(body())}
         try:
-            resp = self._call(
+            resp = self.transport.call(
                 key,
-                lambda: self.client.put_object(
+                lambda client: client.put_object(
                     Bucket=self.bucket, Key=full, Body=body(), ContentLength=size,
                     Metadata={_TOKEN_META: token}, **extra,
                 ),
@@ -259,33 +219,25 @@ class S3Storage(Storage):
         mode: PutMode,
         pacer: Pacer | None = None,
     ) -> ObjectInfo:
-        full, token = self._full(key), secrets.token_hex(8)
+        full, token = self.transport.object_key(key), secrets.token_hex(8)
         extra = self._conditions(mode)
-        upload_id = self._call(
-            key,
-            lambda: self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=full, Metadata={_TOKEN_META: token}, **self._checksum(None)
-            ),
-        )["UploadId"]
+        upload_id = self.transport.request("create_multipart_upload", key, Metadata={_TOKEN_META: token},
+                                           **self._checksum(None))["UploadId"]
         try:
             parts = self._upload_parts(key, full, upload_id, bodies, pacer)
             attempts: list[int] = []
             try:
-                resp = self._call(
+                resp = self.transport.call(
                     key,
-                    lambda: self.client.complete_multipart_upload(
-                        Bucket=self.bucket,
-                        Key=full,
-                        UploadId=upload_id,
-                        MultipartUpload={"Parts": parts},
-                        **extra,
+                    lambda client: client.complete_multipart_upload(
+                        Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}, **extra,
                     ),
                     attempts_seen=attempts,
                 )
             except StorageError as exc:
                 return self._settle_conflict(key, exc, token, mode, attempts)
         except BaseException:
-            self._abort(key, full, upload_id)
+            self._abort(key, upload_id)
             raise
         return ObjectInfo(key=join_key(key), size=size, etag=_etag(resp["ETag"]))
 
@@ -299,9 +251,9 @@ class S3Storage(Storage):
             if pacer is not None:
                 pacer.take(len(body()))
             checksum = self._checksum(body())  # once: every attempt sends the bytes this was computed over
-            resp = self._call(
+            resp = self.transport.call(
                 key,
-                lambda: self.client.upload_part(
+                lambda client: client.upload_part(
                     Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body(), **checksum
                 ),
             )
@@ -317,13 +269,10 @@ class S3Storage(Storage):
                 for f in futures:  # a failed part stops the rest from starting; running ones finish
                     f.cancel()
 
-    def _abort(self, key: str, full: str, upload_id: str) -> None:
+    def _abort(self, key: str, upload_id: str) -> None:
         # The original failure matters more; a lifecycle rule reaps what an abort could not.
         with contextlib.suppress(StorageError):
-            self._call(
-                key,
-                lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id),
-            )
+            self.transport.request("abort_multipart_upload", key, UploadId=upload_id)
 
     def _settle_conflict(
         self, key: str, exc: StorageError, token: str, mode: PutMode, attempts: list[int]
@@ -346,8 +295,7 @@ class S3Storage(Storage):
         raise error from None
 
     def _head_with_token(self, key: str) -> tuple[ObjectInfo, str | None]:
-        full = self._full(key)
-        resp = self._call(key, lambda: self.client.head_object(Bucket=self.bucket, Key=full))
+        resp = self.transport.request("head_object", key)
         info = ObjectInfo(key=join_key(key), size=int(resp["ContentLength"]), etag=_etag(resp["ETag"]))
         return info, resp.get("Metadata", {}).get(_TOKEN_META)
 
@@ -357,25 +305,25 @@ class S3Storage(Storage):
         if length == 0:
             self.head(key)  # a missing key still raises NotFoundError
             return b""
-        full = self._full(key)
+        full = self.transport.object_key(key)
         extra = {}
         if offset or length is not None:
             end = "" if length is None else str(offset + length - 1)
             extra["Range"] = f"bytes={offset}-{end}"
 
-        def fetch() -> bytes:
-            resp = self.client.get_object(Bucket=self.bucket, Key=full, **extra)
-            return resp["Body"].read()
+        def fetch(client: Any) -> bytes:
+            body: bytes = client.get_object(Bucket=self.bucket, Key=full, **extra)["Body"].read()
+            return body
 
         try:
-            return self._call(key, fetch)
+            return self.transport.call(key, fetch)
         except StorageError as exc:
             if status_code(exc.__cause__)[0] == 416:  # offset at or past the end: POSIX reads b""
                 return b""
             raise
 
     def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
-        return ranged_read.readinto(self, key, as_buffers(buffers), offset)
+        return ranged_read.readinto(self.transport, key, as_buffers(buffers), offset)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         if len(keys) <= 1:
@@ -388,14 +336,12 @@ class S3Storage(Storage):
     def head(self, key: str) -> ObjectInfo:
         return self._head_with_token(key)[0]
 
-    def _pages(self, prefix: str, **params: Any) -> Iterator[dict[str, Any]]:
+    def _pages(self, **params: Any) -> Iterator[dict[str, Any]]:
         """ListObjectsV2 pages, each request retried alone (a boto3 paginator dies at its first error)."""
         token: str | None = None
         while True:
             extra = {"ContinuationToken": token} if token else {}
-            page = self._call(
-                prefix, functools.partial(self.client.list_objects_v2, Bucket=self.bucket, **params, **extra)
-            )
+            page = self.transport.request("list_objects_v2", **params, **extra)
             yield page
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
@@ -403,7 +349,7 @@ class S3Storage(Storage):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""
-        for page in self._pages(prefix, Prefix=base + prefix):
+        for page in self._pages(Prefix=base + prefix):
             for item in page.get("Contents", ()):
                 yield ObjectInfo(
                     key=item["Key"][len(base) :], size=int(item["Size"]), etag=_etag(item["ETag"])
@@ -413,31 +359,26 @@ class S3Storage(Storage):
         base = join_key(self.prefix, prefix)
         base = base + "/" if base else ""
         names: set[str] = set()
-        for page in self._pages(prefix, Prefix=base, Delimiter="/"):
+        for page in self._pages(Prefix=base, Delimiter="/"):
             names.update(p["Prefix"][len(base) :].rstrip("/") for p in page.get("CommonPrefixes", ()))
         return sorted(n for n in names if n)
 
     def delete(self, key: str) -> None:
-        full = self._full(key)
-        self._call(key, lambda: self.client.delete_object(Bucket=self.bucket, Key=full))
+        self.transport.request("delete_object", key)
 
     def delete_prefix(self, prefix: str) -> int:
         base = join_key(prefix)
-        keys = [self._full(i.key) for i in self.list(base + "/" if base else "")]
+        keys = [self.transport.object_key(i.key) for i in self.list(base + "/" if base else "")]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
             batch = {"Objects": [{"Key": k} for k in keys[start : start + 1000]], "Quiet": True}
-            resp = self._call(
-                prefix, functools.partial(self.client.delete_objects, Bucket=self.bucket, Delete=batch)
-            )
+            resp = self.transport.request("delete_objects", Delete=batch)
             if resp.get("Errors"):
                 first = resp["Errors"][0]
                 raise StorageError(f"delete of {first.get('Key')} failed: {first.get('Code')}", root=self.url)
         return len(keys)
 
     def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        self.transport.close()
 
 
 def _etag(raw: str) -> str:

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from ckptio.plan.measure.serialize import _collect, _reap, serialize_bytes_per_s
+from ckptio.plan.measure.serialize_rate import _collect, _reap, serialize_bytes_per_s
 
 MIB = 1 << 20
 

@@ -1,7 +1,7 @@
 """Failures injected event by event against the two-level model: they agree within 10% on the same inputs.
 
 Every case runs the plan's own optimal schedules (and one given schedule) through
-:func:`ckptio.plan.simulation.failures.simulate_failures` with a fixed seed and 1,500 failures: enough that the
+:func:`ckptio.plan.simulation.failure_injection.simulate_failures` with a fixed seed and 1,500 failures: enough that the
 Monte-Carlo spread (about 2%) leaves room for the first-order model's own error.
 """
 
@@ -21,8 +21,8 @@ from ckptio.plan.costs.multilevel import LevelSchedule, TwoLevelPlan, plan_two_l
 from ckptio.plan.costs.store import StoreLimits
 from ckptio.plan.job.checkpoint import Parallelism, shape_checkpoint, uniform_shape
 from ckptio.plan.job.presets import PRESETS
-from ckptio.plan.simulation import failures as failsim
-from ckptio.plan.simulation.failures import simulate_failures
+from ckptio.plan.simulation import failure_injection as failsim
+from ckptio.plan.simulation.failure_injection import simulate_failures
 
 GIB = float(1 << 30)
 FAILURES = 1500
