@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from ckptio.storage import PosixStorage, Storage
 from ckptio.storage.posix.exclusion import LOCK_PREFIX
 from ckptio.storage.posix.fs_ops import FileSystemOps
 from ckptio.testing.write_races import LATEST, NoLinks, body_of, create_key, race
+from tests.lab.conftest import TwoMounts
 
 pytestmark = pytest.mark.lab
 
@@ -29,9 +29,9 @@ CLAIM_ROUNDS = 50
 
 
 @pytest.mark.parametrize("ops", [FileSystemOps(), NoLinks()], ids=["link", "no-links"])
-def test_two_clients_race_create_and_swap_one_winner_every_round(two_mounts: tuple[Path, Path],
+def test_two_clients_race_create_and_swap_one_winner_every_round(two_mounts: TwoMounts,
                                                                  ops: FileSystemOps) -> None:
-    first, second = two_mounts
+    first, second = two_mounts.first, two_mounts.second
     storages = [PosixStorage(first, fsync=True, ops=ops), PosixStorage(second, fsync=True, ops=ops)]
     rounds = race(storages, ROUNDS, timeout_s=900)
     assert [r.number for r in rounds if len(r.created) != 1] == [], "exactly one create-only write wins a round"
@@ -59,11 +59,11 @@ def _claimer(storage: Storage, rounds: int, barrier: Any, results: Any) -> None:
     results.put(won)
 
 
-def test_two_clients_claiming_one_root_one_wins_every_round(two_mounts: tuple[Path, Path]) -> None:
+def test_two_clients_claiming_one_root_one_wins_every_round(two_mounts: TwoMounts) -> None:
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(2, timeout=120), context.Queue()
     procs = [context.Process(target=_claimer, args=(PosixStorage(m, fsync=True), CLAIM_ROUNDS, barrier, results))
-             for m in two_mounts]
+             for m in (two_mounts.first, two_mounts.second)]
     for proc in procs:
         proc.start()
     try:
@@ -74,4 +74,4 @@ def test_two_clients_claiming_one_root_one_wins_every_round(two_mounts: tuple[Pa
             if proc.is_alive():
                 proc.kill()
     assert sorted(won[0] + won[1]) == list(range(CLAIM_ROUNDS)), "one claim wins every round, never two"
-    assert read_owner(PosixStorage(two_mounts[0])) == (None, None) and OWNER_KEY not in os.listdir(two_mounts[0])
+    assert read_owner(PosixStorage(two_mounts.first)) == (None, None) and OWNER_KEY not in os.listdir(two_mounts.first)
