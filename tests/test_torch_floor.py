@@ -31,7 +31,11 @@ TORCH_API_SINCE: dict[tuple[str, str], str] = {
     ("torch.distributed.checkpoint.staging", "StagingOptions"): "2.9",
     ("torch.distributed.checkpoint.state_dict_saver", "AsyncSaveResponse"): "2.9",  # used, not imported
     ("torch.distributed.checkpoint.state_dict_saver", "AsyncCheckpointerType"): "2.7",
+    # Stream extensions named in a .metadata (pytorch PR 143358, January 2025): read only to refuse them by name.
+    ("torch.distributed.checkpoint._extension", "ExtensionRegistry"): "2.7",
+    ("torch.distributed.checkpoint._extension", "StreamTransformExtension"): "2.7",
     ("torch.distributed._shard._utils", "narrow_tensor_by_index"): OLDEST_READ,
+    ("torch.distributed._shard.sharded_tensor", "ShardedTensor"): OLDEST_READ,
     ("torch.distributed.checkpoint", "FileSystemWriter"): OLDEST_READ,
     ("torch.distributed.checkpoint._traverse", "set_element"): OLDEST_READ,
     ("torch.distributed.checkpoint.api", "CheckpointException"): OLDEST_READ,
@@ -39,9 +43,11 @@ TORCH_API_SINCE: dict[tuple[str, str], str] = {
     ("torch.distributed.checkpoint.default_planner", "DefaultSavePlanner"): OLDEST_READ,
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): OLDEST_READ,
     ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"): OLDEST_READ,
+    ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"): OLDEST_READ,
     ("torch.distributed.checkpoint.metadata", "Metadata"): OLDEST_READ,
     ("torch.distributed.checkpoint.metadata", "MetadataIndex"): OLDEST_READ,
     ("torch.distributed.checkpoint.metadata", "StorageMeta"): OLDEST_READ,
+    ("torch.distributed.checkpoint.metadata", "TensorProperties"): OLDEST_READ,
     ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "LoadItemType"): OLDEST_READ,
     ("torch.distributed.checkpoint.planner", "LoadPlan"): OLDEST_READ,

