@@ -149,7 +149,7 @@ class _Saver:
                  *, root_name: str | None = None) -> None:
         import torch.distributed as dist
 
-        from ckptio.demo.store import ThrottleSpec
+        from ckptio.demo.throttled_store import ThrottleSpec
 
         self.mode, self.rank = mode, rank
         self.throttle = ThrottleSpec(bytes_per_s=bandwidth, state_path=throttle_state)
@@ -166,7 +166,7 @@ class _Saver:
             self.best = DcpBest(process_group=self.group)
 
     def _writer(self, step: int) -> Any:
-        from ckptio.demo.store import ThrottledFileSystemWriter
+        from ckptio.demo.throttled_store import ThrottledFileSystemWriter
 
         return ThrottledFileSystemWriter(os.path.join(self.root, f"step-{step}"), throttle=self.throttle)
 

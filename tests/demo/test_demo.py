@@ -19,10 +19,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from rich.console import Console
 
+from ckptio.demo.demo_runner import DemoConfig, run_demo
 from ckptio.demo.job import RankJob, RankResult, StoreSpec
 from ckptio.demo.model import ModelShape
-from ckptio.demo.runner import DemoConfig, run_demo
-from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
+from ckptio.demo.throttled_store import ThrottledFileSystemWriter, ThrottleSpec
 from ckptio.errors import ConfigError
 
 TINY = ModelShape(vocab=2048, d_model=32, layers=1, heads=2, seq_len=8, batch=2, classes=16)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ckptio.demo.demo_runner import DemoConfig
 from ckptio.demo.predict import HEADROOM, MIN_EVERY, choose_every, given_every, plan_demo
-from ckptio.demo.runner import DemoConfig
 from ckptio.errors import ConfigError
 
 MiB = 2**20

@@ -9,10 +9,10 @@ import pytest
 
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.protocol import Peer
-from ckptio.engine.trainer.levels import partner_ranks
+from ckptio.engine.trainer.save_levels import partner_ranks
 from ckptio.errors import CommitError, ConfigError, CorruptCheckpointError
 from ckptio.format import FileRecord, Manifest, RankIndex, committed_steps, read_manifest, write_manifest
-from ckptio.format.local_level import level_rows, local_records
+from ckptio.format.local_level_records import level_rows, local_records
 from ckptio.storage import open_storage
 
 PEERS = [Peer(rank, node, "h", rank + 1) for rank, node in enumerate("aabbcc")]

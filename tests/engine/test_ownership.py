@@ -29,7 +29,7 @@ from ckptio.engine.owner_record import (
 from ckptio.errors import ConfigError, RootInUseError
 from ckptio.storage import Storage, open_storage
 from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode
-from ckptio.storage.wrappers import StorageWrapper
+from ckptio.storage.storage_wrapper import StorageWrapper
 
 _LEASE = 0.3
 

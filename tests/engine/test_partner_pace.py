@@ -17,7 +17,7 @@ from ckptio.engine.partner.client import copy_rate
 from ckptio.engine.partner.digest import CHUNK
 from ckptio.engine.writer.flush_pacer import FlushPacer
 from ckptio.errors import ConfigError
-from ckptio.format.local_level import partner_copy_key
+from ckptio.format.local_level_records import partner_copy_key
 from tests.engine.test_partner_security import NAME, ServerProc, _file
 
 

@@ -26,7 +26,7 @@ import pytest
 from ckptio.engine.partner import PartnerLimits, fetch_verified, file_digest, send_files
 from ckptio.engine.partner.auth import MAGIC, Channel, connect, recv_exact, send_all
 from ckptio.errors import ChecksumError, NotFoundError, ReplicationError
-from ckptio.format.local_level import partner_copy_key
+from ckptio.format.local_level_records import partner_copy_key
 from tests.engine.forge import forge_floats
 
 PROC = os.path.join(os.path.dirname(__file__), "partner_server_proc.py")

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from ckptio.format import committed_steps
-from ckptio.format.local_level import local_records
+from ckptio.format.local_level_records import local_records
 from ckptio.storage import open_storage
 from ckptio.testing.ranks import free_port
 from tests.engine.test_two_levels import NODES2, Job

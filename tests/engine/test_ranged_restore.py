@@ -27,7 +27,7 @@ from ckptio.errors import ChecksumError
 from ckptio.format import torchsave
 from ckptio.format.blocks import BLOCK_SIZE
 from ckptio.storage import PosixStorage, open_storage
-from ckptio.storage.wrappers import StorageWrapper
+from ckptio.storage.storage_wrapper import StorageWrapper
 from tests.engine.engine_workers import assert_same
 
 

@@ -23,7 +23,7 @@ from ckptio.format.records import Manifest
 from ckptio.storage import Storage
 from ckptio.storage.base import Data, ObjectInfo, Pacer, PutMode
 from ckptio.storage.s3.s3_storage import S3Storage
-from ckptio.storage.wrappers import StorageWrapper
+from ckptio.storage.storage_wrapper import StorageWrapper
 from tests.engine.engine_workers import model_state
 
 pytestmark = pytest.mark.s3

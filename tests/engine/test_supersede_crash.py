@@ -18,7 +18,7 @@ import torch
 
 import ckptio
 from ckptio.format import committed_steps
-from ckptio.format.local_level import local_records
+from ckptio.format.local_level_records import local_records
 from ckptio.storage import open_storage
 from tests.engine.supersede_job import job_options, state_for
 

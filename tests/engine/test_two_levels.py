@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from ckptio.format import RankIndex, committed_steps, index_key, manifest_key, read_manifest
-from ckptio.format.local_level import local_records, partner_copy_key
+from ckptio.format.local_level_records import local_records, partner_copy_key
 from ckptio.storage import open_storage
 from ckptio.testing.ranks import free_port
 from tests.engine.forge import forge_floats

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ckptio.format import committed_steps, index_key, read_manifest
-from ckptio.format.local_level import local_records, own_copy_key
+from ckptio.format.local_level_records import local_records, own_copy_key
 from ckptio.storage import open_storage
 from tests.engine.test_two_levels import NODES2, Job
 

@@ -18,7 +18,7 @@ import torch
 import ckptio
 from ckptio._cli.main import main as cli
 from ckptio.format import index_key, manifest_key, step_dir
-from ckptio.format.local_level import LEVELS_LOCAL
+from ckptio.format.local_level_records import LEVELS_LOCAL
 
 
 def _local(root: Path, key: str) -> Path:

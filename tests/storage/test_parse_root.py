@@ -12,7 +12,7 @@ import ckptio
 from ckptio.errors import ConfigError
 from ckptio.policy.volumes import check_volumes, volume_of
 from ckptio.storage import PosixRoot, PosixStorage, open_storage, parse_root
-from ckptio.storage.s3.root import S3Root
+from ckptio.storage.s3.s3_root import S3Root
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckptio.demo.runner import DemoConfig
+    from ckptio.demo.demo_runner import DemoConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,8 +61,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def build_config(args: argparse.Namespace) -> DemoConfig:
-    """The :class:`~ckptio.demo.runner.DemoConfig` the arguments describe (``--quick`` changes defaults)."""
-    from ckptio.demo.runner import QUICK, DemoConfig
+    """The :class:`~ckptio.demo.demo_runner.DemoConfig` the arguments describe (``--quick`` changes defaults)."""
+    from ckptio.demo.demo_runner import QUICK, DemoConfig
     from ckptio.plan.units import parse_rate
 
     base = QUICK if args.quick else DemoConfig()
@@ -79,7 +79,7 @@ def build_config(args: argparse.Namespace) -> DemoConfig:
 def run(args: argparse.Namespace) -> int:
     if args.cluster:
         return run_cluster(args)
-    from ckptio.demo.runner import run_demo
+    from ckptio.demo.demo_runner import run_demo
 
     outcome = run_demo(build_config(args))
     return 0 if outcome.resume.bit_exact else 1

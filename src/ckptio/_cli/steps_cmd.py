@@ -18,7 +18,7 @@ from typing import Any
 
 from ckptio import format as fmt
 from ckptio.errors import CkptError, CorruptCheckpointError
-from ckptio.format.local_level import level_rows, merge_level_rows
+from ckptio.format.local_level_records import level_rows, merge_level_rows
 from ckptio.storage import open_storage
 
 

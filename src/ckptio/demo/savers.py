@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from ckptio.demo.dcp_best import DcpBest
 from ckptio.demo.job import StoreSpec
-from ckptio.demo.store import ThrottledFileSystemWriter, ThrottleSpec
+from ckptio.demo.throttled_store import ThrottledFileSystemWriter, ThrottleSpec
 from ckptio.errors import WriterDiedError
 from ckptio.obs.eventfiles import read_event_file
 from ckptio.obs.events import EventLog, rank_path

@@ -27,7 +27,7 @@ from ckptio.format.blocks import crc32c
 from ckptio.format.commit import all_step_dirs, committed_steps, read_manifest
 from ckptio.format.crosscheck import index_findings, metadata_problems
 from ckptio.format.keys import FAILED_DIR, MANIFEST, METADATA, RANKS_DIR, hash_prefix_enabled, step_dir
-from ckptio.format.local_level import LEVELS_LOCAL, holder_nodes, local_records
+from ckptio.format.local_level_records import LEVELS_LOCAL, holder_nodes, local_records
 from ckptio.format.plain_dcp import is_plain_dcp, plain_manifest
 from ckptio.format.records import FileRecord, Manifest, RankIndex, checksum, record_key
 from ckptio.format.safe_pickle import load_metadata

@@ -28,9 +28,9 @@ from typing import Any
 
 from ckptio.errors import ConfigError
 from ckptio.storage.base import Storage
-from ckptio.storage.posix.root import PosixRoot, parse_file_url
+from ckptio.storage.posix.posix_root import PosixRoot, parse_file_url
 from ckptio.storage.root import Root
-from ckptio.storage.s3.root import S3Root, parse_s3_url
+from ckptio.storage.s3.s3_root import S3Root, parse_s3_url
 
 __all__ = ["BACKENDS", "Backend", "backend_of", "open_storage", "parse_root", "storage_modules"]
 

@@ -5,8 +5,8 @@ markers, ``latest``, ``retired.json``) under ``<root>/levels/local/``, laid out 
 records under ``<root>/``. Seen through a subtree, those records are a root of their own, so one commit protocol,
 one retention and one verifier serve both levels without a key function per level.
 
-Unlike the wrappers of :mod:`ckptio.storage.wrappers`, a subtree changes where the bytes land (that is its point);
-it never lets a key leave its subtree: keys are joined below ``prefix`` and ``..`` segments are refused.
+Unlike the wrappers of :mod:`ckptio.storage.storage_wrapper`, a subtree changes where the bytes land (that is its
+point); it never lets a key leave its subtree: keys are joined below ``prefix`` and ``..`` segments are refused.
 It holds no client of its own: closing it leaves the inner storage open (the inner storage has its own owner).
 """
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.storage.base import Buffer, Data, ObjectInfo, Pacer, PutMode, Storage, WriteMode, data_size
-from ckptio.storage.wrappers import StorageWrapper
+from ckptio.storage.storage_wrapper import StorageWrapper
 
 
 class ThrottledStorage(StorageWrapper):

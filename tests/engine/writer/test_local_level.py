@@ -12,7 +12,7 @@ from pathlib import Path
 from ckptio.engine.protocol import JobLevels, SaveDone, SaveFailed
 from ckptio.engine.writer.pipeline import Writer
 from ckptio.format import committed_steps, read_manifest
-from ckptio.format.local_level import local_records
+from ckptio.format.local_level_records import local_records
 from ckptio.storage import open_storage
 from ckptio.testing.wrappers import FaultStorage
 from tests.engine.writer.harness import Inbox, eventually, plan_ranks, run, save_job, state, two_level_starts

@@ -11,7 +11,7 @@ from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.engine.writer.local_tier import LocalTier
 from ckptio.errors import StorageFullError
 from ckptio.format import Manifest, write_manifest
-from ckptio.format.local_level import local_records, partner_copy_key
+from ckptio.format.local_level_records import local_records, partner_copy_key
 from ckptio.storage import open_storage
 
 

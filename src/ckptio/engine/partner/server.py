@@ -44,7 +44,7 @@ from ckptio.engine.partner.files import receive_to_file, remove_abandoned_temps,
 from ckptio.engine.partner.limits import PartnerLimits
 from ckptio.errors import CkptError, ConfigError, CorruptCheckpointError
 from ckptio.format.keys import check_file_name, parse_step_dir
-from ckptio.format.local_level import PARTNERS_DIR, own_copy_key, partner_copy_key
+from ckptio.format.local_level_records import PARTNERS_DIR, own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")

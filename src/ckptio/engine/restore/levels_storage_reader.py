@@ -21,7 +21,7 @@ from ckptio.engine.restore.transfer import Source
 from ckptio.errors import ChecksumError, CkptError, ConfigError
 from ckptio.format import Manifest
 from ckptio.format.blocks import crc32c
-from ckptio.format.local_level import own_copy_key, partner_copy_key
+from ckptio.format.local_level_records import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")

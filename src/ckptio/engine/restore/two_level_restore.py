@@ -32,7 +32,7 @@ from ckptio.errors import (
     StructureMismatchError,
 )
 from ckptio.format import Manifest
-from ckptio.format.local_level import own_copy_key, partner_copy_key
+from ckptio.format.local_level_records import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")

@@ -6,7 +6,7 @@ step's own checks) → ``save_decision`` (the request, the collective agreement 
 ``staging_area`` (the reusable slots) → ``stager`` (the copy off the training thread; ``staging_guard`` makes the
 first mutation wait for it) → ``writer_proxy`` (the writer process). ``save_tracker`` keeps the saves in flight
 and their ``save_handle``s; ``maybe_save_votes`` agrees time-based and preemption decisions without blocking;
-``pace_rule`` sets each flush's rate; ``levels`` says where a save goes and where a restore comes from;
+``pace_rule`` sets each flush's rate; ``save_levels`` says where a save goes and where a restore comes from;
 ``preflight`` opens the roots and checks the durable one before the first byte; ``exit_guard`` closes a Checkpointer
 left open at exit. The process-wide hooks (SIGTERM, exit, fork) are ``engine.process_hooks``'s, shared with the
 writer.

@@ -26,12 +26,12 @@ from ckptio.engine.owner_record import OwnerRecord
 from ckptio.engine.restore.step_restore import RestoreReport
 from ckptio.engine.side_group import SideGroup
 from ckptio.engine.trainer import exit_guard as atexit_guard
-from ckptio.engine.trainer.levels import SingleLevel, node_identity, open_levels
 from ckptio.engine.trainer.maybe_save_votes import MaybeSaveVotes
 from ckptio.engine.trainer.pace_rule import PaceRule, ranks_on_node
 from ckptio.engine.trainer.save_decision import SaveRequest
 from ckptio.engine.trainer.save_handle import SaveHandle
 from ckptio.engine.trainer.save_launcher import SaveLauncher
+from ckptio.engine.trainer.save_levels import SingleLevel, node_identity, open_levels
 from ckptio.engine.trainer.save_tracker import SaveTracker
 from ckptio.engine.trainer.stager import Stager
 from ckptio.engine.trainer.staging_area import StagingArea, remove_stale_slots, staging_dir
@@ -54,7 +54,7 @@ class Checkpointer:
     """Staged, bounded, background-flushed, atomically committed checkpoints. See ``CheckpointerConfig``.
 
     Where saves go and restores come from (one level, or the local level beside the durable one) is its
-    ``levels`` collaborator (``engine.trainer.levels``). It belongs to the process that built it: in a forked
+    ``levels`` collaborator (``engine.trainer.save_levels``). It belongs to the process that built it: in a forked
     child every public method raises :class:`~ckptio.errors.CheckpointerForkedError` at once (the writer, the
     staging thread and the slots are the parent's), except ``close()``, which does nothing there."""
 

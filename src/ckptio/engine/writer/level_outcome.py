@@ -28,7 +28,7 @@ from ckptio.engine.protocol import CommitInfo, JobLevels, Outbox, SaveDone, Save
 from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.errors import CkptError, StorageError
 from ckptio.format import Manifest
-from ckptio.format.local_level import holder_nodes
+from ckptio.format.local_level_records import holder_nodes
 from ckptio.obs.events import Event
 
 

@@ -1,7 +1,7 @@
 """The local level in the writer process: this node's partner server, the copies of this rank's files to its
 partner ranks, this rank's index in the local level's records, and the level's commit.
 
-:class:`LocalLevel` owns the level's records (``format.local_level``), its
+:class:`LocalLevel` owns the level's records (``format.local_level_records``), its
 :class:`~ckptio.engine.writer.step_committer.StepCommitter` (keeping the newest step only: the local level is the
 fast way back, the durable one the safe one), its partner server and its failure rule: a failure in its own part
 (the copies and the index, its commit, or no room on the local tier) stops this level only, and its marker goes to
@@ -39,7 +39,7 @@ from ckptio.engine.writer.step_committer import CommitLevel, CommitRequest, Step
 from ckptio.errors import ReplicationError, StorageFullError
 from ckptio.format import FileRecord, ItemRecord, RankIndex, committed_steps, index_key
 from ckptio.format.layout import data_file_name
-from ckptio.format.local_level import own_copy_key
+from ckptio.format.local_level_records import own_copy_key
 from ckptio.obs.events import Event, Phase
 from ckptio.storage.base import Pacer
 

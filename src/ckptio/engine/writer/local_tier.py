@@ -30,7 +30,7 @@ from ckptio.engine.writer.live_steps import LiveSteps
 from ckptio.errors import StorageError, StorageFullError
 from ckptio.format import all_step_dirs, committed_steps, manifest_key, step_dir
 from ckptio.format.keys import parse_step_dir
-from ckptio.format.local_level import PARTNERS_DIR, partner_copy_key
+from ckptio.format.local_level_records import PARTNERS_DIR, partner_copy_key
 from ckptio.format.rollback import delete_data_files
 from ckptio.storage.base import Storage, join_key
 

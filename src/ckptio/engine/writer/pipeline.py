@@ -32,7 +32,7 @@ from ckptio.engine.writer.local_level import LocalLevel
 from ckptio.engine.writer.local_tier import LocalTier
 from ckptio.engine.writer.step_committer import StepCommitter
 from ckptio.errors import StorageError
-from ckptio.format.local_level import local_records
+from ckptio.format.local_level_records import local_records
 from ckptio.obs.events import Event
 
 

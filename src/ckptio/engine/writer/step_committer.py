@@ -2,7 +2,7 @@
 (rank 0) or watch for its commit (the other ranks), then clean up.
 
 A level is a :class:`CommitLevel`: where its records live (the durable root, or the local level's subtree of it:
-``format.local_level``), how many committed steps it keeps, and what runs after a commit. Each writer runs one
+``format.local_level_records``), how many committed steps it keeps, and what runs after a commit. Each writer runs one
 :class:`StepCommitter` thread per level, jobs in order, and both levels follow the same steps:
 
 * Rank 0 commits: every rank index of this save present → after a restore, retire the abandoned trajectory on every

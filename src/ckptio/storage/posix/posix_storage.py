@@ -56,7 +56,7 @@ from ckptio.storage.posix.direct_io import (
 )
 from ckptio.storage.posix.exclusion import Exclusion
 from ckptio.storage.posix.fs_ops import TMP_PREFIX, FileSystemOps
-from ckptio.storage.posix.root import PosixRoot
+from ckptio.storage.posix.posix_root import PosixRoot
 from ckptio.storage.posix.writeback import PacedWriteback
 from ckptio.storage.root import Root
 

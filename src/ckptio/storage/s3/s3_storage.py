@@ -45,7 +45,7 @@ from ckptio.storage.s3.bucket import read_exposure, read_region
 from ckptio.storage.s3.conditions import condition_lost, lost_condition_error
 from ckptio.storage.s3.options import S3Options, status_code
 from ckptio.storage.s3.parts import CHECKSUM_ALGORITHM, FileSlice, MiB, SegmentReader, choose_part_size, split_parts
-from ckptio.storage.s3.root import S3Root, parse_s3_url
+from ckptio.storage.s3.s3_root import S3Root, parse_s3_url
 from ckptio.storage.s3.transport import S3Transport
 
 # HASHED_DIR_PREFIX, hashed_key and MiB are re-exported: callers imported them from here before.

@@ -38,7 +38,7 @@ from ckptio.engine.restore.two_level_restore import TwoLevelRestore
 from ckptio.engine.side_group import SideGroup
 from ckptio.engine.trainer.save_handle import SaveHandle
 from ckptio.errors import CkptError, ConfigError
-from ckptio.format.local_level import local_records
+from ckptio.format.local_level_records import local_records
 from ckptio.obs.events import Event, EventLog
 from ckptio.storage import Storage
 

@@ -27,16 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ckptio._proc import sigterm_as_interrupt
-from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec, save_steps
-from ckptio.demo.launcher import run_ranks
-from ckptio.demo.measure import measure_machine
-from ckptio.demo.model import ModelShape
-from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, predict
-from ckptio.demo.resume import ResumeCheck
-from ckptio.demo.savers import prune_older_steps
-from ckptio.demo.space import check_store_space, store_bytes_needed
-from ckptio.demo.steady import RunRow, run_row
-from ckptio.demo.table import (
+from ckptio.demo.console_tables import (
     LABELS,
     cpu_line,
     first_save_lines,
@@ -48,6 +39,15 @@ from ckptio.demo.table import (
     results_table,
     verdict_line,
 )
+from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec, save_steps
+from ckptio.demo.launcher import run_ranks
+from ckptio.demo.measure import measure_machine
+from ckptio.demo.model import ModelShape
+from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, predict
+from ckptio.demo.resume import ResumeCheck
+from ckptio.demo.savers import prune_older_steps
+from ckptio.demo.space import check_store_space, store_bytes_needed
+from ckptio.demo.steady import RunRow, run_row
 from ckptio.errors import CkptError, ConfigError
 from ckptio.plan.units import format_bytes
 from ckptio.testing.moto_s3 import BUCKET, embedded_s3
