@@ -20,7 +20,15 @@ The rules (issue 07; the layers are drawn in the README's "How a save flows"):
   not part of a save), and ``ckptio.testing`` never imports ``ckptio.demo`` (the demo uses the kit, never the
   reverse).
 * No import cycle between modules, except the circles listed in ``KNOWN_CYCLES``.
+* ``ckptio.engine.writer`` never imports ``ckptio.engine.trainer`` or ``ckptio.engine.restore``: the writer
+  process talks to the trainer through ``engine.protocol``'s messages only, and must start without the trainer's
+  or the restore's imports (issue 22).
 * No module under ``src/`` longer than ``MAX_LINES``.
+* No function or method anywhere under ``src/`` longer than ``MAX_FUNCTION_LINES``, except those listed in
+  ``ALLOWED_LONG_FUNCTIONS``, each with its reason; only functions in the areas of ``ALLOWLIST_AREAS`` may be
+  listed there, and an entry that no longer applies fails the test.
+* No two modules under ``src/`` share a basename (``__init__`` and ``__main__`` apart): a name must say which
+  module it is without its package, in a traceback, an import line or a search.
 * No two sibling modules whose names are a couple of letters apart (one gets imported for the other).
 """
 
@@ -36,10 +44,22 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 ROOT_PACKAGE = "ckptio"
-MAX_LINES = 450
-MAX_FUNCTION_LINES = 60
-SHORT_FUNCTION_LAYERS = ("ckptio.engine", "ckptio.format", "ckptio.storage")
-"""Where every function stays within ``MAX_FUNCTION_LINES``: the layers a save runs through, read most often."""
+MAX_LINES = 400
+MAX_FUNCTION_LINES = 50
+
+ALLOWLIST_AREAS: tuple[str, ...] = ("ckptio.plan", "ckptio.demo.cluster", "ckptio.testing.cluster")
+"""The only layers whose functions ``ALLOWED_LONG_FUNCTIONS`` may list: the ones another helper owns this round
+(issue 22). Everywhere else a long function is split, not listed."""
+
+# Functions over MAX_FUNCTION_LINES, by qualified name (module.Class.method, nested functions under <locals>), and
+# why each is tolerated. The test fails on an entry that no longer applies, and on one outside ALLOWLIST_AREAS.
+ALLOWED_LONG_FUNCTIONS: dict[str, str] = {
+    "ckptio.plan.costs.background.predict_modes": "owned by another helper this round",
+    "ckptio.plan.costs.budget.plan_burst": "owned by another helper this round",
+}
+
+NOT_BASENAMES = frozenset({"__init__", "__main__"})
+"""File names every package may have: they name their package, not themselves."""
 
 # Known exceptions: modules over MAX_LINES when this test was written, each split by part A/B of issue 07.
 # The lead empties this list when merging those splits; the test fails on an entry that no longer applies.
@@ -60,6 +80,8 @@ FORBIDDEN_LAYERS: tuple[tuple[str, str, str], ...] = (
     ("ckptio.format", "ckptio.testing", "test tooling is not part of a save"),
     ("ckptio.storage", "ckptio.testing", "test tooling is not part of a save"),
     ("ckptio.testing", "ckptio.demo", "demo imports testing, never the reverse"),
+    ("ckptio.engine.writer", "ckptio.engine.trainer", "the writer process hears the trainer through protocol.py only"),
+    ("ckptio.engine.writer", "ckptio.engine.restore", "the writer process never restores"),
 )
 
 
@@ -300,29 +322,113 @@ def test_modules_are_short(graph):
     assert not stale and not missing, f"remove from KNOWN_OVERSIZED: {stale + missing}"
 
 
-def long_functions(module: Module, limit: int = MAX_FUNCTION_LINES) -> list[str]:
-    """``name (lines)`` of every function or method in ``module`` longer than ``limit`` lines (its ``def`` line
-    through its last line, docstring included, decorators not)."""
+def long_functions(module: Module, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """The qualified name (``module.Class.method``; a nested function under ``outer.<locals>.inner``) and length
+    of every function or method in ``module`` longer than ``limit`` lines (its ``def`` line through its last line,
+    docstring included, decorators not)."""
     tree = ast.parse(module.path.read_text(), filename=str(module.path))
-    return [f"{node.name} ({node.end_lineno - node.lineno + 1})" for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
-            and node.end_lineno - node.lineno + 1 > limit]
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{child.name}"
+                length = (child.end_lineno or child.lineno) - child.lineno + 1
+                if length > limit:
+                    found[name] = length
+                visit(child, f"{name}.<locals>")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}.{child.name}")
+            else:
+                visit(child, prefix)
+
+    visit(tree, module.name)
+    return found
 
 
-def test_functions_are_short_where_a_save_runs(graph):
+def long_function_problems(modules: Mapping[str, Module], allowed: Mapping[str, str] = ALLOWED_LONG_FUNCTIONS,
+                           areas: Iterable[str] = ALLOWLIST_AREAS, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """A line per function over ``limit`` that ``allowed`` does not list, per entry of ``allowed`` outside
+    ``areas``, and per entry that names no function over ``limit`` (split, renamed or gone)."""
+    found = {name: length for module in modules.values() for name, length in long_functions(module, limit).items()}
+    areas = tuple(areas)
+    problems = [f"{name} ({length} lines)" for name, length in sorted(found.items()) if name not in allowed]
+    problems += [f"allowlisted outside {', '.join(areas)}: {name}" for name in sorted(allowed)
+                 if not any(in_layer(name, area) for area in areas)]
+    problems += [f"stale ALLOWED_LONG_FUNCTIONS entry (no function over {limit} lines): {name}"
+                 for name in sorted(allowed) if name not in found]
+    return problems
+
+
+def test_functions_are_short(graph):
     modules, _ = graph
-    found = {name: long_functions(module) for name, module in modules.items()
-             if any(in_layer(name, layer) for layer in SHORT_FUNCTION_LAYERS)}
-    offenders = [f"{modules[name].path.relative_to(SRC.parent)}: {', '.join(fns)}"
-                 for name, fns in sorted(found.items()) if fns]
-    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(offenders)
+    problems = long_function_problems(modules)
+    assert not problems, f"functions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(problems)
 
 
 def test_long_function_finder_counts_lines(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def short():\n    return 1\n\n\nclass C:\n    def long(self):\n" + "        x = 1\n" * 4)
-    assert long_functions(Module("m", path, False), limit=4) == ["long (5)"]
-    assert long_functions(Module("m", path, False), limit=5) == []
+    assert long_functions(Module("m", path, False), limit=4) == {"m.C.long": 5}
+    assert long_functions(Module("m", path, False), limit=5) == {}
+
+
+def test_long_function_rule_can_fail(tmp_path):
+    deep_line = " " * 12 + "x = 1\n"
+    modules, _ = _write_tree(tmp_path, {
+        "plan/cost.py": "def big():\n" + "    x = 1\n" * 5,
+        "engine/writer/flush.py": "class Flush:\n    def run(self):\n        def inner():\n" + deep_line * 5,
+    })
+    assert long_function_problems(modules, allowed={}, areas=("ckptio.plan",), limit=4) == [
+        "ckptio.engine.writer.flush.Flush.run (7 lines)",
+        "ckptio.engine.writer.flush.Flush.run.<locals>.inner (6 lines)",
+        "ckptio.plan.cost.big (6 lines)",
+    ]
+    allowed = {"ckptio.plan.cost.big": "x", "ckptio.engine.writer.flush.Flush.run": "x", "ckptio.plan.gone": "x"}
+    assert long_function_problems(modules, allowed=allowed, areas=("ckptio.plan",), limit=4) == [
+        "ckptio.engine.writer.flush.Flush.run.<locals>.inner (6 lines)",
+        "allowlisted outside ckptio.plan: ckptio.engine.writer.flush.Flush.run",
+        "stale ALLOWED_LONG_FUNCTIONS entry (no function over 4 lines): ckptio.plan.gone",
+    ]
+
+
+def shared_basenames(modules: Mapping[str, Module]) -> list[str]:
+    """``basename: module, module, ...`` for every file name (``NOT_BASENAMES`` apart) that two modules share."""
+    by_basename: dict[str, list[str]] = {}
+    for name, module in modules.items():
+        if module.path.stem not in NOT_BASENAMES:
+            by_basename.setdefault(module.path.stem, []).append(name)
+    return [f"{base}: {', '.join(sorted(names))}" for base, names in sorted(by_basename.items()) if len(names) > 1]
+
+
+def test_no_two_modules_share_a_basename(graph):
+    modules, _ = graph
+    shared = shared_basenames(modules)
+    assert not shared, "modules that share a basename (rename one to say what it holds):\n  " + "\n  ".join(shared)
+
+
+def test_shared_basename_rule_can_fail(tmp_path):
+    modules, _ = _write_tree(tmp_path, {
+        "engine/levels.py": "", "plan/levels.py": "", "plan/costs/levels.py": "", "plan/__main__.py": "",
+        "demo/__main__.py": "", "demo/runner.py": "",
+    })
+    assert shared_basenames(modules) == ["levels: ckptio.engine.levels, ckptio.plan.costs.levels, ckptio.plan.levels"]
+
+
+def test_writer_may_not_import_trainer_or_restore(tmp_path):
+    modules, imports = _write_tree(tmp_path, {
+        "engine/writer/pipeline.py": "from ckptio.engine import protocol\ndef late():\n"
+                                     "    from ckptio.engine.restore.reader import R\n",
+        "engine/writer/process.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from ckptio.engine.trainer.stager import S\n",
+        "engine/protocol.py": "", "engine/restore/reader.py": "", "engine/trainer/stager.py": "",
+    })
+    offenders = [line for importer, imported, _ in FORBIDDEN_LAYERS if importer == "ckptio.engine.writer"
+                 for line in layer_offenders(modules, imports, importer, imported, root=tmp_path)]
+    assert offenders == [
+        "ckptio.engine.writer.process (ckptio/engine/writer/process.py:3) imports ckptio.engine.trainer.stager",
+        "ckptio.engine.writer.pipeline (ckptio/engine/writer/pipeline.py:3) imports ckptio.engine.restore.reader",
+    ]
 
 
 def edit_distance(a: str, b: str) -> int:

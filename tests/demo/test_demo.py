@@ -19,7 +19,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from rich.console import Console
 
-from ckptio.demo.demo_runner import DemoConfig, run_demo
+from ckptio.demo.demo_config import DemoConfig
+from ckptio.demo.demo_runner import run_demo
 from ckptio.demo.job import RankJob, RankResult, StoreSpec
 from ckptio.demo.model import ModelShape
 from ckptio.demo.throttled_store import ThrottledFileSystemWriter, ThrottleSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptio.demo.demo_runner import DemoConfig
+from ckptio.demo.demo_config import DemoConfig
 from ckptio.demo.predict import HEADROOM, MIN_EVERY, choose_every, given_every, plan_demo
 from ckptio.errors import ConfigError
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckptio.demo.demo_runner import DemoConfig
+    from ckptio.demo.demo_config import DemoConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,8 +61,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def build_config(args: argparse.Namespace) -> DemoConfig:
-    """The :class:`~ckptio.demo.demo_runner.DemoConfig` the arguments describe (``--quick`` changes defaults)."""
-    from ckptio.demo.demo_runner import QUICK, DemoConfig
+    """The :class:`~ckptio.demo.demo_config.DemoConfig` the arguments describe (``--quick`` changes defaults)."""
+    from ckptio.demo.demo_config import QUICK, DemoConfig
     from ckptio.plan.units import parse_rate
 
     base = QUICK if args.quick else DemoConfig()

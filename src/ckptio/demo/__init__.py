@@ -5,7 +5,8 @@ rank) → ``predict`` (the planner's interval and prediction) → ``launcher`` (
 rank: ``model`` trains, ``savers`` save on the ``throttled_store``) → ``steady`` (per-save figures: the first save
 apart, steady medians, on the definitions of :mod:`ckptio.obs.report`) → ``console_tables`` (how they are shown, and
 the verdict).
-Beside them, ``dcp_best``: DCP's strongest async path, which the benchmarks measure against too.
+Beside them, ``demo_config`` (what the demo can be told, and ``--quick``) and ``dcp_best``: DCP's strongest async
+path, which the benchmarks measure against too.
 
 The package imports its runner (and with it torch) only when one of its names is first used: a benchmark that
 imports ``dcp_best`` alone pays for neither, nor does every DCP checkpoint process that re-imports it."""

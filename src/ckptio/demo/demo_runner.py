@@ -20,8 +20,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -39,16 +38,16 @@ from ckptio.demo.console_tables import (
     results_table,
     verdict_line,
 )
+from ckptio.demo.demo_config import DemoConfig
 from ckptio.demo.job import Mode, RankJob, RankResult, StoreSpec, save_steps
 from ckptio.demo.launcher import run_ranks
-from ckptio.demo.measure import measure_machine
-from ckptio.demo.model import ModelShape
+from ckptio.demo.measure import MachineFigures, measure_machine
 from ckptio.demo.predict import IntervalChoice, Prediction, choose_every, given_every, predict
 from ckptio.demo.resume import ResumeCheck
 from ckptio.demo.savers import prune_older_steps
 from ckptio.demo.space import check_store_space, store_bytes_needed
 from ckptio.demo.steady import RunRow, run_row
-from ckptio.errors import CkptError, ConfigError
+from ckptio.errors import CkptError
 from ckptio.plan.units import format_bytes
 from ckptio.testing.moto_s3 import BUCKET, embedded_s3
 
@@ -57,74 +56,6 @@ _CKPTIO_FIRST: tuple[Mode, ...] = ("ckptio", *(m for m in RUN_MODES if m != "ckp
 """The order the runs go in. ckptio first, right after the trial save that calibrates its prediction, on ranks
 that have seen only that trial, as a job starts right after its plan: after the three DCP modes, whose checkpoints
 fill the page cache, it meets a host its trial did not (bench/bench_planner.py, ``run_order``)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class DemoConfig:
-    """Everything ``ckptio demo`` can be told."""
-
-    ranks: int = 2
-    """Ranks of the job (gloo on CPU, 127.0.0.1)."""
-
-    saves: int = 5
-    """Saves per run when ``steps`` is not given: the first (reported apart) and the steady ones."""
-
-    every: int | None = None
-    """Save every this many steps; None lets the planner pick the shortest interval at which the flush keeps
-    up with headroom (never at the last step, so the resume has a step to compare)."""
-
-    steps: int | None = None
-    """Training steps per run; None trains ``(saves + 1) × every`` (a full interval after the last save)."""
-
-    store_bandwidth: float = 200 * 2**20
-    """Write bandwidth of the emulated shared store, bytes/s, shared by every rank and writer."""
-
-    store: Literal["posix", "s3"] = "posix"
-    """``posix``: a directory under ``out``; ``s3``: ckptio writes to an embedded moto S3 server."""
-
-    out: str = "ckptio-demo"
-    """Working directory: stores, events, logs, report."""
-
-    shape: ModelShape = field(default_factory=ModelShape)
-    """Model size (``--quick`` uses a small one)."""
-
-    seed: int = 0
-    """Seed of the model and data."""
-
-    fsync: bool = True
-    """fsync checkpoint files in every mode, as a real filesystem client would."""
-
-    timeout_s: float = 600.0
-    """Longest one run may take before its ranks are ended."""
-
-    def __post_init__(self) -> None:
-        if self.ranks < 1:
-            raise ConfigError(f"--ranks must be >= 1, got {self.ranks}")
-        if self.saves < 2:
-            raise ConfigError(f"--saves must be >= 2 (the first and a steady one), got {self.saves}")
-        if self.every is not None and self.every < 1:
-            raise ConfigError(f"--every must be >= 1, got {self.every}")
-        if self.steps is not None and self.steps < 2:
-            raise ConfigError(f"--steps must be >= 2, got {self.steps}")
-        if self.every is not None and self.steps is not None and self.steps <= self.every:
-            raise ConfigError(f"need --steps > --every (got steps={self.steps}, every={self.every})")
-        if self.store_bandwidth <= 0:
-            raise ConfigError("--store-bandwidth must be positive")
-        if self.store not in ("posix", "s3"):
-            raise ConfigError(f"--store must be posix or s3, got {self.store!r}")
-        if self.shape.vocab % self.ranks:
-            raise ConfigError(f"the model's vocab ({self.shape.vocab}) must divide over {self.ranks} ranks")
-
-    def with_every(self, every: int) -> DemoConfig:
-        """This configuration at ``every``, with its steps resolved."""
-        return replace(self, every=every, steps=self.steps or (self.saves + 1) * every)
-
-
-QUICK = DemoConfig(
-    store_bandwidth=96 * 2**20,
-    shape=ModelShape(vocab=16_384, d_model=128, layers=1, heads=2, seq_len=64, batch=8),
-)
-"""``--quick``: a 27 MiB checkpoint; the saves still dominate the step time."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -196,19 +127,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
             committed = next((r.committed for r in results[mode] if r.committed), [])
             prune_older_steps(_store_spec(config, paths, mode, s3_endpoint), committed)
     check = ResumeCheck.of(resumed, results["ckptio"][0], s3=s3_endpoint is not None)
-    for line in check.lines():
-        console.print(line)
-    console.print(
-        "[bold]Measured[/], per save after the first (median over saves): stall = training thread blocked (in "
-        "save(), and waiting for the staging copy before the next optimizer step; slowest rank); time lost = "
-        "stall + extra step time while the flush ran, over the mean step without one (mean over ranks: lockstep "
-        "ranks' sums over a few steps differ by how far one runs ahead of the other); slower steps = time lost − "
-        "stall; also as a share of training time; flush lag = save() call → committed (slowest rank)."
-    )
-    console.print(results_table(rows))
-    for line in first_save_lines(rows) + prediction_check_lines(rows, prediction):
-        console.print(line)
-    console.print(cpu_line(rows))
+    _show_results(console, rows, check, prediction)
     reports = _write_reports(console, paths)
     verdict = verdict_line(rows, check, prediction)
     wall = time.monotonic() - began
@@ -227,6 +146,24 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoOutcome:
     if not check.bit_exact:
         raise CkptError("the resumed run's losses differ from the uninterrupted run's (see above)")
     return outcome
+
+
+def _show_results(console: Console, rows: list[RunRow], check: ResumeCheck, prediction: Prediction) -> None:
+    """The resume's comparison, what each measured figure means, the table, the first saves against the
+    prediction, and the CPU the runs used."""
+    for line in check.lines():
+        console.print(line)
+    console.print(
+        "[bold]Measured[/], per save after the first (median over saves): stall = training thread blocked (in "
+        "save(), and waiting for the staging copy before the next optimizer step; slowest rank); time lost = "
+        "stall + extra step time while the flush ran, over the mean step without one (mean over ranks: lockstep "
+        "ranks' sums over a few steps differ by how far one runs ahead of the other); slower steps = time lost − "
+        "stall; also as a share of training time; flush lag = save() call → committed (slowest rank)."
+    )
+    console.print(results_table(rows))
+    for line in first_save_lines(rows) + prediction_check_lines(rows, prediction):
+        console.print(line)
+    console.print(cpu_line(rows))
 
 
 @contextlib.contextmanager
@@ -261,28 +198,10 @@ def _plan(
     direct_io = config.store == "posix"
     machine = measure_machine(config.shape, world=config.ranks, seed=config.seed, store_dir=paths.store,
                               disk=direct_io)
-    step_time_s, copy_bytes_per_s = machine.step_time_s, machine.copy_bytes_per_s
-    world, bandwidth, state = config.ranks, config.store_bandwidth, config.shape.state_bytes()
-    if config.every is None:
-        choice = choose_every(
-            state, world=world, bytes_per_s=bandwidth, step_time_s=step_time_s, copy_bytes_per_s=copy_bytes_per_s
-        )
-    else:
-        choice = given_every(
-            state,
-            every=config.every,
-            world=world,
-            bytes_per_s=bandwidth,
-            step_time_s=step_time_s,
-            copy_bytes_per_s=copy_bytes_per_s,
-        )
+    world, bandwidth = config.ranks, config.store_bandwidth
+    choice = _choose_interval(config, machine)
     config = config.with_every(choice.every)
-    # Every run's saves stay until all are measured: refuse now, not on a full disk minutes into a run.
-    runs = len(RUN_MODES) - (s3_endpoint is not None)
-    saves = len(save_steps(every=choice.every, steps=config.steps or 0))
-    check_store_space(paths.store, store_bytes_needed(state_bytes=state, saves_per_run=saves, directory_runs=runs,
-                                                      calibrate=direct_io),
-                      what=f"{runs} runs x {saves} saves of {format_bytes(state)}, kept until every run is measured")
+    _check_space(config, paths, s3_endpoint, direct_io=direct_io)
     _intro(console, config, s3_endpoint)
     console.print(f"[bold]Interval[/]: {choice.reason()}")
     # ckptio writes the directory store with O_DIRECT: what that I/O costs the steps is measured by a trial save on
@@ -306,6 +225,29 @@ def _plan(
     for finding in prediction_findings(prediction):
         console.print(f"  [dim]planner: {finding}[/]")
     return config, choice, prediction
+
+
+def _choose_interval(config: DemoConfig, machine: MachineFigures) -> IntervalChoice:
+    """The planner's interval on ``machine``'s figures: its own pick, or its judgement of ``--every``."""
+    state, world, bandwidth = config.shape.state_bytes(), config.ranks, config.store_bandwidth
+    if config.every is None:
+        return choose_every(state, world=world, bytes_per_s=bandwidth, step_time_s=machine.step_time_s,
+                            copy_bytes_per_s=machine.copy_bytes_per_s)
+    return given_every(state, every=config.every, world=world, bytes_per_s=bandwidth,
+                       step_time_s=machine.step_time_s, copy_bytes_per_s=machine.copy_bytes_per_s)
+
+
+def _check_space(config: DemoConfig, paths: _Layout, s3_endpoint: str | None, *, direct_io: bool) -> None:
+    """Every run's saves stay until all are measured: refuse now, not on a full disk minutes into a run."""
+    assert config.every is not None  # resolved by the interval choice
+    state = config.shape.state_bytes()
+    runs = len(RUN_MODES) - (s3_endpoint is not None)
+    saves = len(save_steps(every=config.every, steps=config.steps or 0))
+    check_store_space(paths.store, store_bytes_needed(state_bytes=state, saves_per_run=saves, directory_runs=runs,
+                                                      calibrate=direct_io),
+                      what=f"{runs} runs x {saves} saves of {format_bytes(state)}, kept until every run is measured")
+
+
 def _store_spec(config: DemoConfig, paths: _Layout, mode: Mode, s3_endpoint: str | None) -> StoreSpec:
     name = "ckptio" if mode == "resume" else mode
     throttle = os.path.join(paths.store, f"{name}.throttle")

@@ -193,18 +193,6 @@ def predict(
     S3 server); ``trial_lost_s``: a trial ckptio save's cost, measured on the job's ranks
     (:attr:`Prediction.trial_lost_s`); ``largest_rank_bytes``: the bytes of the rank that saves the most
     (:attr:`Prediction.bytes_per_rank`), from the trial saves; None: an equal share of the state."""
-
-    def plan(mode: Literal["sync", "async"]) -> BurstBudget:
-        return plan_demo(
-            shape.state_bytes(),
-            world=world,
-            bytes_per_s=bytes_per_s,
-            every=every,
-            step_time_s=machine.step_time_s,
-            copy_bytes_per_s=machine.copy_bytes_per_s,
-            mode=mode,
-        )
-
     state_bytes = shape.state_bytes()
     if largest_rank_bytes is not None and not 0 < largest_rank_bytes <= state_bytes:
         raise ConfigError(f"the largest rank's bytes must be within (0, {state_bytes}], got {largest_rank_bytes!r}")
@@ -227,5 +215,14 @@ def predict(
     if trial_lost_s is not None and direct_io:
         direct_io_s_per_gib = excess_from_trial(trial_lost_s, modes["ckptio"], bytes_per_rank)
         modes = model(direct_io_s_per_gib)
-    return Prediction(machine=machine, sync=plan("sync"), staged=plan("async"), modes=modes,
+    sync, staged = (_burst_budget(shape, world=world, bytes_per_s=bytes_per_s, every=every, machine=machine, mode=mode)
+                    for mode in ("sync", "async"))
+    return Prediction(machine=machine, sync=sync, staged=staged, modes=modes,
                       trial_lost_s=trial_lost_s, direct_io_s_per_gib=direct_io_s_per_gib, bytes_per_rank=bytes_per_rank)
+
+
+def _burst_budget(shape: ModelShape, *, world: int, bytes_per_s: float, every: int, machine: MachineFigures,
+                  mode: Literal["sync", "async"]) -> BurstBudget:
+    """The planner's burst budget for the demo job in ``mode``, on ``machine``'s step time and copy bandwidth."""
+    return plan_demo(shape.state_bytes(), world=world, bytes_per_s=bytes_per_s, every=every,
+                     step_time_s=machine.step_time_s, copy_bytes_per_s=machine.copy_bytes_per_s, mode=mode)
