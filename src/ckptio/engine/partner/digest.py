@@ -15,21 +15,32 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ckptio.errors import ChecksumError
 from ckptio.format.records import DIGEST_PREFIX
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 CHUNK = 1 << 20
 """Read and send unit: large enough that per-call overhead vanishes, small enough to bound memory per transfer."""
 
 
-def new_hasher() -> Any:
+class Hasher(Protocol):
+    """What a digest is computed with: bytes in, chunk by chunk, then the hex digest (hashlib's hash objects)."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher() -> Hasher:
     """A fresh hash object of the digest algorithm (``update`` per chunk, then :func:`finish`)."""
     return hashlib.sha256()
 
 
-def finish(hasher: Any) -> str:
+def finish(hasher: Hasher) -> str:
     return DIGEST_PREFIX + hasher.hexdigest()
 
 

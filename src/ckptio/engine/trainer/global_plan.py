@@ -165,7 +165,8 @@ def _dropped(plans: Sequence[CompactPlan]) -> list[set[int]]:
 def _storage_size(item: CompactItem, props: Sequence[TensorProperties]) -> int:
     if item[5] is None:
         return 1  # DCP counts an object as 1: its size is not known
-    return math.prod(item[5]) * torch._utils._element_size(props[item[6]].dtype)
+    element_size: int = torch._utils._element_size(props[item[6]].dtype)
+    return math.prod(item[5]) * element_size
 
 
 def _answers_and_metadata(plans: Sequence[CompactPlan], dropped: Sequence[set[int]],
