@@ -30,12 +30,15 @@ The rules (issue 07; the layers are drawn in the README's "How a save flows"):
 * No two modules under ``src/`` share a basename (``__init__`` and ``__main__`` apart): a name must say which
   module it is without its package, in a traceback, an import line or a search.
 * No two sibling modules whose names are a couple of letters apart (one gets imported for the other).
+* The package drawing of docs/architecture.md names every module of ``engine/`` and of its three rooms, and every
+  trainer↔writer message of ``engine/protocol.py`` on its side: a drawing that is not checked drifts.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -458,6 +461,57 @@ def test_sibling_module_names_are_not_near_misses(graph):
     close = [f"{package}.{a} / {package}.{b}" for package, leaves in sorted(by_package.items())
              for a, b in itertools.combinations(sorted(leaves), 2) if names_too_close(a, b)]
     assert not close, "sibling modules whose names differ by two letters or fewer: " + ", ".join(close)
+
+
+ARCHITECTURE_DOC = SRC.parent / "docs" / "architecture.md"
+DRAWN_PACKAGES = ("ckptio.engine", "ckptio.engine.trainer", "ckptio.engine.writer", "ckptio.engine.restore")
+"""The packages whose every module the drawing in docs/architecture.md ("The pipeline's packages") names."""
+
+
+def package_drawing(doc: Path = ARCHITECTURE_DOC) -> str:
+    """The text block under docs/architecture.md's "The pipeline's packages" heading."""
+    section = doc.read_text().split("## The pipeline's packages", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def undrawn_modules(modules: Mapping[str, Module], drawing: str,
+                    packages: Iterable[str] = DRAWN_PACKAGES) -> list[str]:
+    """The modules directly in ``packages`` whose name the drawing never writes."""
+    words = set(re.findall(r"\w+", drawing))
+    packages = set(packages)
+    return sorted(name for name, module in modules.items() if not module.is_package
+                  and name.rpartition(".")[0] in packages and name.rpartition(".")[2] not in words)
+
+
+def _message_union(name: str) -> list[str]:
+    """The classes of ``engine.protocol``'s ``name = A | B | ...`` union."""
+    tree = ast.parse((SRC / ROOT_PACKAGE / "engine" / "protocol.py").read_text())
+    value = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(target, ast.Name) and target.id == name for target in node.targets))
+    return [node.id for node in ast.walk(value) if isinstance(node, ast.Name)]
+
+
+def test_package_drawing_names_every_engine_module(graph):
+    modules, _ = graph
+    missing = undrawn_modules(modules, package_drawing())
+    assert not missing, "docs/architecture.md's package drawing misses: " + ", ".join(missing)
+
+
+def test_package_drawing_names_every_message_on_its_side():
+    drawing = package_drawing()
+    to_writer, _, from_writer = drawing.partition("writer → trainer:")
+    to_writer = to_writer.partition("trainer → writer:")[2]
+    for text, union in ((to_writer, "ToWriter"), (from_writer, "FromWriter")):
+        words = set(re.findall(r"\w+", text))
+        missing = [cls for cls in _message_union(union) if cls not in words]
+        assert _message_union(union) and not missing, f"the drawing's {union} side misses: {missing}"
+
+
+def test_undrawn_modules_are_found(tmp_path):
+    modules, _ = _write_tree(tmp_path, {"engine/writer/pipeline.py": "", "engine/writer/flushes.py": "",
+                                        "engine/partner/server.py": "", "format/keys.py": ""})
+    drawing = "engine/writer/  pipeline ─▶ flush_pacer"
+    assert undrawn_modules(modules, drawing) == ["ckptio.engine.writer.flushes"]
 
 
 # --- the checker checks itself: each rule can fail -----------------------------------------------------------
