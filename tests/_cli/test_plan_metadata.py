@@ -82,3 +82,9 @@ def test_the_commands_as_a_user_runs_them(tmp_path: Path) -> None:
                              timeout=120, check=False)
     assert refused.returncode == 1, refused.stderr
     assert refused.stdout.startswith("ckptio admit: REFUSE") and "refuse: metadata" in refused.stdout
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "99999999"])
+def test_a_bad_keep_last_exits_2(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *JOB, "--write-bandwidth", "1GB/s", "--keep-last", value]) == 2
+    assert capsys.readouterr().err.startswith("ckptio plan: --keep-last")
