@@ -15,9 +15,12 @@
    defines, never older than the previous restore), then saves as fast as it can until it is killed -9 (trainer
    and writer) at a random moment after its first commit.
 
-Closing line: ``RATIOS metadata_100_vs_1=… uncommitted_max=… commit_lag_max_steps=…`` (metadata: the largest ratio
-of the wrapper's and strace's counts at 100 steps or leftovers over 1). Goals: metadata_100_vs_1 ≤ 1.1,
-uncommitted_max ≤ max_pending + 1 = 2, every kill restores a committed step.
+4. The first save at scale: the coordinator's planning of a 16,384-rank save (``bench_plan_scale.py``'s measure:
+   unpickle every rank's plan, plan, pickle each answer), after a warm-up at 64 ranks.
+
+Closing line: ``RATIOS metadata_100_vs_1=… uncommitted_max=… commit_lag_max_steps=… plan_16k_s=…`` (metadata: the
+largest ratio of the wrapper's and strace's counts at 100 steps or leftovers over 1). Goals: metadata_100_vs_1 ≤ 1.1,
+uncommitted_max ≤ max_pending + 1 = 2, every kill restores a committed step, plan_16k_s ≤ 2.
 
     .venv/bin/python bench/bench_commit.py [--mib 32] [--seconds 60] [--kills 20] [--strace-saves 5]
 """
@@ -44,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 
 from _common import ratio_line, scratch_dir, verdict
+from bench_plan_scale import measure as measure_plan
 from ckptio import Checkpointer
 from ckptio.config import CheckpointerConfig
 from ckptio.engine.protocol import Outbox, SaveDone, SaveJob, WriterPlan, WriterStart
@@ -284,12 +288,17 @@ def main() -> None:
     monotonic = all(t["monotonic"] for t in trials)
     print(f"kill -9: {len(trials)} kills, {found} restored a committed step, bit-exact {exact}, monotonic "
           f"{monotonic}; restored steps {[t['restored'] for t in trials]}")
+    measure_plan(64, 8, 4)  # warm-up: first-call costs are not the coordinator's
+    plan = measure_plan(16_384, 8, 4)
+    print(f"first save at 16,384 ranks: coordinator {plan['seconds']:.2f} s ({plan['cpu']:.2f} s CPU), DCP's "
+          f"{plan['dcp_seconds']:.2f} s in the same run")
     metadata = max(ratios)
     print(f"metadata_100_vs_1 {verdict(metadata, 1.1, at_most=True)}, uncommitted_max "
           f"{verdict(float(up['uncommitted_max']), 2.0, at_most=True)}")
     ratio_line(metadata_100_vs_1=metadata, uncommitted_max=float(up["uncommitted_max"]),
                commit_lag_p50_steps=float(up["lag_p50"]), commit_lag_max_steps=float(up["lag_max"]),
-               kills_restored=f"{found}/{len(trials)}", kills_exact_monotonic=str(exact and monotonic).lower())
+               kills_restored=f"{found}/{len(trials)}", kills_exact_monotonic=str(exact and monotonic).lower(),
+               plan_16k_s=plan["seconds"])
 
 
 if __name__ == "__main__":

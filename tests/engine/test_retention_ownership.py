@@ -74,7 +74,9 @@ def test_nothing_ckptio_did_not_write_is_deleted_by_retention_rollback_or_cleanu
     assert os.path.exists(os.path.join(user, "README"))
     assert sorted(os.listdir(crashed)) == [".metadata", "mine.txt"]  # its own keys went; .metadata stays beside
     with ckptio.Checkpointer(root, keep_last=1, lease_s=0) as ck:  # the next run's start and close sweep again
-        assert ck.restore({"w": torch.zeros(64)}) == 9
+        # The newest step is plain DCP's step 20: restore adopts it (issue 21), and saving 10 after it deletes
+        # nothing of it (a rollback retires ckptio's own steps only).
+        assert ck.restore({"w": torch.zeros(64)}) == 20 and ck.last_restore.level == "dcp"
         ck.save(10, {"w": torch.full((64,), 10.0)}).wait(timeout=120)
     assert fmt.committed_steps(PosixStorage(root)) == [10]
     assert [sorted(os.listdir(p)) for p in dcp_dirs] == dcp_files and os.path.exists(os.path.join(user, "README"))

@@ -14,6 +14,7 @@ import argparse
 import json
 
 from ckptio._cli.job_args import (
+    MAX_KEEP_LAST,
     MAX_RANKS,
     add_job_arguments,
     add_storage_arguments,
@@ -71,8 +72,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-MAX_KEEP_LAST = 10**6
-"""Committed checkpoints kept: more would need more space than any store has for any real job."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             profile = probe(args.root, ProbeConfig(max_seconds=seconds, file_size_bytes=64 << 20),
                             residency=residency)
     job = job_from_args(args, mode=args.mode, profile=profile)
-    budget = plan_burst(job.shape, job.storage, job.schedule)
+    budget = plan_burst(job.shape, job.storage, job.schedule, keep_last=policy.keep_last)
     result = admit(budget, root=args.root, data_dirs=args.data_dir, policy=policy, residency=residency,
                    root_region=args.root_region, capabilities=caps, commit=args.commit,
                    pace=plan_pace(job.shape, job.storage, budget, pace, store_share=share))

@@ -47,6 +47,8 @@ MAX_RANKS = 10**7
 MAX_DEGREE = 10**5
 MAX_ARCH = 10**9
 MAX_PREFIXES = 10**6
+MAX_KEEP_LAST = 10**6
+"""Committed checkpoints kept: more would need more space than any store has for any real job."""
 MAX_FILES_PER_RANK = 10**6
 MAX_BYTES = float(2**60)
 """An exbibyte: no checkpoint, file or tier is larger."""
@@ -265,6 +267,8 @@ def storage_model(args: argparse.Namespace, profile: StorageProfile | None = Non
             if args.metadata_ops
             else (profile.metadata_ops_per_s if profile else None)
         ),
+        # The flag replaces the probe's figures, per kind too: one rate for every kind.
+        metadata_rates={} if args.metadata_ops or profile is None else dict(profile.metadata),
         kind=args.storage_kind or (profile.kind if profile else "posix"),
         put_rate_per_prefix=(
             ops_flag(args.put_rate_per_prefix, "--put-rate-per-prefix")

@@ -15,18 +15,22 @@ from rich.console import Console
 from rich.table import Table
 
 from ckptio._cli.job_args import (
+    MAX_KEEP_LAST,
     Job,
     add_job_arguments,
     add_storage_arguments,
     checkpoint_model,
+    int_flag,
     job_from_args,
     schedule,
 )
 from ckptio._cli.level_args import LevelArgs, add_level_arguments, level_args
 from ckptio._cli.pace_args import add_pace_arguments, flush_pace, pace_rows, recommendation, store_share
 from ckptio.errors import ConfigError
+from ckptio.format.commit_ops import commit_ops
 from ckptio.plan.costs.background import MODES
 from ckptio.plan.costs.budget import BurstBudget, plan_burst
+from ckptio.plan.costs.commit_metadata import commit_shape
 from ckptio.plan.costs.inputs import Host
 from ckptio.plan.costs.multilevel import Loss, TwoLevelPlan, plan_two_levels
 from ckptio.plan.costs.pace import PacePlan, plan_pace
@@ -58,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_level_arguments(parser)
     add_pace_arguments(parser, store_share=True)
     parser.add_argument("--mode", choices=("async", "sync"), default="async", help="how the job saves")
+    parser.add_argument("--keep-last", default="3",
+                        help="committed checkpoints kept (3): retention's deletes are part of every commit")
     parser.add_argument("--json", action="store_true", help="print the budget as JSON")
     parser.set_defaults(func=run)
 
@@ -65,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     host = Host(cores_per_rank=_cores(args.cores_per_rank, "--cores-per-rank"),
                      train_cores=_cores(args.train_cores, "--train-cores"))
+    keep_last = int_flag(args.keep_last, "--keep-last", low=0, high=MAX_KEEP_LAST)
     if not args.profile and not args.write_bandwidth:
         model = checkpoint_model(args)
         plan = schedule(args, mode=args.mode)
@@ -74,14 +81,17 @@ def run(args: argparse.Namespace) -> int:
         given = flush_pace(args)  # the pace flags are checked without a store too
         echo = {"flush_pace": given.pace, "flush_pace_fraction": given.fraction, "store_share": store_share(args)}
         if args.json:
-            print(json.dumps({**sizing.to_json(), **_store_free_levels(shape, levels), **_STORE_FREE_PACE, **echo},
-                             indent=2))
+            ops = commit_ops(commit_shape(shape, keep_last=keep_last))  # counts need no store; their time does
+            metadata = {"metadata_ops": {"per_save": ops.per_save, "per_commit": ops.per_commit}}
+            print(json.dumps({**sizing.to_json(), **_store_free_levels(shape, levels), **_STORE_FREE_PACE, **echo,
+                              **metadata}, indent=2))
         else:
             print_sizing(Console(file=sys.stdout), model, sizing)
         return 0
     job = job_from_args(args, mode=args.mode)
     levels = level_args(args, step_time_s=job.schedule.step_time_s)
-    budget = plan_burst(job.shape, job.storage, job.schedule, host=host, network=levels.network)
+    budget = plan_burst(job.shape, job.storage, job.schedule, host=host, network=levels.network,
+                        keep_last=keep_last)
     two = plan_two_levels(job.shape, job.storage, job.schedule, budget, local=levels.local,
                           ranks_per_node=levels.ranks_per_node, node_mtbf_s=levels.node_mtbf_s,
                           job_loss_mtbf_s=levels.job_loss_mtbf_s, durable_share=levels.durable_share,
@@ -149,6 +159,7 @@ def print_budget(console: Console, job: Job, b: BurstBudget, pace: PacePlan) -> 
         ("sync stall", format_duration(b.sync_stall_s), "copy + flush, training waits"),
         ("flush", format_duration(b.flush_s), f"limited by {b.bottleneck}"),
         *pace_rows(pace),
+        _metadata_row(b),
         ("interval", format_duration(b.interval_s), _interval_note(b)),
         ("keeps up", "yes" if b.keeps_up else "NO", f"flush takes {b.flush_s / b.interval_s:.0%} of it"),
         ("overhead", f"{b.overhead_fraction:.2%}", f"{format_duration(b.stall_s_per_checkpoint)} per save"),
@@ -275,6 +286,13 @@ def _store_note(job: Job) -> str:
     if st.serialize_bytes_per_s != float("inf"):
         parts.append(f"serialize {format_rate(st.serialize_bytes_per_s)} per writer")
     return ", ".join(parts)
+
+
+def _metadata_row(b: BurstBudget) -> tuple[str, str, str]:
+    """One line for the metadata work of a save and its commit: its time, and the operations behind it."""
+    per_save, per_commit = (sum(b.metadata_ops[part].values()) for part in ("per_save", "per_commit"))
+    return ("commit metadata", format_duration(b.commit_metadata_s),
+            f"{per_save:,} ops per save + {per_commit:,} per commit, {b.commit_metadata['rates_source']} rates")
 
 
 def _interval_note(b: BurstBudget) -> str:

@@ -3,6 +3,7 @@
 Owns the refusal rules of ``ckptio admit`` (contract: each rule below is one line of output when it fires):
 
 * the flush cannot finish within the interval (the queue would grow until saves block or are skipped);
+* the metadata work of a save and its commit (:mod:`ckptio.plan.costs.commit_metadata`) outlasts the interval;
 * the per-checkpoint stall is above the budget (``max_stall_s``, default a tenth of the interval);
 * the root's free space is below ``keep_last + 1`` checkpoints (retention deletes only after a commit);
 * the burst needs more PUT requests per second than the prefixes sustain (object stores);
@@ -143,7 +144,7 @@ def admit(
     elif root is None and data_dirs:
         raise ConfigError("--data-dir needs --root: the check compares the two volumes")
     # The plan's findings that are not refusals already (those say the same thing once).
-    refused_codes = {"flush-behind", "put-rate"}
+    refused_codes = {"flush-behind", "put-rate", "metadata"}
     findings = zip(budget.reason_codes, budget.reasons, strict=True)
     result.warnings.extend(message for code, message in findings if code not in refused_codes)
     result.admitted = not result.reasons
@@ -166,6 +167,14 @@ def _burst_reasons(b: BurstBudget, policy: AdmissionPolicy) -> list[str]:
             f"{kind} of {format_duration(b.stall_s_per_checkpoint)} per checkpoint is above the budget of "
             f"{format_duration(budget_s)}"
             + ("; save asynchronously" if b.mode == "sync" else "; speed up the device-to-host copy")
+        )
+    if "metadata" in b.reason_codes:  # on the store's own rates; a time from the defaults only warns
+        per_save, per_commit = (sum(b.metadata_ops[part].values()) for part in ("per_save", "per_commit"))
+        out.append(
+            f"metadata of a save and its commit take {format_duration(b.commit_metadata_s)} "
+            f"({per_save:,} storage operations per save, {per_commit:,} per commit) but saves come every "
+            f"{format_duration(b.interval_s)}, so commits would fall behind; write fewer, larger files per rank, "
+            "keep fewer checkpoints (--keep-last) or use a store with a faster metadata service"
         )
     if b.storage_kind == "object" and b.put_requests_per_s > b.put_rate_limit:
         out.append(

@@ -10,7 +10,10 @@ for a step saved again — the crash-atomic supersede of ``format.supersede``.
 
 The commit lock (``commit.lock``, create-only) keeps a second committer of the same step (two jobs racing on one
 root with ownership off) from overwriting the winner's ``.metadata``; a lock older than ``commit_timeout_s`` is a
-crashed committer's. The ownership lease is checked right before the manifest is written.
+crashed committer's. So is, at once, a lock taken under another claim of the root than this job's: this job owns
+the root now (its lease is checked before it breaks the lock), so that committer's job is gone (killed and
+restarted: the restarted job saves the same step again and must not wait for a dead job's lock). The ownership
+lease is checked right before the manifest is written.
 
 ``CKPTIO_TEST_PAUSE=<level>:<point>:<dir>`` (tests only: tests/engine/test_supersede_crash.py) makes a writer stop
 at a named point of a supersede (``begun``, ``recorded``, ``metadata``, ``manifest``, ``done``), announce it with a
@@ -47,6 +50,8 @@ class CommitPoint:
     """``commit="lease"``: read each manifest back after writing it."""
     check_lease: Callable[[], None]
     """Raises unless this job still owns the root (right before a manifest is written)."""
+    claim: str = ""
+    """This job's claim of the root (``OwnerRecord.claim``; empty with ownership off), written into its locks."""
 
     def write(self, manifest: Manifest, raw_metadata: bytes, *,
               may_replace: Callable[[Manifest | None], bool]) -> Superseded | None:
@@ -86,7 +91,7 @@ class CommitPoint:
 
     def _lock(self, step: int, save_id: int) -> str:
         key = join_key(step_dir(step), COMMIT_LOCK)
-        body = json.dumps({"save_id": save_id, "time": time.time()}).encode()
+        body = json.dumps({"save_id": save_id, "time": time.time(), "claim": self.claim}).encode()
         for _ in range(2):
             try:
                 self.records.put(key, body, mode="create")
@@ -96,13 +101,23 @@ class CommitPoint:
                     held = json.loads(self.records.get(key))
                 except (StorageError, ValueError):
                     held = {}
-                if held.get("save_id") == save_id:
+                if held.get("save_id") == save_id and held.get("claim", "") == self.claim:
                     return key
-                if time.time() - float(held.get("time", 0)) < self.timeout_s:
+                if self._live_lock(held):
                     raise CommitError("another save is committing this step", root=self.records.url,
                                       step=step) from None
                 self.records.delete(key)  # stale: its committer died
         raise CommitError("cannot take the step's commit lock", root=self.records.url, step=step)
+
+    def _live_lock(self, held: dict[str, object]) -> bool:
+        """Whether another committer may still hold the lock ``held``: it is young, and taken under this job's claim
+        (or with ownership off, where there are no claims to tell jobs apart)."""
+        other_claim = held.get("claim", "")
+        if self.claim and other_claim != self.claim:
+            self.check_lease()  # this job owns the root: the lock's job does not, whatever its age
+            return False
+        taken = held.get("time", 0)
+        return time.time() - (float(taken) if isinstance(taken, (int, float)) else 0.0) < self.timeout_s
 
 
 def _pause(level: str, point: str) -> None:

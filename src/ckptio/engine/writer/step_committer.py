@@ -139,7 +139,8 @@ class StepCommitter:
         config = start.config
         self.point = CommitPoint(level.name, self.records, timeout_s=config.commit_timeout_s,
                                  verify=config.commit == "lease",
-                                 check_lease=lambda: ensure_lease(start.durable, start.owner))
+                                 check_lease=lambda: ensure_lease(start.durable, start.owner),
+                                 claim=start.owner.claim if start.owner is not None else "")
         self.cleanup = LevelCleanup(level.name, level.committed, start, out, live, keep_last=level.keep_last)
         self._requests: queue.Queue[CommitRequest | None] = queue.Queue()
         self._room = threading.Condition()

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ckptio.plan.costs.background import predict_modes
+from ckptio.plan.costs.commit_metadata import CommitMetadata, commit_metadata, commit_shape
 from ckptio.plan.costs.inputs import Host, Network, StoreTiming, Workload, WriterCosts
 from ckptio.plan.costs.intervals import PlannedInterval, Schedule, daly_interval_s, planned_interval, young_interval_s
 from ckptio.plan.costs.readback import durable_restore
@@ -24,6 +25,8 @@ from ckptio.plan.costs.store import FlushTimes, StoreLimits, bottleneck, flush_t
 from ckptio.plan.job.checkpoint import CheckpointShape
 from ckptio.plan.units import format_duration, format_rate
 
+DEFAULT_KEEP_LAST = 3
+"""Committed checkpoints kept, as the Checkpointer keeps them by default: retention's deletes are in every commit."""
 OVERHEAD_WARN_FRACTION = 0.05
 FLUSH_HEADROOM_WARN = 0.8
 INTERVAL_WASTE_WARN = 0.01
@@ -82,6 +85,15 @@ class BurstBudget(JobSizes):
     """Seconds to read one checkpoint back, per level, every rank restoring at once
     (:mod:`~ckptio.plan.costs.readback`; ``durable``: None when the read bandwidth is unknown). Levels other than
     ``durable`` join as they are planned."""
+    metadata_ops: dict[str, dict[str, int]]
+    """Storage operations of one save (``per_save``, every rank's writer) and of its commit (``per_commit``, rank 0's
+    committer) by kind, as :func:`ckptio.format.commit_ops.commit_ops` counts them for the job's shape."""
+    commit_metadata_s: float
+    """Seconds of metadata work of one save and its commit at the store's rates (probed per kind, else given, else
+    the default; :mod:`~ckptio.plan.costs.commit_metadata`); above the interval, the plan fails (warns, on the
+    defaults)."""
+    commit_metadata: dict[str, Any]
+    """Its parts: ``save_s``, ``commit_s``, the ``rates`` used per metadata kind and their ``rates_source``."""
     modes: dict[str, dict[str, Any]]
     """Per save mode (:data:`ckptio.plan.costs.background.MODES`): ``blocking_s``, ``background_cpu_s``, ``stolen_s``,
     ``flush_s``, ``step_inflation`` (None for a synchronous save) and ``lost_per_save_s``."""
@@ -90,7 +102,8 @@ class BurstBudget(JobSizes):
     reasons: list[str] = field(default_factory=list)
     """Each finding behind the verdict, with what to change."""
     reason_codes: list[str] = field(default_factory=list)
-    """A stable name per reason: flush-behind, flush-tight, stall, put-rate, interval."""
+    """A stable name per reason: flush-behind, metadata, metadata-unmeasured, flush-tight, stall, put-rate,
+    interval."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,59 +117,74 @@ def plan_burst(
     host: Host | None = None,
     costs: WriterCosts | None = None,
     network: Network | None = None,
+    keep_last: int = DEFAULT_KEEP_LAST,
 ) -> BurstBudget:
     """The closed-form budget of ``shape``'s checkpoints on ``storage`` under ``schedule``; ``host`` and ``costs``
     feed the per-mode background cost (defaults: :class:`Host`, :class:`WriterCosts` with the store's measured
-    serialize rate as ckptio's checksum rate), ``network`` the restore's exchange (default :class:`Network`)."""
+    serialize rate as ckptio's checksum rate), ``network`` the restore's exchange (default :class:`Network`),
+    ``keep_last`` the commit's retention (its deletes are metadata work of every commit)."""
     blocking = schedule.blocking_s(shape.bytes_per_rank_max)
     flush = flush_times(shape, storage)
-    sync_stall = blocking + flush.total_s
     mtbf = schedule.mtbf_for(shape.ranks)
     # δ for Young/Daly: what one checkpoint costs the loop when the flush keeps up.
-    cost = blocking if schedule.mode == "async" else sync_stall
+    cost = blocking if schedule.mode == "async" else blocking + flush.total_s
     optimal = daly_interval_s(cost, mtbf) if cost > 0 else mtbf
     interval = planned_interval(schedule, optimal)
     state = _steady_state(interval.seconds, blocking, flush.total_s, schedule.mode, mtbf)
     at_optimum = _steady_state(optimal, blocking, flush.total_s, schedule.mode, mtbf)
-    limit = bottleneck(shape, storage, flush)
-    put_requests_per_s = shape.requests / max(flush.data_s, flush.metadata_s, 1e-9)
-    findings = _findings(_Findings(
-        shape=shape, storage=storage, mode=schedule.mode, flush_s=flush.total_s, bottleneck=limit, interval=interval,
-        state=state, optimal_interval_s=optimal, cost_s=cost, mtbf_s=mtbf, put_requests_per_s=put_requests_per_s,
+    metadata = commit_metadata(commit_shape(shape, keep_last=keep_last), storage)
+    inputs = _Findings(
+        shape=shape, storage=storage, mode=schedule.mode, flush_s=flush.total_s,
+        bottleneck=bottleneck(shape, storage, flush), interval=interval, state=state, optimal_interval_s=optimal,
+        cost_s=cost, mtbf_s=mtbf, put_requests_per_s=_put_requests_per_s(shape, flush), metadata=metadata,
         extra_waste=state.waste_fraction - at_optimum.waste_fraction,
-    ))
-    reasons = [message for _, message in findings]
+    )
+    findings = _findings(inputs)
+    refused = not state.keeps_up or "metadata" in (code for code, _ in findings)
     return BurstBudget(
         **job_sizes(shape, schedule, blocking),
-        sync_stall_s=sync_stall,
-        flush_s=flush.total_s,
-        flush_data_s=flush.data_s,
-        flush_metadata_s=flush.metadata_s,
-        flush_requests_s=flush.requests_s,
-        bottleneck=limit,
-        interval_s=interval.seconds,
-        interval_steps=interval.steps,
-        interval_source=interval.source,
-        keeps_up=state.keeps_up,
-        stall_s_per_checkpoint=state.stall_s,
-        overhead_fraction=state.overhead_fraction,
-        checkpoint_cost_s=cost,
-        mtbf_s=mtbf,
-        young_interval_s=young_interval_s(cost, mtbf),
-        optimal_interval_s=optimal,
-        expected_lost_work_s=state.lost_s,
-        waste_fraction=state.waste_fraction,
-        gpu_hours_lost_per_day=state.waste_fraction * shape.ranks * 24.0,
-        storage_kind=storage.kind,
-        put_requests_per_s=put_requests_per_s,
-        put_rate_limit=storage.request_rate_limit,
+        **_flush_fields(shape, storage, flush, schedule),
+        **_interval_fields(inputs),
         restore_s={"durable": _restore_s(shape, storage, network or Network())},
+        **_metadata_fields(metadata),
         modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds,
                           overlap_s=schedule.overlap_s, host=host, costs=costs),
-        verdict="fail" if not state.keeps_up else ("warn" if reasons else "ok"),
-        reasons=reasons,
+        verdict="fail" if refused else ("warn" if findings else "ok"),
+        reasons=[message for _, message in findings],
         reason_codes=[code for code, _ in findings],
     )
+
+
+def _put_requests_per_s(shape: CheckpointShape, flush: FlushTimes) -> float:
+    """PUT-class requests a second the burst issues when it flushes as fast as bandwidth and metadata allow."""
+    return shape.requests / max(flush.data_s, flush.metadata_s, 1e-9)
+
+
+def _flush_fields(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes,
+                  schedule: Schedule) -> dict[str, Any]:
+    """The budget's flush keys: how long the burst takes to reach the store, and what limits it."""
+    return {"sync_stall_s": schedule.blocking_s(shape.bytes_per_rank_max) + flush.total_s,
+            "flush_s": flush.total_s, "flush_data_s": flush.data_s, "flush_metadata_s": flush.metadata_s,
+            "flush_requests_s": flush.requests_s, "bottleneck": bottleneck(shape, storage, flush),
+            "storage_kind": storage.kind, "put_requests_per_s": _put_requests_per_s(shape, flush),
+            "put_rate_limit": storage.request_rate_limit}
+
+
+def _interval_fields(f: _Findings) -> dict[str, Any]:
+    """The budget's schedule keys: the interval, the steady state at it, and the optimal intervals."""
+    state, interval = f.state, f.interval
+    return {"interval_s": interval.seconds, "interval_steps": interval.steps, "interval_source": interval.source,
+            "keeps_up": state.keeps_up, "stall_s_per_checkpoint": state.stall_s,
+            "overhead_fraction": state.overhead_fraction, "checkpoint_cost_s": f.cost_s, "mtbf_s": f.mtbf_s,
+            "young_interval_s": young_interval_s(f.cost_s, f.mtbf_s), "optimal_interval_s": f.optimal_interval_s,
+            "expected_lost_work_s": state.lost_s, "waste_fraction": state.waste_fraction,
+            "gpu_hours_lost_per_day": state.waste_fraction * f.shape.ranks * 24.0}
+
+
+def _metadata_fields(metadata: CommitMetadata) -> dict[str, Any]:
+    out = metadata.to_json()
+    return {"metadata_ops": out["metadata_ops"], "commit_metadata_s": out["commit_metadata_s"],
+            "commit_metadata": out["commit_metadata"]}
 
 
 def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes, *, blocking_s: float,
@@ -224,6 +252,7 @@ class _Findings:
     cost_s: float
     mtbf_s: float
     put_requests_per_s: float
+    metadata: CommitMetadata
     extra_waste: float
     """Waste at the planned interval beyond the waste at Daly's optimum."""
 
@@ -247,6 +276,7 @@ def _findings(f: _Findings) -> list[tuple[str, str]]:
             f"{format_duration(interval_s)}): one slow save and the next one waits; keep it under "
             f"{FLUSH_HEADROOM_WARN:.0%} with a longer interval or more bandwidth",
         ))
+    out.extend(_metadata_finding(f))
     if state.keeps_up and state.overhead_fraction > OVERHEAD_WARN_FRACTION:
         fix = "use async saves (ckptio)" if f.mode == "sync" else "lengthen the interval or speed up the copy"
         out.append((
@@ -270,6 +300,26 @@ def _findings(f: _Findings) -> list[tuple[str, str]]:
             f"MTBF {format_duration(f.mtbf_s)}): save {side} apart",
         ))
     return out
+
+
+def _metadata_finding(f: _Findings) -> list[tuple[str, str]]:
+    """A save and its commit whose metadata work alone outlasts the interval: the commits fall behind the saves
+    whatever the bandwidth (the writer's queue grows until saves block or are skipped), so on the store's own rates
+    the plan fails (``metadata``); on the built-in defaults it warns (``metadata-unmeasured``), since the store
+    may be far faster than the default."""
+    m, interval_s = f.metadata, f.interval.seconds
+    if m.total_s <= interval_s:
+        return []
+    per_save, per_commit = sum(m.ops.per_save.values()), sum(m.ops.per_commit.values())
+    fix = ("write fewer, larger files per rank, keep fewer checkpoints, use a store with a faster metadata service "
+           f"or save at least {format_duration(m.total_s)} apart" if m.measured else
+           "probe the store (`ckptio probe --out`, then --profile) or give --metadata-ops to judge it")
+    return [(
+        "metadata" if m.measured else "metadata-unmeasured",
+        f"metadata operations of a save and its commit take {format_duration(m.total_s)} at {m.rates_source} "
+        f"rates ({per_save:,} storage operations per save, {per_commit:,} per commit) but saves come every "
+        f"{format_duration(interval_s)}: {fix}",
+    )]
 
 
 def _restore_s(shape: CheckpointShape, storage: StoreLimits, network: Network) -> float | None:

@@ -19,7 +19,7 @@ from ckptio.plan.job.checkpoint import CheckpointShape
 NO_STORE_REASON = "no store given"
 NO_STORE_CODE = "no-store"
 _DAY_S = 86400.0
-_NEEDS_A_STORE = ("sync_stall_s", "flush_s", "keeps_up", "overhead_fraction", "modes")
+_NEEDS_A_STORE = ("sync_stall_s", "flush_s", "keeps_up", "overhead_fraction", "modes", "commit_metadata_s")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -11,7 +11,7 @@ takes to come back is :mod:`ckptio.plan.costs.readback`'s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ckptio.errors import ConfigError
@@ -43,6 +43,10 @@ class StoreLimits:
     metadata_ops_per_s: float | None = None
     """Metadata operations per second on a POSIX store, when known."""
 
+    metadata_rates: dict[str, float] = field(default_factory=dict)
+    """Operations per second of each metadata kind the probe measured (its profile's ``metadata``), which the
+    commit's metadata model (:mod:`~ckptio.plan.costs.commit_metadata`) prefers to the single rate."""
+
     kind: Literal["posix", "object"] = "posix"
     """POSIX (metadata-op limit) or object store (request-rate limit per prefix)."""
 
@@ -64,6 +68,9 @@ class StoreLimits:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
+        for kind, rate in self.metadata_rates.items():
+            if not rate > 0:
+                raise ConfigError(f"metadata rate of {kind} must be > 0, got {rate}")
         if self.kind not in ("posix", "object"):
             raise ConfigError(f"storage kind must be posix or object, got {self.kind!r}")
         if self.prefixes < 1:
