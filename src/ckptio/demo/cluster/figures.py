@@ -136,3 +136,32 @@ def recovery_figures(killed: float, relaunched: float, ranks: list[dict[str, Any
     return RecoveryFigures(phases=phases, total_s=previous - killed,
                            restored_step=min(steps) if len(steps) == len(ranks) else None, sources=sources,
                            level="/".join(sorted({r.get("level", "") for r in ranks})))
+
+
+@dataclass(frozen=True, slots=True)
+class PacingFigures:
+    """How a run's paces were applied, from its ranks' event logs (what the writers did, not what they were told).
+
+    ``partner_bytes_per_s``: each partner copy's bytes ÷ seconds (the ``replicate`` phase; copies the next save
+    hurried count in full); ``flush_*``: the ``flush_paced`` events' target and achieved rates; ``hurried``: the
+    paced flushes that went to full speed before their end (a later save, an emergency save, ``close()``)."""
+
+    partner_bytes_per_s: list[float]
+    flush_target_bytes_per_s: list[float]
+    flush_achieved_bytes_per_s: list[float]
+    hurried: int
+
+    @property
+    def paced_flushes(self) -> int:
+        return len(self.flush_target_bytes_per_s)
+
+
+def pacing_figures(events: list[dict[str, Any]]) -> PacingFigures:
+    """The paces applied, from the event records of every rank of a run."""
+    partner = [e["bytes"] / e["seconds"] for e in events
+               if e.get("event") == "phase" and e.get("phase") == "replicate" and e.get("bytes") and e.get("seconds")]
+    paced = [e for e in events if e.get("event") == "flush_paced"]
+    return PacingFigures(partner_bytes_per_s=partner,
+                         flush_target_bytes_per_s=[e["target_bytes_per_s"] for e in paced],
+                         flush_achieved_bytes_per_s=[e["achieved_bytes_per_s"] for e in paced],
+                         hurried=sum(bool(e.get("hurried")) for e in paced))
