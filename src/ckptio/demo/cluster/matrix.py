@@ -7,6 +7,12 @@ A configuration's interval is set from the lab's shape, never from the planner's
 filesystem across a shaped link take round trips), and the one the store cannot keep up with saves every
 ``TOO_FAST_STEPS`` steps. Then ``admit`` must refuse exactly that one.
 
+The interval the store cannot keep up with runs ``QUEUED_SAVES`` saves: enough that the saves waiting in host
+memory (``max_pending``) run out and the later ones wait for the writer, the steady state the planner predicts
+(fewer would measure only the queue filling). Its flush is the store's time per save once saves queue: the median
+gap between consecutive saves' last durable records (request → durable would count the queue, which grows with the
+run's length).
+
 Compared per configuration: the flush (first rank's request → last rank's durable record, the median over saves),
 the time lost per save, and ``restore_s`` (every rank restoring the newest step at once, the slowest rank). A
 prediction holds when predicted ÷ measured is within 0.8–1.2; for the time lost per save, also when the two differ
@@ -19,17 +25,18 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster import planner
-from ckptio.demo.cluster.figures import TrainFigures, train_figures
+from ckptio.demo.cluster.figures import TrainFigures, queued_flush_s, train_figures
 from ckptio.demo.cluster.session import LabSession
 
 SLACK = 2.5
 COMMIT_ALLOWANCE_S = 2.0
 TOO_FAST_STEPS = 3
+QUEUED_SAVES = 7
 STEP_GUESS_S = 0.12
 """A step's time, roughly, for setting intervals in steps (the plan is given the measured one)."""
 LOST_POINTS = 0.03
@@ -137,7 +144,8 @@ def run_link(session: LabSession, points: list[Point], *, state_mib: float, grad
     everys = [every_for(p, state_mib=state_mib, node_mbit=session.lab.config.node_mbit) for p in points]
     root, host_root = session.pfs_root(f"matrix-{point.store_mbit:g}-{point.nodes}-{time.monotonic_ns()}")
     spec = {"phase": "train", "saver": "ckptio", "root": root, "state_mib": state_mib, "grad_mib": grad_mib,
-            "intervals": [[every, every * saves] for every in everys], "calm_steps": 10, "hang": False,
+            "intervals": [[every, every * _saves(p, saves)] for p, every in zip(points, everys, strict=True)],
+            "calm_steps": 10, "hang": False,
             "restore_after": True,
             "options": {"keep_last": 2, "volume_check": "off", "lease_s": 0, "commit_timeout_s": 120}}
     before = _store_bytes(session)
@@ -150,11 +158,20 @@ def run_link(session: LabSession, points: list[Point], *, state_mib: float, grad
         job.kill()
     after = _store_bytes(session)
     carried = StoreBytes(written=after.written - before.written, read=after.read - before.read,
-                         checkpoints=(len(points) * saves + 1) * point.nodes * state_mib * 2**20)
+                         checkpoints=(sum(_saves(p, saves) for p in points) + 1) * point.nodes * state_mib * 2**20)
     restore_s = max(r["seconds"] for r in restored)
-    return [_judge(p, every, train_figures(phase, [], every=every), restore_s=restore_s, store=probes[key],
+    return [_judge(p, every, _figures(p, phase, every), restore_s=restore_s, store=probes[key],
                    root=str(host_root), state_mib=state_mib, carried=carried)
             for p, every, phase in zip(points, everys, records, strict=True)]
+
+
+def _saves(point: Point, saves: int) -> int:
+    return max(saves, QUEUED_SAVES) if point.fast else saves
+
+
+def _figures(point: Point, records: list[dict[str, Any]], every: int) -> TrainFigures:
+    figures = train_figures(records, [], every=every)
+    return replace(figures, flush_s=queued_flush_s(records)) if point.fast else figures
 
 
 def _judge(point: Point, every: int, figures: TrainFigures, *, restore_s: float, store: planner.StoreFigures,

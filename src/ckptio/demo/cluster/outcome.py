@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster import planner
+from ckptio.demo.cluster.cpu import SaveCpu
 from ckptio.demo.cluster.figures import PacingFigures, RecoveryFigures, TrainFigures
 from ckptio.errors import ConfigError
 from ckptio.testing.cluster import LabConfig
@@ -94,6 +95,7 @@ class RunOutcome:
     pacing: PacingFigures | None = None
     every: int = 0
     """The run's interval in steps (the paced run's is stretched: ``ClusterConfig.paced_every``)."""
+    cpu: SaveCpu | None = None
 
 
 @dataclass

@@ -22,7 +22,8 @@ from typing import Any
 from rich.console import Console
 
 from ckptio.demo.cluster import planner
-from ckptio.demo.cluster.figures import pacing_figures, recovery_figures, train_figures
+from ckptio.demo.cluster.cpu import save_cpu
+from ckptio.demo.cluster.figures import calm_span, pacing_figures, recovery_figures, saving_span, train_figures
 from ckptio.demo.cluster.matrix import STEP_GUESS_S
 from ckptio.demo.cluster.outcome import ClusterConfig, ClusterOutcome, RunOutcome
 from ckptio.demo.cluster.session import LabSession
@@ -110,13 +111,15 @@ def run_one(session: LabSession, config: ClusterConfig, name: str, saver: str, s
     root = session.pfs_root(tag)[0] if store == "pfs" else session.s3_root(tag)
     local = str(session.lab.local_path / tag) if saver == "ckptio" else None
     lose = store == "pfs" and not paced
-    events = session.lab.dir / f"events-{tag}.jsonl" if saver == "ckptio" else None
+    events = config.out.resolve() / f"events-{tag}.jsonl" if saver == "ckptio" else None  # kept for a look after
     spec = spec_for(config, saver, root, local, hang=lose, paced=paced, events=None if events is None else str(events))
     nodes, rpn = list(range(config.nodes)), config.ranks_per_node
     run, job = session.run_job(spec, nodes, rpn)
     durable = durable_steps(config) if saver == "ckptio" else None
     result = train_figures(run.records, session.loader_samples(), every=config.every, durable=durable)
     pacing = pacing_figures(read_events(events, config.ranks)) if events is not None else None
+    cpu = save_cpu(run.cpu, calm=calm_span(run.records), saving=saving_span(run.records), saves=result.saves,
+                   nodes=config.nodes)
     recovery = None
     if lose:
         resumed = session.lose_and_resume(job, {**spec, "phase": "resume", "hang": False}, config.lost_node, nodes, rpn)
@@ -126,7 +129,8 @@ def run_one(session: LabSession, config: ClusterConfig, name: str, saver: str, s
         step_time_s=result.clean_step_s, every=config.every,
         durable_every=config.durable_every if saver == "ckptio" else 1,
         network_bytes_per_s=config.node_mbit * 1e6 / 8, local_bytes_per_s=local_rate)
-    return RunOutcome(name, saver, store, result, planner.plan(job_shape, figures), recovery, pacing, config.every)
+    return RunOutcome(name, saver, store, result, planner.plan(job_shape, figures), recovery, pacing, config.every,
+                      cpu)
 
 
 def read_events(path: Path, ranks: int) -> list[dict[str, Any]]:

@@ -89,10 +89,15 @@ def recovery_table(outcome: ClusterOutcome) -> Table:
 
 
 def pacing_lines(outcome: ClusterOutcome) -> list[str]:
-    """What the writers applied, per ckptio run (from their event logs): the partner copies' and the paced
-    flushes' rates beside the pace, and how many paced flushes a later save hurried to full speed."""
+    """Per run, the CPU its saves took outside training beside the planner's charge; per ckptio run, what its
+    writers applied (from their event logs): the partner copies' and the paced flushes' rates beside the pace, and
+    how many paced flushes a later save hurried to full speed."""
     lines = []
     for run in outcome.runs:
+        if run.cpu is not None:
+            lines.append(f"  {run.name}: CPU per save per node outside training: writer {run.cpu.writer_s:.2f} s, "
+                         f"FUSE client {run.cpu.client_s:.2f} s; planner's background CPU "
+                         f"{_mode(run.plan, run.saver).get('background_cpu_s', float('nan')):.2f} s")
         p = run.pacing
         if p is None:
             continue
