@@ -33,8 +33,9 @@ class ClusterConfig:
     """The gradient all-reduced across the nodes every step."""
     every: int = 10
     """Save every this many steps."""
-    saves: int = 3
-    """Saves per run (after an untimed first one)."""
+    saves: int = 4
+    """Saves per run (after an untimed first one). Even, so that the newest save is on the local level only and a
+    node loss restores from the local level and the partner copy (with ``durable_every`` 2)."""
     calm_steps: int = 12
     """Steps before any save: the clean step, the calm all-reduce and loader rates."""
     durable_every: int = 2
