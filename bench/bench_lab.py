@@ -27,23 +27,24 @@ from ckptio.demo.cluster import matrix, planner
 from ckptio.demo.cluster.outcome import ClusterConfig, ClusterOutcome
 from ckptio.demo.cluster.runner import run_cluster_demo
 from ckptio.demo.cluster.session import LabSession
-from ckptio.testing.cluster import LabConfig, LabUnavailable
+from ckptio.testing.cluster import LabUnavailable
 
 
-def run_matrix(console: Console, out: Path, state_mib: float) -> list[matrix.PointResult]:
+def run_matrix(console: Console, session: LabSession, out: Path, state_mib: float,
+               probes: dict[tuple[float, int], planner.StoreFigures]) -> list[matrix.PointResult]:
+    """The matrix on the demo's lab (its shape: 4 nodes at 400 Mbit; each point reshapes the store's link and
+    uses the first ``nodes`` nodes). ``probes``: store figures already measured, by (store Mbit, nodes)."""
     results: list[matrix.PointResult] = []
-    with LabSession(LabConfig(nodes=4, node_mbit=400.0, store_mbit=800.0), loaders=False) as session:
-        probes: dict[tuple[float, int], planner.StoreFigures] = {}
-        for point in matrix.DEFAULT_POINTS:
-            console.print(f"[dim]· matrix: {point.label()} …[/]")
-            results.append(matrix.run_point(session, point, state_mib=state_mib, grad_mib=2.0, saves=3, out=out,
-                                            probes=probes))
+    for points in matrix.by_link(matrix.DEFAULT_POINTS):
+        console.print(f"[dim]· matrix: {'; '.join(p.label() for p in points)} …[/]")
+        results += matrix.run_link(session, points, state_mib=state_mib, grad_mib=2.0, saves=3, out=out,
+                                   probes=probes)
     return results
 
 
 def matrix_table(results: list[matrix.PointResult]) -> Table:
     table = Table(title="the planner held to the lab: measured | planner (planner ÷ measured)", title_justify="left")
-    for column in ("configuration", "interval", "flush", "lost per save", "restore_s", "admit"):
+    for column in ("configuration", "interval", "flush", "lost per save", "restore_s", "admit", "store link ÷ ckpt"):
         table.add_column(column)
     for r in results:
 
@@ -58,7 +59,8 @@ def matrix_table(results: list[matrix.PointResult]) -> Table:
                       cell(r.figures.flush_s, r.plan["flush_s"], "flush"),
                       cell(r.figures.lost_per_save_s, r.plan["modes"]["ckptio"]["lost_per_save_s"], "lost"),
                       cell(r.restore_s, r.plan["restore_s"].get("durable"), "restore"),
-                      verdict + ("" if r.admit_right else " ✗"))
+                      verdict + ("" if r.admit_right else " ✗"),
+                      f"{r.carried.written_share:.2f}" if r.carried else "—")
     return table
 
 
@@ -91,9 +93,14 @@ def main() -> int:
     args = parser.parse_args()
     console = Console(width=150)
     began = time.monotonic()
+    config = ClusterConfig(out=Path(args.out), state_mib=args.state_mib)
     try:
-        outcome = run_cluster_demo(ClusterConfig(out=Path(args.out), state_mib=args.state_mib), console)
-        results = [] if args.no_matrix else run_matrix(console, Path(args.out), args.state_mib)
+        # One lab for the demo and the matrix: the matrix's shape is the demo's, and the demo's probe of the
+        # parallel FS at the full store link on all nodes is the matrix's probe for that configuration.
+        with LabSession(config.lab(), loaders=False) as session:
+            outcome = run_cluster_demo(config, console, session)
+            probes = {(config.store_mbit, config.nodes): outcome.stores["pfs"]} if config.ranks_per_node == 1 else {}
+            results = [] if args.no_matrix else run_matrix(console, session, Path(args.out), args.state_mib, probes)
     except LabUnavailable as exc:
         print(f"bench_lab: the cluster lab cannot run here: {exc}", file=sys.stderr)
         return 1

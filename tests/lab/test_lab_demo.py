@@ -34,6 +34,10 @@ def test_the_demo_job_loses_a_node_and_resumes_from_local_and_partner(lab: Lab, 
     rec = recovery_figures(resumed.killed, resumed.relaunched, resumed.ranks)
     assert rec.restored_step == config.every * config.saves, resumed.ranks  # the newest, local-only save
     assert rec.level == "local" and rec.sources.get("partner"), rec  # the lost node's shard came over the fabric
+    # The survivor's own shard is on its own node: nothing of it crosses the fabric (its state's names are its own,
+    # not replicated ones DCP's planner would save once and send every rank).
+    survivor = resumed.ranks[0]  # rank 0, on node 0
+    assert survivor["sources"] == {"local": survivor["sources"].get("local")} and survivor["sources"]["local"], survivor
     assert list(rec.phases) == list(RECOVERY_PHASES)
     assert sum(rec.phases.values()) == pytest.approx(rec.total_s)
 
@@ -41,7 +45,7 @@ def test_the_demo_job_loses_a_node_and_resumes_from_local_and_partner(lab: Lab, 
 def test_the_planner_probes_the_store_from_inside_every_node(lab: Lab, tmp_path: Path) -> None:
     """Probes on both nodes at once: their sum is the job's aggregate, which the store's link bounds."""
     figures = planner.probe_store(LabSession.on(lab), [0, 1], "pfs", tmp_path, ranks_per_node=1,
-                                  file_size="4MiB", seconds=60.0)
+                                  file_size="4MiB", seconds=20.0)
     store_link = lab.config.store_mbit * 1e6 / 8
     assert 0 < figures.write_bytes_per_s <= store_link * 1.1, figures  # htb's small burst allowance
     assert len(figures.per_node_write) == 2 and figures.profile.exists()

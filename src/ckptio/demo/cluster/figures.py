@@ -18,6 +18,7 @@ Pure functions of the records: nothing here starts, waits or prints.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,16 +83,43 @@ def train_figures(records: list[dict[str, Any]], loaders: list[list[dict[str, fl
             lags.extend(s["durable"] - s["requested"] for s in saves)
     windows = _windows(records)
     flying = {step["step"] for r in records for step in r["steps"] if step["in_flight"]}
-    calm_span = (max(r["calm_span"][0] for r in records), min(r["calm_span"][1] for r in records))
+    calm = calm_span(records)
     return TrainFigures(
         lost_per_save_s=statistics.fmean(x for x in lost if x is not None) if any(x is not None for x in lost) else 0.0,
         flush_s=_median(flushes), lag_max_s=max(lags) if lags else None, clean_step_s=clean,
         allreduce_calm_s=statistics.median(c["reduce_s"] for r in records for c in r["calm"]),
         allreduce_saving_s=_median([s["reduce_s"] for r in records for s in r["steps"] if s["step"] in flying]),
-        loader_calm_mbit=[_rate(samples, [calm_span]) for samples in loaders],
+        loader_calm_mbit=[_rate(samples, [calm]) for samples in loaders],
         loader_saving_mbit=[_rate(samples, windows) for samples in loaders],
         saves=len(by_step),
     )
+
+
+def queued_flush_s(records: list[dict[str, Any]]) -> float | None:
+    """The store's time per save while saves queue: the median gap between consecutive saves' last durable
+    records (saves that never went durable end the sequence)."""
+    last: dict[int, float] = {}
+    for r in records:
+        for s in r["saves"]:
+            if s["durable"] is None:
+                last[s["step"]] = float("inf")
+            else:
+                last[s["step"]] = max(last.get(s["step"], 0.0), s["durable"])
+    done = [last[step] for step in sorted(last)]
+    done = done[:done.index(float("inf"))] if float("inf") in done else done
+    return _median([b - a for a, b in itertools.pairwise(done)])
+
+
+def calm_span(records: list[dict[str, Any]]) -> tuple[float, float]:
+    """The wall-time span in which every rank was in its calm phase."""
+    return max(r["calm_span"][0] for r in records), min(r["calm_span"][1] for r in records)
+
+
+def saving_span(records: list[dict[str, Any]]) -> tuple[float, float]:
+    """First save requested → the last durable record (or the last step, for a save that never went durable)."""
+    began = min((s["requested"] for r in records for s in r["saves"]), default=0.0)
+    ended = max(s["durable"] if s["durable"] is not None else r["steps"][-1]["t"] for r in records for s in r["saves"])
+    return began, ended
 
 
 def _lost(record: dict[str, Any], every: int, clean: float) -> float | None:
@@ -136,3 +164,32 @@ def recovery_figures(killed: float, relaunched: float, ranks: list[dict[str, Any
     return RecoveryFigures(phases=phases, total_s=previous - killed,
                            restored_step=min(steps) if len(steps) == len(ranks) else None, sources=sources,
                            level="/".join(sorted({r.get("level", "") for r in ranks})))
+
+
+@dataclass(frozen=True, slots=True)
+class PacingFigures:
+    """How a run's paces were applied, from its ranks' event logs (what the writers did, not what they were told).
+
+    ``partner_bytes_per_s``: each partner copy's bytes ÷ seconds (the ``replicate`` phase; copies the next save
+    hurried count in full); ``flush_*``: the ``flush_paced`` events' target and achieved rates; ``hurried``: the
+    paced flushes that went to full speed before their end (a later save, an emergency save, ``close()``)."""
+
+    partner_bytes_per_s: list[float]
+    flush_target_bytes_per_s: list[float]
+    flush_achieved_bytes_per_s: list[float]
+    hurried: int
+
+    @property
+    def paced_flushes(self) -> int:
+        return len(self.flush_target_bytes_per_s)
+
+
+def pacing_figures(events: list[dict[str, Any]]) -> PacingFigures:
+    """The paces applied, from the event records of every rank of a run."""
+    partner = [e["bytes"] / e["seconds"] for e in events
+               if e.get("event") == "phase" and e.get("phase") == "replicate" and e.get("bytes") and e.get("seconds")]
+    paced = [e for e in events if e.get("event") == "flush_paced"]
+    return PacingFigures(partner_bytes_per_s=partner,
+                         flush_target_bytes_per_s=[e["target_bytes_per_s"] for e in paced],
+                         flush_achieved_bytes_per_s=[e["achieved_bytes_per_s"] for e in paced],
+                         hurried=sum(bool(e.get("hurried")) for e in paced))

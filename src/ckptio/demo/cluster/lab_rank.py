@@ -43,14 +43,21 @@ def say(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def make_state(spec: dict[str, Any], rank: int) -> dict[str, Any]:
-    """Model weights and two Adam moments, ``state_mib`` in all, distinct per rank. Every tensor is random, as a
-    trained model's moments are: MooseFS's client sends no all-zero blocks, so zeros would never cross the store's
-    link and every flush and restore would look faster than the link allows."""
+def make_state(spec: dict[str, Any], rank: int, *, seed: int | None = None) -> dict[str, Any]:
+    """This rank's shard of the model weights and two Adam moments, ``state_mib`` in all (ZeRO-3: every rank holds
+    its own share).
+
+    Every name carries the rank: plain tensors under one name on every rank are *replicated* for DCP's planner
+    (ckptio's and DCP-best's alike), which saves one rank's copy and has every rank restore it, so a job of N ranks
+    would write 1/N of the bytes the planner is told and each rank would restore from the other nodes' files.
+    Every tensor is random, as a trained model's moments are: MooseFS's client sends no all-zero blocks, so zeros
+    would never cross the store's link and every flush and restore would look faster than the link allows.
+    ``seed``: other values under the same names (a resumed rank's state, which the restore must overwrite)."""
     n = int(spec["state_mib"] * 2**20 / 4 / 3)
-    g = torch.Generator().manual_seed(rank)
-    return {"model": {"w": torch.randn(n, generator=g)},
-            "optim": {"m": torch.randn(n, generator=g), "v": torch.randn(n, generator=g).abs(), "step": torch.zeros(1)}}
+    g = torch.Generator().manual_seed(rank if seed is None else seed)
+    return {"model": {f"w{rank}": torch.randn(n, generator=g)},
+            "optim": {f"m{rank}": torch.randn(n, generator=g), f"v{rank}": torch.randn(n, generator=g).abs(),
+                      f"step{rank}": torch.zeros(1)}}
 
 
 class Saver:
@@ -136,12 +143,17 @@ class Step:
         self.grad.fill_(1.0)
         if saver is not None:
             saver.before_update()
-        self.state["model"]["w"][:4096].add_(1e-3)
-        self.state["optim"]["step"].add_(1)
+        next(iter(self.state["model"].values()))[:4096].add_(1e-3)
+        for name, value in self.state["optim"].items():
+            if name.startswith("step"):
+                value.add_(1)
         return time.perf_counter() - began, reduced
 
 
 def train(spec: dict[str, Any], rank: int) -> None:
+    """The calm phase, then one saving phase per ``[every, steps]`` of ``SPEC["intervals"]`` (default: ``every``
+    and ``steps``), each printed as its own ``result`` record beside the calm phase's steps: intervals on one
+    store share a launch, its imports and its writer's boot."""
     state = make_state(spec, rank)
     saver = Saver(spec, rank) if spec["saver"] != "none" else None
     step = Step(spec, state)
@@ -155,24 +167,13 @@ def train(spec: dict[str, Any], rank: int) -> None:
     calm_began = time.time()
     calm = [step(None) for _ in range(spec["calm_steps"])]
     calm_span = [calm_began, time.time()]
-    steps: list[dict[str, Any]] = []
-    saves: list[dict[str, Any]] = []
-    for index in range(1, spec["steps"] + 1):
-        began = time.time()
-        if saver is not None and index % spec["every"] == 0:
-            saver.save(index, state)
-            saves.append({"step": index, "requested": began, "returned": time.time()})
-        flying = saver is not None and saver.in_flight(saves)
-        seconds, reduce_s = step(saver)
-        steps.append({"step": index, "t": began, "s": seconds, "reduce_s": reduce_s, "in_flight": flying})
-    settle = time.time() + spec.get("settle_s", 60.0)
-    while saver is not None and saver.in_flight(saves) and time.time() < settle:
-        time.sleep(0.05)
-    for record in saves:
-        record["durable"] = saver.durable.get(record["step"]) if saver is not None else None
-    say(rank=rank, result={"calm": [{"s": s, "reduce_s": r} for s, r in calm], "calm_span": calm_span,
-                           "steps": steps, "saves": saves})
-    dist.barrier()
+    first = 1
+    for every, count in spec.get("intervals") or [[spec["every"], spec["steps"]]]:
+        steps, saves = saving_phase(saver, step, state, range(first, first + count), every)
+        first += count
+        say(rank=rank, result={"calm": [{"s": s, "reduce_s": r} for s, r in calm], "calm_span": calm_span,
+                               "steps": steps, "saves": saves})
+        dist.barrier()
     if spec.get("restore_after") and saver is not None:
         restore_timed(saver, state, rank)
     if spec.get("hang"):
@@ -181,6 +182,30 @@ def train(spec: dict[str, Any], rank: int) -> None:
             step(None)
     if saver is not None:
         saver.close()
+
+
+def saving_phase(saver: Saver | None, step: Step, state: dict[str, Any], indices: range,
+                 every: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Steps ``indices``, saving every ``every``-th of them; then waits (a while) until its saves are durable.
+    Returns the steps' and the saves' records."""
+    steps: list[dict[str, Any]] = []
+    saves: list[dict[str, Any]] = []
+    for index in indices:
+        began, began_pc = time.time(), time.perf_counter()
+        if saver is not None and (index - indices.start + 1) % every == 0:
+            saver.save(index, state)
+            saves.append({"step": index, "requested": began, "returned": time.time()})
+        flying = saver is not None and saver.in_flight(saves)
+        _, reduce_s = step(saver)
+        # The step's time counts its save() call: a save that blocks (its staging copy, a busy slot) costs the step.
+        steps.append({"step": index, "t": began, "s": time.perf_counter() - began_pc, "reduce_s": reduce_s,
+                      "in_flight": flying})
+    settle = time.time() + (saver.spec.get("settle_s", 60.0) if saver is not None else 0.0)
+    while saver is not None and saver.in_flight(saves) and time.time() < settle:
+        time.sleep(0.05)
+    for record in saves:
+        record["durable"] = saver.durable.get(record["step"]) if saver is not None else None
+    return steps, saves
 
 
 def restore_timed(saver: Saver, state: dict[str, Any], rank: int) -> None:
@@ -201,7 +226,7 @@ def restore_timed(saver: Saver, state: dict[str, Any], rank: int) -> None:
 
 
 def resume(spec: dict[str, Any], rank: int, times: dict[str, float]) -> None:
-    state = make_state(spec, rank + 1000)  # not the saved values: the restore must bring them
+    state = make_state(spec, rank, seed=rank + 1000)  # not the saved values: the restore must bring them
     saver = Saver(spec, rank)
     times["checkpointer"] = time.time()
     restored = saver.restore(state)

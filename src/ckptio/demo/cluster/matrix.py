@@ -7,6 +7,12 @@ A configuration's interval is set from the lab's shape, never from the planner's
 filesystem across a shaped link take round trips), and the one the store cannot keep up with saves every
 ``TOO_FAST_STEPS`` steps. Then ``admit`` must refuse exactly that one.
 
+The interval the store cannot keep up with runs ``QUEUED_SAVES`` saves: enough that the saves waiting in host
+memory (``max_pending``) run out and the later ones wait for the writer, the steady state the planner predicts
+(fewer would measure only the queue filling). Its flush is the store's time per save once saves queue: the median
+gap between consecutive saves' last durable records (request → durable would count the queue, which grows with the
+run's length).
+
 Compared per configuration: the flush (first rank's request → last rank's durable record, the median over saves),
 the time lost per save, and ``restore_s`` (every rank restoring the newest step at once, the slowest rank). A
 prediction holds when predicted ÷ measured is within 0.8–1.2; for the time lost per save, also when the two differ
@@ -19,17 +25,18 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster import planner
-from ckptio.demo.cluster.figures import TrainFigures, train_figures
+from ckptio.demo.cluster.figures import TrainFigures, queued_flush_s, train_figures
 from ckptio.demo.cluster.session import LabSession
 
 SLACK = 2.5
 COMMIT_ALLOWANCE_S = 2.0
 TOO_FAST_STEPS = 3
+QUEUED_SAVES = 7
 STEP_GUESS_S = 0.12
 """A step's time, roughly, for setting intervals in steps (the plan is given the measured one)."""
 LOST_POINTS = 0.03
@@ -48,7 +55,28 @@ class Point:
         return f"{self.store_mbit:g} Mbit, {self.nodes} nodes, {'too short' if self.fast else 'comfortable'}"
 
 
-DEFAULT_POINTS = (Point(200, 2), Point(400, 2), Point(800, 2), Point(200, 4), Point(800, 4), Point(200, 4, True))
+DEFAULT_POINTS = (Point(800, 4), Point(800, 4, True), Point(200, 4), Point(200, 4, True), Point(400, 2),
+                  Point(400, 2, True))
+"""Three store links, each with a comfortable interval and one the store cannot keep up with; 4 nodes on the
+fastest and slowest link, 2 on the middle one. One probe per link: the demo's probe is the 800 Mbit one (its lab
+is the matrix's, at the same shape)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreBytes:
+    """What crossed the store's link during a configuration's run (its htb counters), beside the checkpoint bytes
+    its saves wrote (every save, the untimed first one too): a store link that carried fewer bytes than the
+    checkpoints hold would mean the store skipped some (MooseFS sends no all-zero blocks) and every flush and
+    restore figure would look faster than the link allows. ``read`` includes the restore's bytes."""
+
+    written: int
+    read: int
+    checkpoints: float
+
+    @property
+    def written_share(self) -> float:
+        """Bytes into the store ÷ the checkpoints' bytes (≥ 1: every byte crossed, plus the protocol's)."""
+        return self.written / self.checkpoints if self.checkpoints else 0.0
 
 
 @dataclass
@@ -60,6 +88,7 @@ class PointResult:
     plan: dict[str, Any]
     admitted: bool
     reasons: list[str] = field(default_factory=list)
+    carried: StoreBytes | None = None
 
     def ratios(self) -> dict[str, float | None]:
         """predicted ÷ measured for flush, lost per save and restore_s."""
@@ -99,35 +128,73 @@ def every_for(point: Point, *, state_mib: float, node_mbit: float) -> int:
     return max(TOO_FAST_STEPS + 1, math.ceil(seconds / STEP_GUESS_S))
 
 
-def run_point(session: LabSession, point: Point, *, state_mib: float, grad_mib: float, saves: int,
-              out: Path, probes: dict[tuple[float, int], planner.StoreFigures]) -> PointResult:
-    """Shape the store's link, probe (once per link and node count), run, restore, plan and admit."""
-    lab = session.lab
-    lab.reshape("store", point.store_mbit)
+def run_link(session: LabSession, points: list[Point], *, state_mib: float, grad_mib: float, saves: int,
+             out: Path, probes: dict[tuple[float, int], planner.StoreFigures]) -> list[PointResult]:
+    """Configurations that share a store link and a node count: shape the link, probe (unless ``probes`` has
+    that link and node count), run their intervals one after the other in one launch of the job (one import, one
+    writer boot), restore once (``restore_s`` does not depend on the interval), then plan and admit each."""
+    point = points[0]
+    assert all((p.store_mbit, p.nodes) == (point.store_mbit, point.nodes) for p in points), points
+    session.lab.reshape("store", point.store_mbit)
     nodes = list(range(point.nodes))
     key = (point.store_mbit, point.nodes)
     if key not in probes:
         probes[key] = planner.probe_store(session, nodes, "pfs", out / f"matrix-{point.store_mbit:g}-{point.nodes}",
                                           ranks_per_node=1)
-    every = every_for(point, state_mib=state_mib, node_mbit=lab.config.node_mbit)
-    root, host_root = session.pfs_root(f"matrix-{point.store_mbit:g}-{point.nodes}-{every}-{time.monotonic_ns()}")
+    everys = [every_for(p, state_mib=state_mib, node_mbit=session.lab.config.node_mbit) for p in points]
+    root, host_root = session.pfs_root(f"matrix-{point.store_mbit:g}-{point.nodes}-{time.monotonic_ns()}")
     spec = {"phase": "train", "saver": "ckptio", "root": root, "state_mib": state_mib, "grad_mib": grad_mib,
-            "every": every, "steps": every * saves, "calm_steps": 10, "hang": False, "restore_after": True,
+            "intervals": [[every, every * _saves(p, saves)] for p, every in zip(points, everys, strict=True)],
+            "calm_steps": 10, "hang": False,
+            "restore_after": True,
             "options": {"keep_last": 2, "volume_check": "off", "lease_s": 0, "commit_timeout_s": 120}}
+    before = _store_bytes(session)
     job, _ = session.launch(spec, nodes, 1)
     try:
-        records = [job.line(r, "result", 600.0)["result"] for r in range(point.nodes)]
+        records = [[job.line(r, "result", 600.0)["result"] for r in range(point.nodes)] for _ in points]
         restored = [job.line(r, "restored", 600.0)["restored"] for r in range(point.nodes)]
         job.wait(120.0)
     finally:
         job.kill()
+    after = _store_bytes(session)
+    carried = StoreBytes(written=after.written - before.written, read=after.read - before.read,
+                         checkpoints=(sum(_saves(p, saves) for p in points) + 1) * point.nodes * state_mib * 2**20)
+    restore_s = max(r["seconds"] for r in restored)
+    return [_judge(p, every, _figures(p, phase, every), restore_s=restore_s, store=probes[key],
+                   root=str(host_root), state_mib=state_mib, carried=carried)
+            for p, every, phase in zip(points, everys, records, strict=True)]
+
+
+def _saves(point: Point, saves: int) -> int:
+    return max(saves, QUEUED_SAVES) if point.fast else saves
+
+
+def _figures(point: Point, records: list[dict[str, Any]], every: int) -> TrainFigures:
     figures = train_figures(records, [], every=every)
+    return replace(figures, flush_s=queued_flush_s(records)) if point.fast else figures
+
+
+def _judge(point: Point, every: int, figures: TrainFigures, *, restore_s: float, store: planner.StoreFigures,
+           root: str, state_mib: float, carried: StoreBytes) -> PointResult:
+    """``plan`` and ``admit`` of one configuration, on its probed store and its measured step."""
     shape = planner.JobShape(ranks=point.nodes, ranks_per_node=1, state_bytes_per_rank=state_mib * 2**20,
                              step_time_s=figures.clean_step_s, every=every)
-    plan = planner.plan(shape, probes[key])
-    verdict = planner.admit(shape, probes[key], str(host_root))
-    return PointResult(point, every, figures, max(r["seconds"] for r in restored), plan,
-                       admitted=verdict["exit_code"] == 0, reasons=list(verdict.get("reasons", [])))
+    verdict = planner.admit(shape, store, root)
+    return PointResult(point, every, figures, restore_s, planner.plan(shape, store),
+                       admitted=verdict["exit_code"] == 0, reasons=list(verdict.get("reasons", [])), carried=carried)
+
+
+def by_link(points: tuple[Point, ...]) -> list[list[Point]]:
+    """The points grouped by store link and node count, in first-seen order (one launch each)."""
+    groups: dict[tuple[float, int], list[Point]] = {}
+    for point in points:
+        groups.setdefault((point.store_mbit, point.nodes), []).append(point)
+    return list(groups.values())
+
+
+def _store_bytes(session: LabSession) -> StoreBytes:
+    counts = session.lab.link_bytes("store")
+    return StoreBytes(written=sum(counts["down"].values()), read=sum(counts["up"].values()), checkpoints=0.0)
 
 
 def worst_ratio(results: list[PointResult]) -> float | None:

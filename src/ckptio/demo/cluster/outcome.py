@@ -3,12 +3,14 @@ apart from the runner so the tables and the bench read them without the runner."
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster import planner
-from ckptio.demo.cluster.figures import RecoveryFigures, TrainFigures
+from ckptio.demo.cluster.cpu import SaveCpu
+from ckptio.demo.cluster.figures import PacingFigures, RecoveryFigures, TrainFigures
 from ckptio.errors import ConfigError
 from ckptio.testing.cluster import LabConfig
 
@@ -32,17 +34,18 @@ class ClusterConfig:
     every: int = 10
     """Save every this many steps."""
     saves: int = 4
-    """Saves per run (after an untimed first one)."""
-    calm_steps: int = 20
+    """Saves per run (after an untimed first one). Even, so that the newest save is on the local level only and a
+    node loss restores from the local level and the partner copy (with ``durable_every`` 2)."""
+    calm_steps: int = 12
     """Steps before any save: the clean step, the calm all-reduce and loader rates."""
     durable_every: int = 2
     """ckptio's two levels: every save local with a partner copy, every k-th durable."""
     paced_run: bool = True
     """Also run ckptio paced on the parallel FS (the fabric's figure: the all-reduce beside paced copies)."""
-    partner_pace_share: float = 0.3
-    """The paced run's ``partner_pace``: this share of a node's link."""
-    flush_pace: float | str | None = "auto"
-    """The paced run's ``flush_pace``."""
+    pace_share: float = 0.25
+    """The paced run's ``partner_pace`` and ``flush_pace``: this share of a node's link, so the all-reduce keeps
+    the rest of it while copies and flushes cross it (the paced run's interval is stretched until a save's copies
+    and flush fit in it at that pace: a save that finds the last one still going hurries it to full speed)."""
     stores: tuple[str, ...] = ("pfs", "s3")
     """Where ckptio runs (DCP-best runs on the parallel FS)."""
     out: Path = field(default_factory=lambda: Path("ckptio-demo-cluster"))
@@ -69,6 +72,17 @@ class ClusterConfig:
         return LabConfig(nodes=self.nodes, node_mbit=self.node_mbit, store_mbit=self.store_mbit)
 
 
+    @property
+    def pace_bytes_per_s(self) -> float:
+        return self.pace_share * self.node_mbit * 1e6 / 8
+
+    def paced_every(self, step_s: float) -> int:
+        """The paced run's interval in steps of ``step_s``: a durable save's partner copy and flush (this node's
+        ranks' bytes, twice) at the pace, with a quarter to spare, and never shorter than ``every``."""
+        seconds = 2 * self.ranks_per_node * self.state_mib * 2**20 / self.pace_bytes_per_s
+        return max(self.every, math.ceil(1.25 * seconds / max(step_s, 1e-3)))
+
+
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """One run: its figures, the planner's prediction, and the recovery when a node was lost."""
@@ -79,6 +93,10 @@ class RunOutcome:
     figures: TrainFigures
     plan: dict[str, Any]
     recovery: RecoveryFigures | None = None
+    pacing: PacingFigures | None = None
+    every: int = 0
+    """The run's interval in steps (the paced run's is stretched: ``ClusterConfig.paced_every``)."""
+    cpu: SaveCpu | None = None
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 
 from ckptio.demo.cluster.session import LabSession
 
-IMPORT_GRACE_S = 15.0
+IMPORT_GRACE_S = 8.0
 """Time the probes get to import before they all start measuring at once (this machine's cores are shared)."""
 BYTES_PER_PARAM = 12
 """fp32 weights and Adam's two fp32 moments (``--weights-dtype fp32 --optimizer adam-fp32``): the lab rank's state."""
@@ -63,7 +63,7 @@ class JobShape:
 
 
 def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Path, *, ranks_per_node: int,
-                file_size: str = "64MiB", seconds: float = 40.0) -> StoreFigures:
+                file_size: str = "32MiB", seconds: float = 24.0) -> StoreFigures:
     """``ckptio probe`` on every node in ``nodes`` at once against ``target`` (``pfs`` or ``s3``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     procs, profiles = [], []

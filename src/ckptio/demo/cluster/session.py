@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster import lab_rank
+from ckptio.demo.cluster.cpu import CpuSampler
 from ckptio.testing.cluster import Lab, LabConfig, Proc
 from ckptio.testing.cluster.jobs import RankJob, read_loader, write_dataset
 
@@ -31,6 +32,8 @@ class JobRun:
     records: list[dict[str, Any]]
     launched: float
     """Wall time of the launch."""
+    cpu: list[tuple[float, float, float]] = field(default_factory=list)
+    """:class:`~ckptio.demo.cluster.cpu.CpuSampler`'s samples over the run: the writers' and FUSE clients' CPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +129,20 @@ class LabSession:
         job, launched = self.launch(spec, nodes, ranks_per_node)
         key = "result" if spec["phase"] == "train" else "resume"
         try:
-            records = [job.line(rank, key, timeout)[key] for rank in range(len(job.procs))]
+            with CpuSampler([p.pid for p in job.procs], self.fuse_clients(nodes)) as cpu:
+                records = [job.line(rank, key, timeout)[key] for rank in range(len(job.procs))]
         except BaseException:
             job.kill()
             raise
         if not spec.get("hang"):
             job.wait(120.0)
             job.kill()
-        return JobRun(records, launched), job
+        return JobRun(records, launched, cpu.samples), job
+
+    def fuse_clients(self, nodes: list[int]) -> list[int]:
+        """The process ids of ``nodes``' parallel-filesystem clients (``mfsmount``; none for a kernel client)."""
+        names = {f"mfsmount-{self.lab.nodes[n].mount.name}" for n in nodes}
+        return [p.pid for p in self.lab.procs() if p.name in names]
 
     def lose_and_resume(self, job: RankJob, spec: dict[str, Any], node: int, nodes: list[int],
                         ranks_per_node: int) -> Recovery:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -85,3 +86,25 @@ def recovery_table(outcome: ClusterOutcome) -> Table:
         table.add_row(run.name, *(f"{rec.phases[p]:.2f}" for p in RECOVERY_PHASES), f"{rec.total_s:.2f}",
                       _s(predicted), ", ".join(f"{k}: {v} files" for k, v in sorted(rec.sources.items())))
     return table
+
+
+def pacing_lines(outcome: ClusterOutcome) -> list[str]:
+    """Per run, the CPU its saves took outside training beside the planner's charge; per ckptio run, what its
+    writers applied (from their event logs): the partner copies' and the paced flushes' rates beside the pace, and
+    how many paced flushes a later save hurried to full speed."""
+    lines = []
+    for run in outcome.runs:
+        if run.cpu is not None:
+            lines.append(f"  {run.name}: CPU per save per node outside training: writer {run.cpu.writer_s:.2f} s, "
+                         f"FUSE client {run.cpu.client_s:.2f} s; planner's background CPU "
+                         f"{_mode(run.plan, run.saver).get('background_cpu_s', float('nan')):.2f} s")
+        p = run.pacing
+        if p is None:
+            continue
+        copies = (f"partner copies {statistics.median(p.partner_bytes_per_s) / 1e6:.1f} MB/s (median of "
+                  f"{len(p.partner_bytes_per_s)})" if p.partner_bytes_per_s else "no partner copies")
+        flushes = (f"paced flushes {statistics.median(p.flush_achieved_bytes_per_s) / 1e6:.1f} MB/s, target "
+                   f"{statistics.median(p.flush_target_bytes_per_s) / 1e6:.1f} (hurried {p.hurried} of "
+                   f"{p.paced_flushes})" if p.paced_flushes else "no paced flush")
+        lines.append(f"  {run.name} (every {run.every} steps): {copies}; {flushes}")
+    return lines
