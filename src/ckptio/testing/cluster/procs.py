@@ -138,12 +138,13 @@ def private_mounts(binds: Sequence[tuple[str, Path]], argv: Sequence[str]) -> li
     directory: for daemons that hard-code paths such as ``/tmp`` or ``/var/run/gluster``. The namespace and its
     bind mounts vanish with the last process in it, never show in the host's ``/proc/mounts``, and two labs never
     share a file there. (Start such a daemon with a ``cwd`` and relative paths when a bind hides where its files
-    are, as binding ``/tmp`` hides a lab under ``/tmp``.)"""
+    are, as binding ``/tmp`` hides a lab under ``/tmp``.) The program is opened before the binds and run through
+    that descriptor: a binary under a bound directory (a venv in a checkout under ``/tmp``) stays reachable."""
     steps = [f"mkdir -p {shlex.quote(system)} && mount --bind {shlex.quote(str(mine))} {shlex.quote(system)}"
              for system, mine in binds]
     for _system, mine in binds:
         mine.mkdir(parents=True, exist_ok=True)
-    script = " && ".join([*steps, 'exec "$@"'])
+    script = " && ".join(['exec 9<"$1"', *steps, 'shift', 'exec /proc/self/fd/9 "$@"'])
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, argv[0], *argv]
 
 
