@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -138,14 +139,18 @@ def private_mounts(binds: Sequence[tuple[str, Path]], argv: Sequence[str]) -> li
     directory: for daemons that hard-code paths such as ``/tmp`` or ``/var/run/gluster``. The namespace and its
     bind mounts vanish with the last process in it, never show in the host's ``/proc/mounts``, and two labs never
     share a file there. (Start such a daemon with a ``cwd`` and relative paths when a bind hides where its files
-    are, as binding ``/tmp`` hides a lab under ``/tmp``.) The program is opened before the binds and run through
-    that descriptor: a binary under a bound directory (a venv in a checkout under ``/tmp``) stays reachable."""
+    are, as binding ``/tmp`` hides a lab under ``/tmp``.) A program under a bound directory (a venv's ``weed`` in a
+    checkout under ``/tmp``) is opened before the binds and run through that descriptor, so it stays reachable; any
+    other runs by its path (a Python run through a descriptor would not find its venv)."""
     steps = [f"mkdir -p {shlex.quote(system)} && mount --bind {shlex.quote(str(mine))} {shlex.quote(system)}"
              for system, mine in binds]
     for _system, mine in binds:
         mine.mkdir(parents=True, exist_ok=True)
-    script = " && ".join(['exec 9<"$1"', *steps, 'shift', 'exec /proc/self/fd/9 "$@"'])
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, argv[0], *argv]
+    program = os.path.abspath(shutil.which(argv[0]) or argv[0])
+    hidden = any(program.startswith(system.rstrip("/") + "/") for system, _mine in binds)
+    script = " && ".join(['exec 9<"$1"', *steps, 'shift', 'exec /proc/self/fd/9 "$@"'] if hidden
+                         else [*steps, 'exec "$@"'])
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, argv[0], program, *argv[1:]]
 
 
 def kill_recorded(pid: int, started: int) -> None:
