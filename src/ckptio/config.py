@@ -254,7 +254,7 @@ class CheckpointerConfig:
 
     partner_pace: float | None = None
     """Bytes per second for the node's partner copies, shared evenly by its ranks, so the copies leave the fabric to
-    the training's collectives (issue 19's lab: an unpaced copy slows the all-reduce that shares the NIC). None: as
+    the training's collectives (in the cluster lab an unpaced copy slows the all-reduce that shares the NIC). None: as
     fast as the link takes them. A copy is never paced below the partner's minimum transfer rate (it would miss the
     partner's deadline), and goes to full speed like a paced flush: when the next save arrives, on an emergency save
     and in ``close()`` (engine.partner.client)."""

@@ -8,7 +8,7 @@
   processes, or across clients of a shared filesystem), and filesystem stand-ins that refuse links or ``O_EXCL``;
 - :mod:`ckptio.testing.ranks`: one launcher for real ``torch.distributed`` gloo ranks;
 - :mod:`ckptio.testing.staging`: hold a Checkpointer's staging copy back (mutation-safety tests);
-- :mod:`ckptio.testing.cluster`: the cluster lab (issue 19): node namespaces behind shaped links, a parallel
+- :mod:`ckptio.testing.cluster`: the cluster lab: node namespaces behind shaped links, a parallel
   filesystem and S3 behind the store's link, ranks, loaders and node losses across them (root only).
 
 Nothing here is imported by the engine; the demo imports it, never the reverse.

@@ -1,4 +1,4 @@
-"""The planner held to the lab (issue 19, item 3): configurations of store link, node count and save interval; in
+"""The planner held to the lab: configurations of store link, node count and save interval; in
 each, ``ckptio probe`` inside the nodes, ``ckptio plan`` and ``ckptio admit`` on what it measured, and the job run
 for real (ckptio, one level, on the parallel FS), then restored from a cold page cache.
 

@@ -1,4 +1,4 @@
-"""The cluster lab (issue 19): nodes, a shaped fabric and a real distributed store on one machine.
+"""The cluster lab: nodes, a shaped fabric and a real distributed store on one machine.
 
 - :class:`Lab` / :class:`LabConfig`: N node network namespaces and a storage namespace on a bridge, every link
   shaped with ``tc htb`` (one class per peer and direction); MooseFS (or GlusterFS) mounted in every node; S3
