@@ -1,4 +1,5 @@
-"""What the writer process imports: no torch at boot on any rank, and none while a rank ≠ 0 serializes a save.
+"""What the writer process imports: no torch at boot on any rank, and none while a rank ≠ 0 serializes a save;
+and its priority, lowered before it imports anything of the writer.
 
 torch costs a writer seconds to boot and ~250 MiB of RSS per rank. Rank 0's committer imports it when it builds
 ``.metadata`` (DCP's classes); every other rank's writer must stay torch-free for its whole life.
@@ -29,6 +30,29 @@ def test_writer_entry_point_imports_no_torch():
     code = "import sys, ckptio.engine.writer.process; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_writer_lowers_its_priority_before_it_imports_the_writer():
+    # The entry module with a descriptor that is no socket: it takes its priority, imports the writer, then fails
+    # on the descriptor. What matters is the priority the import of the writer's code found.
+    code = """
+import builtins, os, runpy, sys
+sys.argv = ["writer", "-1", "5"]
+seen = []
+real_import = builtins.__import__
+def spy(name, *args, **kwargs):
+    if name == "ckptio.engine.writer.process" and not seen:
+        seen.append(os.getpriority(os.PRIO_PROCESS, 0))
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = spy
+try:
+    runpy.run_module("ckptio.engine.writer", run_name="__main__")
+except ValueError:  # "invalid handle"
+    pass
+print(seen[0] - os.getpriority(os.PRIO_PROCESS, os.getppid()) if seen else None)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "5"
 
 
 def _torch_mapped(pid: int) -> bool:

@@ -3,7 +3,7 @@
 * ``trainer/``: the training process's side. The :class:`~ckptio.engine.trainer.checkpointer.Checkpointer` API,
   the staging slots and the copy into them, the per-save decisions, the bookkeeping of saves in flight, the
   process-wide hooks, and the proxy that feeds the writer process.
-* ``writer/``: the writer process of one rank (``python -m ckptio.engine.writer.process FD``): the job pipeline
+* ``writer/``: the writer process of one rank (``python -m ckptio.engine.writer FD NICE``): the job pipeline
   (slot → data files → tiers → rank index), each level's writer and committer, the local tier, the flush pace.
   It never imports the trainer's or the restore's modules, and only rank 0's writer ever imports torch.
 * ``restore/``: restore on the training process: choose the step, plan who reads which ranges, read, verify and

@@ -37,7 +37,7 @@ def _launch(start: WriterStart) -> tuple[subprocess.Popen[bytes], Connection]:
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ckptio.engine.writer.process", str(theirs.fileno())],
+            [sys.executable, "-m", "ckptio.engine.writer", str(theirs.fileno()), str(start.config.writer_nice)],
             # The partner server's listening socket, held by the trainer, is inherited by each writer (its address
             # outlives a writer restart).
             pass_fds=[theirs.fileno()] + ([start.levels.listen_fd] if start.levels is not None else []),

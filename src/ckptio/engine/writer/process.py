@@ -1,4 +1,5 @@
-"""``python -m ckptio.engine.writer.process FD``: the writer process — entry point, message loop, priority, heartbeat.
+"""The writer process (started as ``python -m ckptio.engine.writer FD NICE``, which takes its priority first): the
+message loop, the heartbeat.
 
 The writer is started as a fresh interpreter (not multiprocessing's spawn) so it never re-imports the user's
 ``__main__`` — training scripts without an ``if __name__ == "__main__"`` guard, notebooks and torchrun entry points
@@ -23,7 +24,6 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
-from ckptio._proc import lower_priority
 from ckptio.engine import process_hooks
 from ckptio.engine.owner_record import OwnerRecord, heartbeat
 from ckptio.engine.protocol import (
@@ -94,7 +94,6 @@ def _run_pipeline(writer: Writer, work: queue.Queue[WriterPlan | SaveJob | None]
 
 def writer_main(conn: Connection, start: WriterStart) -> None:
     """Process body: serve jobs until ``WriterStop`` or the trainer goes away, then say ``WriterStopped``."""
-    lower_priority(start.config.writer_nice)
     out = Outbox(conn, start.rank)
     out.event(Event.WRITER_STARTED, None, pid=os.getpid())
     if start.rank == 0:
@@ -136,5 +135,3 @@ def main() -> None:
     writer_main(conn, start)
 
 
-if __name__ == "__main__":
-    main()
