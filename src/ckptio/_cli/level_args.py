@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ckptio._cli.job_args import MIN_MTBF_S, duration_flag, fraction_flag, int_flag, interval_flag, rate_flag
+from ckptio._cli.job_args import (
+    MIN_MTBF_S,
+    duration_flag,
+    fraction_flag,
+    int_flag,
+    interval_flag,
+    rate_flag,
+    size_flag,
+)
 from ckptio.errors import ConfigError
 from ckptio.plan.costs.inputs import DEFAULT_NETWORK_BYTES_PER_S, DEFAULT_RANKS_PER_NODE, Network
 from ckptio.plan.costs.levels import LocalLevel
@@ -30,6 +38,10 @@ def add_level_arguments(parser: argparse.ArgumentParser, *, shared_with_tiered: 
     g.add_argument("--network-bandwidth",
                    help="one node's network bandwidth, each direction: partner copies, and restore's exchange between "
                    f"ranks at every level ({DEFAULT_NETWORK_BYTES_PER_S / 1e9:g}GB/s)")
+    g.add_argument("--collective-bytes",
+                   help="bytes one rank's collectives send per step through the NIC the store's traffic also leaves "
+                   "by (a ring all-reduce of G bytes over N ranks: 2(N-1)/N x G); the save's bytes then cost the "
+                   "steps network time (default 0: the store is reached over another network)")
     g.add_argument("--replicas", default="1", help="partner nodes holding a copy of each node's shards (1)")
     g.add_argument("--node-mtbf", help="mean time between losses of one node with its local copy "
                    "(default: 78%% of the job's interruptions, Llama 3's hardware share)")
@@ -75,8 +87,9 @@ def level_args(args: argparse.Namespace, *, step_time_s: float | None) -> LevelA
     """Every two-level flag checked, whether or not a local level is given."""
     replicas = int_flag(args.replicas, "--replicas", low=0, high=MAX_REPLICAS)
     ranks_per_node = int_flag(args.ranks_per_node, "--ranks-per-node", low=1, high=MAX_RANKS_PER_NODE)
+    collective = size_flag(args.collective_bytes, "--collective-bytes", zero=True) if args.collective_bytes else 0.0
     network = Network(bytes_per_s=_rate(args.network_bandwidth, "--network-bandwidth") or DEFAULT_NETWORK_BYTES_PER_S,
-                      ranks_per_node=ranks_per_node)
+                      ranks_per_node=ranks_per_node, collective_bytes_per_step=collective)
     local = None
     if args.local_bandwidth:
         local = LocalLevel(

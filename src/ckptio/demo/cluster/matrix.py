@@ -161,7 +161,8 @@ def run_link(session: LabSession, points: list[Point], *, state_mib: float, grad
                          checkpoints=(sum(_saves(p, saves) for p in points) + 1) * point.nodes * state_mib * 2**20)
     restore_s = max(r["seconds"] for r in restored)
     return [_judge(p, every, _figures(p, phase, every), restore_s=restore_s, store=probes[key],
-                   root=str(host_root), state_mib=state_mib, carried=carried)
+                   root=str(host_root), state_mib=state_mib, grad_mib=grad_mib,
+                   node_mbit=session.lab.config.node_mbit, carried=carried)
             for p, every, phase in zip(points, everys, records, strict=True)]
 
 
@@ -175,10 +176,11 @@ def _figures(point: Point, records: list[dict[str, Any]], every: int) -> TrainFi
 
 
 def _judge(point: Point, every: int, figures: TrainFigures, *, restore_s: float, store: planner.StoreFigures,
-           root: str, state_mib: float, carried: StoreBytes) -> PointResult:
+           root: str, state_mib: float, grad_mib: float, node_mbit: float, carried: StoreBytes) -> PointResult:
     """``plan`` and ``admit`` of one configuration, on its probed store and its measured step."""
     shape = planner.JobShape(ranks=point.nodes, ranks_per_node=1, state_bytes_per_rank=state_mib * 2**20,
-                             step_time_s=figures.clean_step_s, every=every)
+                             step_time_s=figures.clean_step_s, every=every, network_bytes_per_s=node_mbit * 1e6 / 8,
+                             grad_bytes=grad_mib * 2**20)
     verdict = planner.admit(shape, store, root)
     return PointResult(point, every, figures, restore_s, planner.plan(shape, store),
                        admitted=verdict["exit_code"] == 0, reasons=list(verdict.get("reasons", [])), carried=carried)

@@ -11,7 +11,9 @@ Where the figures come from (none is a constant):
 - the job: its bytes (``--params`` at 12 bytes per parameter, fp32 weights and two moments, ZeRO-3: every rank an
   equal share), its step time (the calm phase's median, measured by the ranks) and its interval;
 - the host: this machine's cores shared by every rank (``--cores-per-rank``);
-- the second level: the node link's rate (``--network-bandwidth``), known from the lab's shape.
+- the network: the node link's rate (``--network-bandwidth``), known from the lab's shape: partner copies cross it,
+  and so does the store's traffic, beside the all-reduce the steps send (``--collective-bytes``, from the job's
+  gradient: the lab has one network, so a save's bytes cost the steps network time).
 
 It runs commands and reads their JSON; it never measures the job and never decides what is shown.
 """
@@ -60,6 +62,13 @@ class JobShape:
     durable_every: int = 1
     network_bytes_per_s: float | None = None
     local_bytes_per_s: float | None = None
+    grad_bytes: float = 0.0
+    """The gradient every step all-reduces across the ranks, through the node links the store's traffic crosses
+    too (the lab has one network)."""
+
+    def collective_bytes(self) -> float:
+        """What one rank's ring all-reduce of the gradient sends per step: 2·(N−1)/N of it."""
+        return 2.0 * (self.ranks - 1) / self.ranks * self.grad_bytes if self.ranks > 1 else 0.0
 
 
 def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Path, *, ranks_per_node: int,
@@ -115,11 +124,13 @@ def job_flags(job: JobShape, store: StoreFigures) -> list[str]:
 
 def plan(job: JobShape, store: StoreFigures) -> dict[str, Any]:
     """``ckptio plan --json`` of the job on the probed store (two levels when the job has them)."""
-    flags = [*job_flags(job, store), "--cores-per-rank", f"{job.cores / job.ranks:.3f}", "--train-cores", "1"]
+    flags = [*job_flags(job, store), "--cores-per-rank", f"{job.cores / job.ranks:.3f}", "--train-cores", "1",
+             "--ranks-per-node", str(job.ranks_per_node)]
+    if job.network_bytes_per_s:  # the node link: partner copies, and the store's traffic beside the all-reduce
+        flags += ["--network-bandwidth", f"{job.network_bytes_per_s:.0f}B/s",
+                  "--collective-bytes", f"{job.collective_bytes():.0f}B"]
     if job.durable_every > 1 and job.network_bytes_per_s and job.local_bytes_per_s:
-        flags += ["--local-bandwidth", f"{job.local_bytes_per_s:.0f}B/s",
-                  "--network-bandwidth", f"{job.network_bytes_per_s:.0f}B/s",
-                  "--ranks-per-node", str(job.ranks_per_node), "--durable-every", str(job.durable_every)]
+        flags += ["--local-bandwidth", f"{job.local_bytes_per_s:.0f}B/s", "--durable-every", str(job.durable_every)]
     return dict(json.loads(_ckptio(["plan", *flags, "--json"]).stdout))
 
 

@@ -128,7 +128,8 @@ def run_one(session: LabSession, config: ClusterConfig, name: str, saver: str, s
         ranks=config.ranks, ranks_per_node=rpn, state_bytes_per_rank=config.state_mib * 2**20,
         step_time_s=result.clean_step_s, every=config.every,
         durable_every=config.durable_every if saver == "ckptio" else 1,
-        network_bytes_per_s=config.node_mbit * 1e6 / 8, local_bytes_per_s=local_rate)
+        network_bytes_per_s=config.node_mbit * 1e6 / 8, local_bytes_per_s=local_rate,
+        grad_bytes=config.grad_mib * 2**20)
     return RunOutcome(name, saver, store, result, planner.plan(job_shape, figures), recovery, pacing, config.every,
                       cpu)
 

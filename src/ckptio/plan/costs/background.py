@@ -135,7 +135,7 @@ def predict_modes(workload: Workload, store: StoreTiming, *, host: Host | None =
     # waits anyway.
     device_io = host.direct_io_s_per_gib * b / GIB if store.direct_io else 0.0
     dcp_io = device_io if host.buffered_io_s_per_gib is None else host.buffered_io_s_per_gib * b / GIB
-    return {
+    background = {
         # Training waits: the write runs on the trainer's thread; the slower of it and the store sets the time.
         "dcp_sync": _sync((device_copy_s or 0.0)
                           + max(paced, overlapped_write_s(torch_save * slow, buffered_s, dcp_serial))),
@@ -158,6 +158,25 @@ def predict_modes(workload: Workload, store: StoreTiming, *, host: Host | None =
             interval_s=interval_s, ranks=ranks,
         ), device_io), side_wait),
     }
+    # dcp.save's bytes cross the NIC while training waits anyway: only the background modes meet the collectives.
+    return {name: cost if name == "dcp_sync" else _with_extra(cost, nic_delay_s(workload, cost.flush_s))
+            for name, cost in background.items()}
+
+
+def nic_delay_s(workload: Workload, flush_s: float) -> float:
+    """Training time lost per save to the save's bytes crossing the node's NIC while the collectives use it.
+
+    Where the network bounds the steps (``nic_share`` 1), every byte of the save that leaves the node delays the
+    collectives by the time that byte takes on the NIC, however the NIC shares itself between the flows: the bytes
+    of both must cross it, one after the other. Where the collectives leave the NIC idle part of each step, the
+    save's bytes fill those gaps first and meet the collectives' for ``nic_share`` of their time. Only the part of the
+    flush while training runs counts: a flush longer than the interval has training waiting for the slot (sending
+    nothing) for the rest.
+    """
+    if workload.nic_share <= 0 or not workload.nic_bytes_per_s or flush_s <= 0:
+        return 0.0
+    training = 1.0 if workload.interval_s is None else min(1.0, workload.interval_s / flush_s)
+    return workload.nic_share * workload.bytes_per_rank / workload.nic_bytes_per_s * training
 
 
 def overlapped_write_s(cpu_s: float, store_s: float, serial: float | None) -> float:

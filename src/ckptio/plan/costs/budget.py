@@ -148,7 +148,8 @@ def plan_burst(
         restore_s={"durable": _restore_s(shape, storage, network or Network())},
         **_metadata_fields(metadata),
         modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds,
-                          overlap_s=schedule.overlap_s, host=host, costs=costs),
+                          overlap_s=schedule.overlap_s, host=host, costs=costs, network=network or Network(),
+                          step_time_s=schedule.step_time_s),
         verdict="fail" if refused else ("warn" if findings else "ok"),
         reasons=[message for _, message in findings],
         reason_codes=[code for code, _ in findings],
@@ -189,9 +190,10 @@ def _metadata_fields(metadata: CommitMetadata) -> dict[str, Any]:
 
 def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes, *, blocking_s: float,
                 interval_s: float, overlap_s: float | None, host: Host | None,
-                costs: WriterCosts | None) -> dict[str, dict[str, Any]]:
+                costs: WriterCosts | None, network: Network, step_time_s: float | None) -> dict[str, dict[str, Any]]:
     """The background model's per-mode costs for the largest rank, its device copy ``blocking_s``, a side-stream
-    copy running beside ``overlap_s`` of the next step."""
+    copy running beside ``overlap_s`` of the next step, its bytes leaving through ``network``'s NIC beside the
+    collectives of ``step_time_s`` steps."""
     if costs is None:
         costs = WriterCosts()
         if math.isfinite(storage.serialize_bytes_per_s):  # the probe's figure: ckptio's framing + crc32c
@@ -199,7 +201,9 @@ def _mode_costs(shape: CheckpointShape, storage: StoreLimits, flush: FlushTimes,
     # The store's own part of the flush: the writers' CPU is the background model's to place.
     store = StoreTiming(store_s=max(flush.data_s - serialize_s(shape, storage), flush.metadata_s, flush.requests_s))
     workload = Workload(bytes_per_rank=shape.bytes_per_rank_max, interval_s=interval_s, device_copy_s=blocking_s,
-                        overlap_s=overlap_s, dtensor_share=shape.dtensor_share, lockstep_ranks=max(1, shape.ranks))
+                        overlap_s=overlap_s, dtensor_share=shape.dtensor_share, lockstep_ranks=max(1, shape.ranks),
+                        nic_share=network.collective_share(step_time_s),
+                        nic_bytes_per_s=network.bytes_per_s / network.ranks_per_node)
     modes = predict_modes(workload, store, host=host, costs=costs)
     return {name: cost.to_json() for name, cost in modes.items()}
 

@@ -73,10 +73,21 @@ class Workload:
     """Entries of the rank's flattened state dict (with Adam, four per parameter: it, its two moments and their
     ``step``); DCP-best is charged :attr:`WriterCosts.dcp_items_per_s` for them. 0: bytes only."""
 
+    nic_share: float = 0.0
+    """Share of a step the node's NIC is busy with training's own collectives, where the save's bytes leave the
+    node through that NIC (:meth:`Network.collective_share`); 0 where they leave another way."""
+
+    nic_bytes_per_s: float | None = None
+    """The NIC's bandwidth, one direction, per rank of the node (the rank's share of it); None with ``nic_share`` 0."""
+
     def __post_init__(self) -> None:
         _at_least_zero("workload", "bytes_per_rank", self.bytes_per_rank)
-        for name in ("interval_s", "device_copy_s", "overlap_s"):
+        for name in ("interval_s", "device_copy_s", "overlap_s", "nic_bytes_per_s"):
             _at_least_zero("workload", name, getattr(self, name), optional=True)
+        if not (isinstance(self.nic_share, (int, float)) and 0.0 <= self.nic_share <= 1.0):
+            raise ConfigError(f"nic_share must be within [0, 1], got {self.nic_share!r}")
+        if self.nic_share > 0 and not self.nic_bytes_per_s:
+            raise ConfigError("a workload with a nic_share needs the NIC's nic_bytes_per_s")
         if not (isinstance(self.dtensor_share, (int, float)) and 0.0 <= self.dtensor_share <= 1.0):
             raise ConfigError(f"dtensor_share must be within [0, 1], got {self.dtensor_share!r}")
         if not (isinstance(self.lockstep_ranks, int) and self.lockstep_ranks >= 1):
@@ -280,9 +291,26 @@ class Network:
     ranks_per_node: int = DEFAULT_RANKS_PER_NODE
     """Ranks sharing one node's NIC (``--ranks-per-node``)."""
 
+    collective_bytes_per_step: float = 0.0
+    """Bytes one rank's collectives send per training step through this NIC, where the store's traffic leaves the
+    node through it too (``--collective-bytes``; a ring all-reduce of G gradient bytes over N ranks sends
+    2·(N−1)/N·G). 0: the store is reached over another network (a separate storage NIC, a GPU fabric for the
+    collectives), or the steps send nothing; the save's bytes then cost training no network time."""
+
     def __post_init__(self) -> None:
         if not (isinstance(self.bytes_per_s, (int, float)) and math.isfinite(self.bytes_per_s)
                 and self.bytes_per_s > 0):
             raise ConfigError(f"network bytes_per_s must be a positive number, got {self.bytes_per_s!r}")
         if not (isinstance(self.ranks_per_node, int) and self.ranks_per_node >= 1):
             raise ConfigError(f"ranks per node must be an integer >= 1, got {self.ranks_per_node!r}")
+        if not (isinstance(self.collective_bytes_per_step, (int, float))
+                and math.isfinite(self.collective_bytes_per_step) and self.collective_bytes_per_step >= 0):
+            raise ConfigError(f"collective bytes per step must be a finite number >= 0, got "
+                              f"{self.collective_bytes_per_step!r}")
+
+    def collective_share(self, step_time_s: float | None) -> float:
+        """Share of a ``step_time_s`` step the NIC spends sending the node's collectives (0 when the step time is
+        unknown or nothing is sent; at most 1: a step the network bounds)."""
+        if not step_time_s or self.collective_bytes_per_step <= 0:
+            return 0.0
+        return min(1.0, self.ranks_per_node * self.collective_bytes_per_step / (self.bytes_per_s * step_time_s))
