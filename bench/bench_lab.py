@@ -56,7 +56,7 @@ def matrix_table(results: list[matrix.PointResult]) -> Table:
 
         verdict = "admit" if r.admitted else "refuse: " + "; ".join(r.reasons)[:80]
         table.add_row(r.point.label(), f"{r.every} steps, {r.every * r.figures.clean_step_s:.1f} s",
-                      cell(r.figures.flush_s, r.plan["flush_s"], "flush"),
+                      cell(r.figures.flush_s, r.planned_flush_s(), "flush"),
                       cell(r.figures.lost_per_save_s, r.plan["modes"]["ckptio"]["lost_per_save_s"], "lost"),
                       cell(r.restore_s, r.plan["restore_s"].get("durable"), "restore"),
                       verdict + ("" if r.admit_right else " ✗"),

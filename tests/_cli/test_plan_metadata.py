@@ -88,3 +88,11 @@ def test_the_commands_as_a_user_runs_them(tmp_path: Path) -> None:
 def test_a_bad_keep_last_exits_2(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *JOB, "--write-bandwidth", "1GB/s", "--keep-last", value]) == 2
     assert capsys.readouterr().err.startswith("ckptio plan: --keep-last")
+
+
+def test_the_lag_to_a_commit_is_the_flush_then_the_commits_operations(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _json(capsys, "plan", *JOB, "--profile", _profile(tmp_path, EXT4))
+    commit_s = out["commit_metadata"]["commit_s"]  # type: ignore[index]
+    assert rc == 0 and commit_s > 0
+    assert out["commit_lag_s"] == pytest.approx(out["flush_s"] + commit_s)  # type: ignore[operator]

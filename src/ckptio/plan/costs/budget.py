@@ -94,6 +94,10 @@ class BurstBudget(JobSizes):
     defaults)."""
     commit_metadata: dict[str, Any]
     """Its parts: ``save_s``, ``commit_s``, the ``rates`` used per metadata kind and their ``rates_source``."""
+    commit_lag_s: float
+    """``save()`` return → the step committed, when the flush keeps up: the flush, then rank 0's commit, which
+    starts once every rank's data is written, its operations one after another (``commit_metadata.commit_s``).
+    Saves that queue overlap one commit with the next save's data: their pace is ``flush_s``."""
     modes: dict[str, dict[str, Any]]
     """Per save mode (:data:`ckptio.plan.costs.background.MODES`): ``blocking_s``, ``background_cpu_s``, ``stolen_s``,
     ``flush_s``, ``step_inflation`` (None for a synchronous save) and ``lost_per_save_s``."""
@@ -147,6 +151,7 @@ def plan_burst(
         **_interval_fields(inputs),
         restore_s={"durable": _restore_s(shape, storage, network or Network())},
         **_metadata_fields(metadata),
+        commit_lag_s=flush.total_s + metadata.commit_s,
         modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds,
                           overlap_s=schedule.overlap_s, host=host, costs=costs, network=network or Network(),
                           step_time_s=schedule.step_time_s),
