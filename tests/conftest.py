@@ -31,6 +31,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = ["ckptio.testing.conformance"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``--dist loadgroup``), every cluster-lab test goes to one worker: the
+    lab's namespaces, daemons and shaped links are shared by its tests (package and module fixtures), and two labs
+    at once would each measure the other's load."""
+    for item in items:
+        if item.get_closest_marker("lab") is not None:
+            item.add_marker(pytest.mark.xdist_group("lab"))
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """URL of the session's moto S3 server; AWS_ENDPOINT_URL and fake credentials are set while it runs.
