@@ -134,3 +134,58 @@ def test_a_holder_killed_with_minus_9_does_not_lock_the_name_for_long(tmp_path: 
                 holder.kill()
     assert storage.get("latest") == b"2"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(LOCK_PREFIX)]
+
+
+class CachedStat(FileSystemOps):
+    """A client whose attribute cache still answers a stat of one name with the file it held before another client
+    replaced it (GlusterFS's FUSE client, for about a second): a stand-in for a second mount, which the lab's
+    tests/lab/test_cross_client_locks.py races for real."""
+
+    def __init__(self, name: str, stale: os.stat_result, answers: int) -> None:
+        self.name, self.stale, self.answers = name, stale, answers
+
+    def stat(self, path: str) -> os.stat_result:
+        if os.path.basename(path) == self.name and self.answers > 0:
+            self.answers -= 1
+            return self.stale
+        return super().stat(path)
+
+
+def test_a_swap_compares_the_file_the_directory_holds_not_a_cached_one(tmp_path: Path) -> None:
+    first = PosixStorage(tmp_path, fsync=False)
+    first.put("latest", b"v1")
+    seen = first.head("latest")  # what the other client read before the name changed
+    old = os.stat(tmp_path / "latest")
+    first.put("latest", b"v2", mode=IfMatch(seen.etag))  # this client replaces it
+    behind = PosixStorage(tmp_path, fsync=False, ops=CachedStat("latest", old, answers=5))
+    with pytest.raises(StorageError):  # its cache still shows v1, which the etag it holds matches
+        behind.put("latest", b"v3", mode=IfMatch(seen.etag))
+    assert first.get("latest") == b"v2"
+
+
+def test_a_cached_view_that_never_catches_up_is_refused_loudly(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exclusion, "FRESH_VIEW_S", 0.2)
+    first = PosixStorage(tmp_path, fsync=False)
+    first.put("latest", b"v1")
+    seen = first.head("latest")
+    old = os.stat(tmp_path / "latest")
+    first.put("latest", b"v2", mode=IfMatch(seen.etag))
+    stuck = PosixStorage(tmp_path, fsync=False, ops=CachedStat("latest", old, answers=10**6))
+    with pytest.raises((TimeoutError, StorageError)):
+        stuck.put("latest", b"v3", mode=IfMatch(seen.etag))
+    assert first.get("latest") == b"v2"
+
+
+class ReplaceBreaks(FileSystemOps):
+    """A filesystem whose rename fails with an error no writer expects."""
+
+    def replace(self, src: str, dst: str) -> None:
+        raise OSError(5, "rename broke here")
+
+
+def test_a_racer_that_fails_is_named_with_its_reason(tmp_path: Path) -> None:
+    storages = [PosixStorage(tmp_path, fsync=False, ops=ReplaceBreaks()) for _ in range(2)]
+    storages[0].put(LATEST, b"start", mode="create")  # race() overwrites it through these ops: publish it first
+    with pytest.raises(RuntimeError, match="rename broke here"):
+        race([PosixStorage(tmp_path, fsync=False), *storages[1:]], 3, timeout_s=60)

@@ -16,6 +16,7 @@ import errno
 import multiprocessing
 import os
 import queue
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,10 +58,20 @@ class _Course:
 
 
 def _racer(storage: Storage, me: int, course: _Course) -> None:
+    try:
+        _race_rounds(storage, me, course)
+    except BaseException:
+        course.barrier.abort()  # the other racers stop at once instead of waiting out the barrier
+        course.results.put((me, traceback.format_exc(), None))  # the parent names what stopped this racer
+        raise
+
+
+def _race_rounds(storage: Storage, me: int, course: _Course) -> None:
     os.environ.update(course.env)
     storage.exists(LATEST)  # open clients and connections before the first barrier
     barrier = course.barrier
-    created, swapped = [], []
+    created: list[int] = []
+    swapped: list[int] = []
     for number in range(course.rounds):
         barrier.wait()
         try:
@@ -83,7 +94,7 @@ def race(storages: Sequence[Storage], rounds: int, *, timeout_s: float = 600.0) 
     """Race one process per storage for ``rounds`` rounds (``latest`` is created first); who won each round.
 
     Raises TimeoutError when a racer does not finish in ``timeout_s`` (its process is killed), and RuntimeError
-    when one fails (its exit code)."""
+    when one fails; either names what stopped a racer that failed (its traceback)."""
     storages[0].put(LATEST, b"start")
     context = multiprocessing.get_context("spawn")
     # A barrier's timeout frees the other racers when one has died.
@@ -94,19 +105,26 @@ def race(storages: Sequence[Storage], rounds: int, *, timeout_s: float = 600.0) 
     for proc in procs:
         proc.start()
     won: dict[int, tuple[list[int], list[int]]] = {}
+    failed: list[str] = []
     try:
-        for _ in procs:
+        while len(won) + len(failed) < len(procs):
             me, created, swapped = results.get(timeout=timeout_s)
-            won[me] = (created, swapped)
+            if swapped is None:
+                failed.append(f"racer {me}: {created}")
+            else:
+                won[me] = (created, swapped)
     except queue.Empty:
+        why = "".join(f"\n{f}" for f in failed)
         raise TimeoutError(f"racers did not finish {rounds} rounds in {timeout_s:.0f} s "
-                           f"(exit codes {[p.exitcode for p in procs]})") from None
+                           f"(exit codes {[p.exitcode for p in procs]}){why}") from None
     finally:
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+    if failed:
+        raise RuntimeError("a racer failed:\n" + "\n".join(failed))
     return [Round(number=n, created=tuple(i for i in sorted(won) if n in won[i][0]),
                   swapped=tuple(i for i in sorted(won) if n in won[i][1])) for n in range(rounds)]
 

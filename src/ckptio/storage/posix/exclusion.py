@@ -5,8 +5,8 @@ built only on :mod:`~ckptio.storage.posix.fs_ops` (operations the filesystem's s
 
 * **create-only**: ``link(tmp, name)``, which fails when the name exists. Where the filesystem refuses hard links,
   the name's lock is taken and the temp file renamed into place only while the name is absent.
-* **compare-and-swap**: the name's lock is taken, the name's etag compared, the temp file renamed onto the name,
-  the lock released.
+* **compare-and-swap**: the name's lock is taken, the name's etag compared (on the file the directory's listing
+  names, not a client's cached one), the temp file renamed onto the name, the lock released.
 
 The lock of ``name`` is the file ``.tmp-lock-<name>`` beside it, created with ``O_CREAT | O_EXCL`` and holding its
 holder (machine, pid, a token); listings skip it like any temp file. A holder keeps it for one stat and one rename.
@@ -44,6 +44,9 @@ LOCK_PREFIX = f"{TMP_PREFIX}lock-"
 STALE_LOCK_S = 30.0
 #: How long a writer waits for a lock: long enough to outlive a dead holder's stale lock.
 LOCK_WAIT_S = STALE_LOCK_S + 15.0
+#: How long a lock holder waits for its client's cached view of the name to agree with the directory (GlusterFS's
+#: FUSE client caches for 1 s by default); well under half of STALE_LOCK_S, so the lock is still safely its own.
+FRESH_VIEW_S = 5.0
 _MACHINE = machine_id()
 
 
@@ -88,7 +91,7 @@ class Exclusion:
         while True:
             held = self._acquire(lock, deadline)
             try:
-                if not matches(self._stat(path)):
+                if not matches(self._current(path, lock, held)):
                     return False
                 if self._still_held(lock, held):
                     self.ops.replace(tmp, path)
@@ -96,6 +99,31 @@ class Exclusion:
             finally:
                 self._release(lock, held)
             # The lock was broken under us (we stalled past half its age): compare again under a new one.
+
+    def _current(self, path: str, lock: str, held: _Held) -> os.stat_result | None:
+        """The file at ``path`` as the filesystem's server has it, read under ``path``'s lock.
+
+        A client may answer a stat from its cache: GlusterFS's FUSE client keeps entries and attributes for about
+        a second, so a name another client replaced a moment ago still shows the old file, whose etag the caller
+        may be holding. A listing of the directory is read from the server. Where the listing gives the inode
+        numbers stat gives (checked on the lock this writer has just created), a stat that disagrees with it is
+        stale: the lock keeps the name still while this waits, up to :data:`FRESH_VIEW_S`, for the client's view
+        to catch up. Where the check cannot be made (a listing without the lock, or other numbers), the stat is
+        all there is."""
+        directory, name = os.path.split(path)
+        deadline = time.monotonic() + FRESH_VIEW_S
+        while True:
+            st = self._stat(path)
+            listed = self.ops.listed_inodes(directory or ".", {name, os.path.basename(lock)})
+            if listed.get(os.path.basename(lock)) != held.ino:
+                return st
+            ino = listed.get(name)
+            if (None if st is None else st.st_ino) == ino:
+                return st
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path}: this client's view of the file stayed older than the directory's for "
+                                   f"{FRESH_VIEW_S:.0f} s (its attribute cache)")
+            time.sleep(0.05)
 
     def _acquire(self, lock: str, deadline: float) -> _Held:
         body = f"{_MACHINE} {os.getpid()} {secrets.token_hex(4)}\n".encode()

@@ -6,7 +6,9 @@ are built only on operations the filesystem's server decides, once, for every cl
 
 * ``link(tmp, name)``: fails with EEXIST when ``name`` exists (the classic NFS lock primitive);
 * ``open(name, O_CREAT | O_EXCL)``: fails with EEXIST when ``name`` exists;
-* ``rename(a, b)``: atomic replacement of ``b``, and of a given ``a`` only one renamer succeeds.
+* ``rename(a, b)``: atomic replacement of ``b``, and of a given ``a`` only one renamer succeeds;
+* a directory listing: which file a name holds now, where a client's cache may still answer a stat with the file
+  another client replaced a moment ago.
 
 Never ``flock`` or ``lockf``: MooseFS, GlusterFS and SeaweedFS's FUSE clients ignore a directory ``flock`` across
 mounts, and SeaweedFS ignores ``lockf`` too. This class is the seam: :class:`~ckptio.storage.posix.posix_storage.
@@ -54,6 +56,12 @@ class FileSystemOps:
     def stat(self, path: str) -> os.stat_result:
         """The file at ``path`` itself (never a link's target)."""
         return os.stat(path, follow_symlinks=False)
+
+    def listed_inodes(self, directory: str, names: set[str]) -> dict[str, int]:
+        """The inode numbers a listing of ``directory`` gives for those of ``names`` it holds (no stat: the entries
+        as the directory has them, which a client's attribute cache does not answer)."""
+        with os.scandir(directory) as entries:
+            return {entry.name: entry.inode() for entry in entries if entry.name in names}
 
     def read(self, path: str, limit: int = 4096) -> bytes:
         """The first ``limit`` bytes of a small file."""
