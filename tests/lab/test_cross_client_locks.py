@@ -38,10 +38,11 @@ def test_two_clients_race_create_and_swap_one_winner_every_round(two_mounts: Two
     glusterfs = two_mounts.lab.config.pfs == "glusterfs"
     try:
         rounds = race(storages, count, timeout_s=240 if glusterfs else 900)
-    except TimeoutError as exc:
-        if not glusterfs:
+    except (TimeoutError, RuntimeError) as exc:
+        if not glusterfs or "TimeoutError" not in f"{type(exc).__name__}: {exc}":
             raise
-        # Seen under load: a released lock file stays visible to the other client, which waits it out as stale.
+        # Seen under load: a racer ran out of time on a lock (a released lock file still visible to the other
+        # client, waited out as stale) or on its client's cached view of `latest`; the reason is in the message.
         pytest.xfail(f"GlusterFS: {exc}")
     assert [r.number for r in rounds if len(r.created) != 1] == [], "exactly one create-only write wins a round"
     # GlusterFS's FUSE client caches a name's entry and attributes (1 s by default): a second client under the lock
