@@ -63,8 +63,11 @@ lint: venv
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
+# The suite runs on TEST_WORKERS pytest-xdist workers: most tests wait on processes they started (writers, ranks,
+# servers), not on a core. Tests that share an expensive fixture stay on one worker (tests/conftest.py).
+TEST_WORKERS ?= 4
 unit: venv sysdeps s3rver labdeps
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 test: lint unit
 

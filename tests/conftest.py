@@ -32,12 +32,23 @@ pytest_plugins = ["ckptio.testing.conformance"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``--dist loadgroup``), every cluster-lab test goes to one worker: the
-    lab's namespaces, daemons and shaped links are shared by its tests (package and module fixtures), and two labs
-    at once would each measure the other's load."""
+    """Under pytest-xdist (``make test`` runs ``--dist loadgroup``), tests that share an expensive fixture go to one
+    worker, which builds it once: every cluster-lab test (the lab's namespaces, daemons and shaped links are shared,
+    and two labs at once would each measure the other's load), and the tests of a module that share a module- or
+    class-scoped fixture (a module's CLI runs, an interop module's checkpoints). Every other test goes to whichever
+    worker is free."""
     for item in items:
         if item.get_closest_marker("lab") is not None:
             item.add_marker(pytest.mark.xdist_group("lab"))
+        elif _shares_a_scoped_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def _shares_a_scoped_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the item's fixtures (no public accessor)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope in ("module", "class") for defs in info.name2fixturedefs.values())
 
 
 @pytest.fixture(scope="session")
