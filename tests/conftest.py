@@ -31,6 +31,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = ["ckptio.testing.conformance"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the tests' ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test`` runs ``--dist loadgroup``), tests that share an expensive fixture go to one
     worker, which builds it once: every cluster-lab test (the lab's namespaces, daemons and shaped links are shared,

@@ -73,13 +73,18 @@ def is_own_step(rests: list[str]) -> bool:
 
 
 def own_keys_to_delete(rests: list[str]) -> list[str]:
-    """Of a ckptio step directory's keys ``rests``, those cleanup may delete: ckptio's own, and ``.metadata`` when
-    nothing foreign stays beside it. Nothing of a directory ckptio never wrote to."""
+    """Of a ckptio step directory's keys ``rests``, those cleanup may delete, in the order to delete them:
+    ``.metadata`` first when nothing foreign stays beside it, then ckptio's own keys. Nothing of a directory ckptio
+    never wrote to.
+
+    ``.metadata`` goes first so that a deletion a crash interrupts never leaves a directory that looks like a plain
+    DCP checkpoint (``.metadata`` without a manifest or a rank index) with files missing: ``verify``, ``restore``'s
+    plain-DCP fallback and ``dcp.load`` would take it for a broken checkpoint."""
     if not is_own_step(rests):
         return []
     own = [rest for rest in rests if is_own_key(rest)]
     foreign = [rest for rest in rests if rest not in own and rest != METADATA]
-    return own + ([METADATA] if METADATA in rests and not foreign else [])
+    return ([METADATA] if METADATA in rests and not foreign else []) + own
 
 
 def check_file_name(name: str, *, step: int, path: str = "") -> None:
