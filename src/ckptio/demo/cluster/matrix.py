@@ -16,10 +16,9 @@ run's length).
 Compared per configuration: the flush (first rank's request → last rank's durable record, the median over saves,
 against ``plan``'s ``commit_lag_s``, the flush and then the commit's operations in series; the queued saves' pace
 against its ``flush_s``), the time lost per save, and ``restore_s`` (every rank restoring the newest step at once,
-the slowest rank). A
-prediction holds when predicted ÷ measured is within 0.8–1.2; for the time lost per save, also when the two differ
-by at most 3 points of the interval (a few tens of milliseconds a save is below what the steps' own jitter lets the
-lab resolve).
+the slowest rank). A prediction holds when predicted ÷ measured is within 0.8–1.2; for the time lost per save, also
+when the two differ by at most 3 points of the interval (a few tens of milliseconds a save is below what the steps'
+own jitter lets the lab resolve).
 """
 
 from __future__ import annotations

@@ -127,6 +127,7 @@ def plan_burst(
     feed the per-mode background cost (defaults: :class:`Host`, :class:`WriterCosts` with the store's measured
     serialize rate as ckptio's checksum rate), ``network`` the restore's exchange (default :class:`Network`),
     ``keep_last`` the commit's retention (its deletes are metadata work of every commit)."""
+    network = network or Network()
     blocking = schedule.blocking_s(shape.bytes_per_rank_max)
     flush = flush_times(shape, storage)
     mtbf = schedule.mtbf_for(shape.ranks)
@@ -149,11 +150,11 @@ def plan_burst(
         **job_sizes(shape, schedule, blocking),
         **_flush_fields(shape, storage, flush, schedule),
         **_interval_fields(inputs),
-        restore_s={"durable": _restore_s(shape, storage, network or Network())},
+        restore_s={"durable": _restore_s(shape, storage, network)},
         **_metadata_fields(metadata),
         commit_lag_s=flush.total_s + metadata.commit_s,
         modes=_mode_costs(shape, storage, flush, blocking_s=blocking, interval_s=interval.seconds,
-                          overlap_s=schedule.overlap_s, host=host, costs=costs, network=network or Network(),
+                          overlap_s=schedule.overlap_s, host=host, costs=costs, network=network,
                           step_time_s=schedule.step_time_s),
         verdict="fail" if refused else ("warn" if findings else "ok"),
         reasons=[message for _, message in findings],

@@ -28,6 +28,12 @@ DEFAULT_RANKS_PER_NODE = 8
 """Ranks on one node: a node of eight GPUs."""
 
 
+def _share(name: str, value: object) -> None:
+    """Refuse a share that is not a number within [0, 1]."""
+    if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+        raise ConfigError(f"{name} must be within [0, 1], got {value!r}")
+
+
 def _at_least_zero(owner: str, name: str, value: object, *, optional: bool = False) -> None:
     if value is None and optional:
         return
@@ -84,12 +90,10 @@ class Workload:
         _at_least_zero("workload", "bytes_per_rank", self.bytes_per_rank)
         for name in ("interval_s", "device_copy_s", "overlap_s", "nic_bytes_per_s"):
             _at_least_zero("workload", name, getattr(self, name), optional=True)
-        if not (isinstance(self.nic_share, (int, float)) and 0.0 <= self.nic_share <= 1.0):
-            raise ConfigError(f"nic_share must be within [0, 1], got {self.nic_share!r}")
+        _share("nic_share", self.nic_share)
         if self.nic_share > 0 and not self.nic_bytes_per_s:
             raise ConfigError("a workload with a nic_share needs the NIC's nic_bytes_per_s")
-        if not (isinstance(self.dtensor_share, (int, float)) and 0.0 <= self.dtensor_share <= 1.0):
-            raise ConfigError(f"dtensor_share must be within [0, 1], got {self.dtensor_share!r}")
+        _share("dtensor_share", self.dtensor_share)
         if not (isinstance(self.lockstep_ranks, int) and self.lockstep_ranks >= 1):
             raise ConfigError(f"lockstep_ranks must be an int >= 1, got {self.lockstep_ranks!r}")
         if not (isinstance(self.items_per_rank, int) and self.items_per_rank >= 0):
