@@ -50,15 +50,23 @@ def _restore_from(rank: int, world: int, roots: list[str], options: dict) -> dic
     return {"step": step, "ok": bool(torch.equal(state["shared"], _state(step or 0)["shared"]))}
 
 
-def test_a_rank_that_sees_an_older_root_fails_every_rank_at_once(saved, tmp_path):
+def test_a_rank_that_sees_an_older_root_restores_what_rank_0_chose(saved, tmp_path):
     root, older = saved
-    reports = run_outcomes(2, _restore_from, str(tmp_path), [root, older], {})
-    first, second = reports
-    assert second is not None and second["raised"] == "CheckpointNotFoundError", second
-    # Rank 0 chose step 7, which rank 1 cannot see: rank 0 raises the same class, naming rank 1 and its reason.
-    assert first is not None and first["raised"] == "CheckpointNotFoundError", first
-    assert first["context"]["rank"] == 1 and "rank 1 could not start the restore" in first["message"], first
-    assert "no committed checkpoint" in first["message"], first
+    # Rank 0 reads the step's records once for the job: rank 1 reads neither its manifest nor its .metadata, and
+    # rank 0 reads the one data file and sends rank 1 its ranges, each checked against rank 0's records.
+    first, second = run_outcomes(2, _restore_from, str(tmp_path), [root, older], {})
+    assert [(r["step"], r["ok"]) for r in (first, second)] == [(7, True), (7, True)], (first, second)
+
+
+def test_a_rank_that_must_read_what_its_older_root_lacks_fails_every_rank(saved, tmp_path):
+    root, older = saved
+    # 4 MiB tasks: rank 1 reads half of the file from its own root, which lacks the step.
+    first, second = run_outcomes(2, _restore_from, str(tmp_path), [root, older], {"chunk_bytes": 4 << 20})
+    # Rank 1's read fails; it still sends what it has (no peer waits), rank 0 rejects those bytes by their
+    # checksums, and every rank raises the cause: rank 1's missing file, not rank 0's checksum.
+    for report in (first, second):
+        assert report is not None and report["raised"] == "NotFoundError", report
+        assert "ckpt-older" in report["message"] and ".distcp" in report["message"], report
 
 
 def _stuck_before_gate(rank: int, world: int, root: str) -> dict:

@@ -1,6 +1,6 @@
 """Several real gloo ranks: a checkpoint saved by 2 ranks (a Shard(0) DTensor, replicated tensors, an object) is
-restored by ckptio at 1, 3 and 4 ranks with every byte read from the store once (counted by a storage wrapper),
-and read by plain ``dcp.load`` at 1, 2 and 3 ranks."""
+restored by ckptio at 1, 3 and 4 ranks with every byte read from the store once (counted by a storage wrapper;
+its records by rank 0 alone), and read by plain ``dcp.load`` at 1, 2 and 3 ranks."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def _restore(rank: int, world: int, root: str, out: str, plain: bool) -> None:
     state = _blank(world)
     assert restore_step(RestoreContext(counting, group), state).step == 7
     data = sum(n for key, n in counting.bytes_read.items() if key.endswith(".distcp"))
-    report = {"ok": _check(state, 5), "data_bytes": data}
+    records = sorted(key for key in counting.bytes_read if key.endswith((".metadata", "manifest.json")))
+    report = {"ok": _check(state, 5), "data_bytes": data, "records": records}
     if plain:  # plain DCP's own reader on the same checkpoint, at this world size
         state = _blank(world)
         dcp.load(state, checkpoint_id=os.path.join(root, "step-00000007"))
@@ -102,6 +103,9 @@ def test_restore_at_other_world_sizes_reads_each_byte_once_and_dcp_reads_it_too(
         assert 0.99 * total <= read <= total, (world, read, total)
         if world > 1:
             assert all(rep["data_bytes"] > 0 for rep in reports), reports  # the reading is spread
+        # The step's records are read once for the job, by rank 0, and broadcast: not once per rank.
+        assert reports[0]["records"] == ["step-00000007/.metadata", "step-00000007/manifest.json"], reports
+        assert all(rep["records"] == [] for rep in reports[1:]), reports
     run_ranks(2, _plain, root, out)
     for r in range(2):
         with open(os.path.join(out, f"plain2-r{r}.json")) as f:

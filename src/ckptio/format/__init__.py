@@ -10,6 +10,7 @@ from __future__ import annotations
 from ckptio.format.commit import (
     all_step_dirs,
     committed_steps,
+    newest_committed_step,
     read_failure_markers,
     read_failures,
     read_latest,
@@ -54,6 +55,7 @@ __all__ = [
     "hash_prefix_enabled",
     "index_key",
     "manifest_key",
+    "newest_committed_step",
     "parse_step_dir",
     "read_failure_markers",
     "read_failures",

@@ -170,6 +170,16 @@ def all_step_dirs(storage: Storage) -> list[int]:
     return sorted(s for s in (parse_step_dir(n) for n in storage.list_dirs("")) if s is not None)
 
 
+def newest_committed_step(storage: Storage) -> int | None:
+    """The newest step whose manifest exists, or None. One listing, then one lookup per directory from the newest
+    down (one, unless saves are in flight), where :func:`committed_steps` looks up every directory: a restore's
+    choice waits on each, and a root keeping many steps on a loaded store made that seconds."""
+    for step in reversed(all_step_dirs(storage)):
+        if storage.exists(manifest_key(step)):
+            return step
+    return None
+
+
 def update_latest(storage: Storage, step: int) -> None:
     """Move the advisory ``latest`` pointer forward with compare-and-swap; never backwards."""
     for _ in range(5):

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from ckptio.errors import CorruptCheckpointError, StorageError
-from ckptio.format.commit import all_step_dirs, committed_steps
 from ckptio.format.keys import MANIFEST, METADATA, RANKS_DIR, check_file_name, step_dir
 from ckptio.format.records import FileRecord, Manifest
 from ckptio.storage.base import ReadStore, Storage, join_key
@@ -34,17 +33,6 @@ def is_plain_dcp(storage: Storage, step: int) -> bool:
     if not _exists(storage, join_key(prefix, METADATA)) or _exists(storage, join_key(prefix, MANIFEST)):
         return False
     return next(iter(storage.list(join_key(prefix, RANKS_DIR) + "/")), None) is None
-
-
-def newest_plain_dcp_step(storage: Storage, *, above: int | None = None) -> int | None:
-    """The newest plain DCP step of the root newer than ``above`` (None: any), or None."""
-    committed = set(committed_steps(storage))
-    for step in reversed(all_step_dirs(storage)):
-        if above is not None and step <= above:
-            return None
-        if step not in committed and is_plain_dcp(storage, step):
-            return step
-    return None
 
 
 def plain_manifest(storage: ReadStore, prefix: str, step: int | None, metadata: Any) -> Manifest:

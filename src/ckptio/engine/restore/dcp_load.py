@@ -20,18 +20,23 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
-from ckptio.errors import CkptError, PeerLostError, StructureMismatchError
+from ckptio.errors import ChecksumError, CkptError, PeerLostError, StructureMismatchError
 
 # How gloo's TCP transport reports a peer whose process is gone (its sockets closed by the kernel).
 _PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo/transport/tcp")
 
 
 def unwrap_load_error(exc: CheckpointException, step: int) -> CkptError:
-    """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch."""
-    inners = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
-    for inner in inners:
+    """DCP wraps every rank's failure; surface ckptio's own error, or name a structure mismatch. Bytes that failed
+    their checks where they were received (a ChecksumError naming the rank that sent them) are a consequence when
+    that rank failed too: its reader sends whatever it has so no peer waits, and its own failure is the cause."""
+    failures = {rank: f[0] if isinstance(f, tuple) else f for rank, f in exc.failures.items()}
+    inners = list(failures.values())
+    for rank, inner in failures.items():
         if isinstance(inner, CkptError):
-            return inner
+            sender = inner.rank if isinstance(inner, ChecksumError) and inner.rank != rank else None
+            cause = failures.get(sender) if sender is not None else None
+            return cause if isinstance(cause, CkptError) else inner
     detail = "; ".join(sorted({f"{type(i).__name__}: {i}" for i in inners})) or repr(exc)
     return StructureMismatchError(f"state does not match the checkpoint: {detail}", step=step)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptio import format as fmt
 from ckptio.engine.restore.context import RestoreContext
@@ -21,10 +23,12 @@ from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.readiness import check_ready, rank0_choice
 from ckptio.engine.restore.storage_reader import CkptioStorageReader
 from ckptio.errors import CheckpointNotFoundError
-from ckptio.format.plain_dcp import is_plain_dcp, newest_plain_dcp_step
-from ckptio.storage.base import Storage
+from ckptio.format import Manifest
+from ckptio.format.plain_dcp import is_plain_dcp
+from ckptio.storage.base import ReadStore, Storage, join_key
 
 log = logging.getLogger("ckptio")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +57,16 @@ class DurableStep:
 def choose_durable(storage: Storage, step: int | None) -> DurableStep | None:
     """Rank 0: the newest step of the durable root — committed, or a plain DCP checkpoint newer than every
     committed one (:mod:`ckptio.format.plain_dcp`) — or ``step`` when it is either. A plain DCP checkpoint is never
-    skipped: a user moving from ``dcp.save`` restores their last checkpoint."""
+    skipped: a user moving from ``dcp.save`` restores their last checkpoint. The newest is found from one listing,
+    walking down from the newest directory (a save in flight is neither, and is passed), so the lookups do not grow
+    with the steps the root keeps."""
     if step is None:
-        steps = fmt.committed_steps(storage)
-        plain = newest_plain_dcp_step(storage, above=steps[-1] if steps else None)
-        if plain is not None:
-            return DurableStep(plain, True)
-        return DurableStep(steps[-1], False) if steps else None
+        for newest in reversed(fmt.all_step_dirs(storage)):
+            if storage.exists(fmt.manifest_key(newest)):
+                return DurableStep(newest, False)
+            if is_plain_dcp(storage, newest):
+                return DurableStep(newest, True)
+        return None
     if storage.exists(fmt.manifest_key(step)):
         return DurableStep(step, False)
     if is_plain_dcp(storage, step):
@@ -68,6 +75,39 @@ def choose_durable(storage: Storage, step: int | None) -> DurableStep | None:
         f"no committed checkpoint for this step: {fmt.step_dir(step)}/{fmt.MANIFEST} is missing, and the directory "
         "is not a plain DCP checkpoint either (a .metadata without ckptio's rank indexes)", root=storage.url,
         step=step)
+
+
+@dataclass(frozen=True, slots=True)
+class ChosenStep:
+    """Rank 0's choice with the records every rank reads next, read once for the job and broadcast: each rank
+    reading them was N reads of the same objects, each a round trip every rank waited on at the readiness gate.
+    A record rank 0 could not read is None, and every rank reads (and fails on) its own as before."""
+
+    durable: DurableStep
+    manifest: Manifest | None
+    metadata: bytes | None
+
+
+def read_or_none(storage: ReadStore, read: Callable[[ReadStore, int], T], step: int) -> T | None:
+    """``read(storage, step)``, or None when it raises: the rank that needs it reads it again and fails there."""
+    try:
+        return read(storage, step)
+    except Exception:  # every rank reads it again itself and reports what stops it at the gate
+        return None
+
+
+def raw_metadata(storage: ReadStore, step: int) -> bytes:
+    return storage.get(join_key(fmt.step_dir(step), fmt.METADATA))
+
+
+def _choose_with_records(storage: Storage, step: int | None) -> ChosenStep | None:
+    chosen = choose_durable(storage, step)
+    if chosen is None:
+        return None
+    with ThreadPoolExecutor(2, thread_name_prefix="ckptio-choice") as pool:
+        manifest = None if chosen.plain else pool.submit(read_or_none, storage, fmt.read_manifest, chosen.step)
+        metadata = pool.submit(read_or_none, storage, raw_metadata, chosen.step)
+        return ChosenStep(chosen, manifest.result() if manifest else None, metadata.result())
 
 
 def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None = None) -> RestoreReport:
@@ -79,13 +119,17 @@ def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None
     (:mod:`ckptio.engine.restore.readiness`), before DCP's planning."""
     t0 = time.monotonic()
     group = ctx.group
-    chosen = rank0_choice(group, lambda: choose_durable(ctx.durable, step))
-    if chosen is None:
+    choice = rank0_choice(group, lambda: _choose_with_records(ctx.durable, step))
+    if choice is None:
         return RestoreReport(step=None, level="none", seconds=time.monotonic() - t0)
+    chosen = choice.durable
     reader, error = None, None
     try:
-        manifest = None if chosen.plain else fmt.read_manifest(ctx.durable, chosen.step)
+        manifest = choice.manifest
+        if manifest is None and not chosen.plain:
+            manifest = fmt.read_manifest(ctx.durable, chosen.step)
         reader = CkptioStorageReader.in_context(ctx, chosen.step, manifest)
+        reader.given_metadata(choice.metadata)
         reader.read_metadata()  # UntrustedCheckpointError, ChecksumError … raised at the gate, not wrapped by DCP
     except Exception as exc:  # reported to every rank at the gate, then raised here as it is
         error = exc

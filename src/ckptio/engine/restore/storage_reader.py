@@ -140,6 +140,7 @@ class CkptioStorageReader(StorageReader):
         """The group ``dcp.load`` runs on (None: the default group, as DCP's own default)."""
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
         self._metadata: Metadata | None = None
+        self._given_metadata: bytes | None = None
         self._rank = 0
         self.tally = self._new_tally()
         self.failure: CkptError | None = None
@@ -165,7 +166,7 @@ class CkptioStorageReader(StorageReader):
             return self._metadata
         name = ".metadata"
         key = self.metadata_key()
-        raw = self.storage.get(key)
+        raw = self._given_metadata if self._given_metadata is not None else self.storage.get(key)
         if self.manifest.metadata_crc32c:
             check_file(self.storage, self.step, name, raw,
                        FileRecord(name=name, size=len(raw), crc32c=self.manifest.metadata_crc32c))
@@ -184,6 +185,11 @@ class CkptioStorageReader(StorageReader):
             metadata.storage_meta = StorageMeta()
         self._metadata = metadata
         return metadata
+
+    def given_metadata(self, raw: bytes | None) -> None:
+        """``.metadata``'s bytes as rank 0 read them for every rank (None: this rank reads its own); checked here
+        exactly as if read here."""
+        self._given_metadata = raw
 
     def metadata_key(self) -> str:
         """Where ``.metadata`` is read from (the local level's reader reads its own)."""

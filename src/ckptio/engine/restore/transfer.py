@@ -177,11 +177,12 @@ class Transfer:
             raise type(first)(f"{first.message} (other sources: {detail})", **first.context)
         raise first
 
-    def _checksum_error(self, task: Task, bad: tuple[Any, int], where: str) -> ChecksumError:
+    def _checksum_error(self, task: Task, bad: tuple[Any, int], where: str, *,
+                        sender: int | None = None) -> ChecksumError:
         block, found = bad
         return ChecksumError(f"{block.what!r}: bytes {block.offset}..{block.offset + block.length} of {task.file} "
                              f"{where}: crc32c {found:08x}, recorded {block.crc}", root=self.root, step=self.step,
-                             path=self._path(task))
+                             path=self._path(task), rank=sender)
 
     def _path(self, task: Task) -> str:
         return join_key(step_dir(self.step), task.file)
@@ -256,7 +257,8 @@ class Transfer:
             return False
         bad = bad_block(view, task)
         if bad is not None:
-            self.errors.append(self._checksum_error(task, bad, f"received from rank {task.reader}"))
+            self.errors.append(self._checksum_error(task, bad, f"received from rank {task.reader}",
+                                                    sender=task.reader))
             return False
         self.tally.received(task)
         return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,13 @@ from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
 from ckptio.engine.restore.readiness import gather_ready, rank0_choice
-from ckptio.engine.restore.step_restore import RestoreReport, choose_durable, restore_step
+from ckptio.engine.restore.step_restore import (
+    RestoreReport,
+    choose_durable,
+    raw_metadata,
+    read_or_none,
+    restore_step,
+)
 from ckptio.errors import (
     CheckpointNotFoundError,
     CkptError,
@@ -47,39 +54,59 @@ class _Decision:
     durable_fallback: bool = False
     """The local step's save is also committed on the durable level: a file lost on every node is read there."""
     note: str | None = None
+    metadata: bytes | None = None
+    """The local step's ``.metadata`` as rank 0 read it (:class:`~ckptio.engine.restore.step_restore.ChosenStep`)."""
+
+
+def _candidates(pool: ThreadPoolExecutor, durable: Storage, records: Storage,
+                step: int | None) -> tuple[int | None, int | None]:
+    """Rank 0: the durable candidate and the local level's (None: none, or older than the durable one), looked up
+    side by side: each is a round trip or two on the store, and every rank waits in the broadcast for both."""
+    if step is not None:
+        on_durable = pool.submit(choose_durable, durable, step)
+        on_local = pool.submit(records.exists, fmt.manifest_key(step))
+        try:  # committed on the durable level, or a plain DCP checkpoint there
+            candidate: int | None = step if on_durable.result() is not None else None
+        except CheckpointNotFoundError:
+            candidate = None
+        local_step = step if on_local.result() else None
+        if candidate is None and local_step is None:
+            raise CheckpointNotFoundError("no committed checkpoint for this step on any level",
+                                          root=durable.url, step=step)
+        return candidate, local_step
+    newest_durable = pool.submit(choose_durable, durable, None)
+    newest_local = pool.submit(fmt.newest_committed_step, records)
+    newest = newest_durable.result()
+    candidate = newest.step if newest is not None else None
+    local_step = newest_local.result()
+    if local_step is not None and candidate is not None and local_step < candidate:
+        local_step = None
+    return candidate, local_step
 
 
 def _decide(durable: Storage, records: Storage, step: int | None, world_size: int) -> _Decision:
     """Rank 0: the durable candidate, the local candidate (or None) and why a local one was set aside."""
-    if step is not None:
-        try:  # committed on the durable level, or a plain DCP checkpoint there
-            candidate: int | None = step if choose_durable(durable, step) is not None else None
-        except CheckpointNotFoundError:
-            candidate = None
-        local_steps = [step] if step in fmt.committed_steps(records) else []
-        if candidate is None and not local_steps:
-            raise CheckpointNotFoundError("no committed checkpoint for this step on any level",
-                                           root=durable.url, step=step)
-    else:
-        newest = choose_durable(durable, None)
-        candidate = newest.step if newest is not None else None
-        local_steps = [s for s in fmt.committed_steps(records)[-1:] if candidate is None or s >= candidate]
-    if not local_steps:
-        return _Decision(candidate, None)
-    try:
-        local = fmt.read_manifest(records, local_steps[-1])
-    except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
-        return _Decision(candidate, None, note=f"local level unreadable ({exc})")
-    if local.world_size != world_size:
-        return _Decision(candidate, None, note=f"local-level step {local.step} was saved by {local.world_size} ranks, "
-                                                f"this job has {world_size}: restoring from the durable level")
-    fallback = False
-    if candidate == local.step:
+    with ThreadPoolExecutor(2, thread_name_prefix="ckptio-choice") as pool:
+        candidate, local_step = _candidates(pool, durable, records, step)
+        if local_step is None:
+            return _Decision(candidate, None)
+        reading = pool.submit(fmt.read_manifest, records, local_step)
+        metadata = pool.submit(read_or_none, records, raw_metadata, local_step)
+        # The same step on the durable level: is it the same save (then a file lost on every node is read there)?
+        twin = pool.submit(fmt.read_manifest, durable, local_step) if candidate == local_step else None
         try:
-            fallback = fmt.read_manifest(durable, local.step).save_id == local.save_id
+            local = reading.result()
+        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+            return _Decision(candidate, None, note=f"local level unreadable ({exc})")
+        if local.world_size != world_size:
+            return _Decision(candidate, None, note=f"local-level step {local.step} was saved by {local.world_size} "
+                                                    f"ranks, this job has {world_size}: restoring from the durable "
+                                                    "level")
+        try:
+            fallback = twin is not None and twin.result().save_id == local.save_id
         except (CorruptCheckpointError, CheckpointNotFoundError):
             fallback = False
-    return _Decision(candidate, local, durable_fallback=fallback)
+    return _Decision(candidate, local, durable_fallback=fallback, metadata=metadata.result())
 
 
 class TwoLevelRestore:
@@ -103,7 +130,7 @@ class TwoLevelRestore:
                 note = (f"local-level step {local.step}: {len(missing)} file(s) held on no node (e.g. {missing[0]}): "
                         "restoring from the durable level")
             else:
-                sources = self._load_local(state, local, held, decision.durable_fallback)
+                sources = self._load_local(state, local, held, decision)
                 if sources is not None:
                     return self._report(local.step, "local", dict(sources), note, t0)
                 note = (f"local-level step {local.step}: a copy failed its checks on every source: restoring from "
@@ -136,11 +163,12 @@ class TwoLevelRestore:
         return held
 
     def _load_local(self, state: dict[str, Any], local: Manifest, held: dict[str, list[str]],
-                    durable_fallback: bool) -> Counter[str] | None:
+                    decision: _Decision) -> Counter[str] | None:
         """Load ``local`` into ``state``; None (on every rank) when any rank could not read it. A state that does
         not match raises on every rank: no other copy would match better."""
         group = self.group
-        reader = LevelsStorageReader(self.ctx, local, held=held, durable_fallback=durable_fallback)
+        reader = LevelsStorageReader(self.ctx, local, held=held, durable_fallback=decision.durable_fallback)
+        reader.given_metadata(decision.metadata)
         error: BaseException | None = None
         try:
             reader.read_metadata()

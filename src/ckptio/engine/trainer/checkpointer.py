@@ -242,8 +242,7 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         self._check_process()
-        steps = fmt.committed_steps(self.storage)
-        return steps[-1] if steps else None
+        return fmt.newest_committed_step(self.storage)
 
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
         """Load the newest committed step (or ``step``) into ``state`` in place; None when there is none.
