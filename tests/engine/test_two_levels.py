@@ -120,8 +120,14 @@ def test_node_loss_restores_from_partners_bit_exact_newer_than_durable(tmp_path)
         assert line["last_restore"]["level"] == "local"
         if NODES4[r] == "n1":  # its own copies are gone: every file came over the network from n0
             assert set(line["last_restore"]["sources"]) == {"partner"}, line
+            assert line["partner_checks"] == [], line  # it holds no partner copy of its own files
         else:
             assert set(line["last_restore"]["sources"]) == {"local"}, line
+            # n0 reads n1's files from its partner copies for n1's ranks: each checked once, begun in the
+            # background before DCP's planning (the first read waits for the outcome, it does not check again).
+            checks = line["partner_checks"]
+            assert checks and all(thread == "ckptio-partner-check" for _, thread in checks), line
+            assert len({name for name, _ in checks}) == len(checks), line
 
 
 def test_three_nodes_with_two_replicas_survive_losing_two_nodes(tmp_path):

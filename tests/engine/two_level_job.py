@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -46,6 +47,21 @@ def blank(rank: int) -> dict:
 def say(**fields: object) -> None:
     sys.stdout.write(json.dumps(fields) + "\n")  # one write: ranks sharing a pipe (torchrun, python -u) never mix
     sys.stdout.flush()
+
+
+def watch_partner_checks() -> list[list[str]]:
+    """Record every check of a partner copy this rank's restore makes: [file, the thread that made it]."""
+    from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
+
+    checks: list[list[str]] = []
+    check = LevelsStorageReader._partner_copy_intact
+
+    def recorded(self: LevelsStorageReader, key: str, name: str) -> bool:
+        checks.append([name, threading.current_thread().name])
+        return check(self, key, name)
+
+    LevelsStorageReader._partner_copy_intact = recorded  # type: ignore[method-assign]
+    return checks
 
 
 def main() -> None:
@@ -75,11 +91,13 @@ def main() -> None:
         ck.close()
         return
     target = blank(rank)
+    checks = watch_partner_checks()
     restored = ck.restore(target, step=spec.get("restore_step"))
     expected = state_for(restored or 0, rank, spec.get("expect_variant", 0))
     ok = restored is None or all(torch.equal(v, expected[k]) if isinstance(v, torch.Tensor) else v == restored
                                  for k, v in target.items())
-    say(rank=rank, restored=restored, ok=ok, last_restore=dataclasses.asdict(ck.last_restore), pid=os.getpid())
+    say(rank=rank, restored=restored, ok=ok, last_restore=dataclasses.asdict(ck.last_restore), pid=os.getpid(),
+        partner_checks=checks)
     start = (restored or 0) + 1
     if spec["mode"] == "unreachable":
         unreachable(ck, rank, start, stopped_s=spec["partner_timeout_s"] + 2.0)

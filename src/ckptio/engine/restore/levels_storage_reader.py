@@ -122,13 +122,29 @@ class LevelsStorageReader(CkptioStorageReader):
         with self._lock:
             return self._file_locks.setdefault(name, threading.Lock())
 
+    def check_partner_copies(self, names: set[str]) -> threading.Thread | None:
+        """Start checking this node's partner copies of ``names`` in the background (those no node holds its own
+        copy of: this node will read them for the others). The check reads and hashes the whole file, cold after a
+        node loss; begun here it overlaps the readiness gate and DCP's planning instead of delaying the first read,
+        which waits on the file's lock for its outcome. Join the thread before the reader goes."""
+        mine = sorted(name for name in names if self.local_dir.exists(partner_copy_key(self.step, name)))
+        if not mine:
+            return None
+        thread = threading.Thread(target=lambda: [self._partner_copy_ok(name) for name in mine],
+                                  name="ckptio-partner-check", daemon=True)
+        thread.start()
+        return thread
+
+    def _partner_copy_ok(self, name: str) -> bool:
+        with self._file_lock(name):
+            if name not in self._partner_ok:
+                self._partner_ok[name] = self._partner_copy_intact(partner_copy_key(self.step, name), name)
+            return self._partner_ok[name]
+
     def _read_partner_copy(self, name: str, offset: int, bufs: list[memoryview]) -> int:
         """A range of the copy this node keeps for another node, once the whole copy matched the records."""
         key = partner_copy_key(self.step, name)
-        with self._file_lock(name):
-            if name not in self._partner_ok:
-                self._partner_ok[name] = self._partner_copy_intact(key, name)
-        if not self._partner_ok[name]:
+        if not self._partner_copy_ok(name):
             raise ChecksumError(f"{name}: this node holds no partner copy that matches its records",
                                 root=self.local_dir.url, step=self.step, path=key)
         return self.local_dir.readinto(key, bufs, offset=offset)

@@ -109,6 +109,15 @@ def _decide(durable: Storage, records: Storage, step: int | None, world_size: in
     return _Decision(candidate, local, durable_fallback=fallback, metadata=metadata.result())
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """Where the local step's files are: the nodes holding a copy of each, and the files some node holds as its
+    own copy (the others survive only as partner copies: a node was lost)."""
+
+    nodes: dict[str, list[str]]
+    owned: set[str]
+
+
 class TwoLevelRestore:
     """One ``restore`` of a two-level job (every rank together), from ``ctx``'s durable root and local level."""
 
@@ -125,7 +134,7 @@ class TwoLevelRestore:
         local, note = decision.local, decision.note
         if local is not None:
             held = self._held(local)
-            missing = [n for n, nodes in held.items() if not nodes]
+            missing = [n for n, nodes in held.nodes.items() if not nodes]
             if missing and not decision.durable_fallback:
                 note = (f"local-level step {local.step}: {len(missing)} file(s) held on no node (e.g. {missing[0]}): "
                         "restoring from the durable level")
@@ -143,32 +152,44 @@ class TwoLevelRestore:
         restored = restore_step(self.ctx, state, step=decision.durable)
         return self._report(restored.step, restored.level, {}, note or restored.note, t0)
 
-    def _held(self, local: Manifest) -> dict[str, list[str]]:
-        """Every rank reports which files of ``local`` its node holds (right size); all ranks get the union."""
+    def _held(self, local: Manifest) -> _Held:
+        """Every rank reports which files of ``local`` its node holds (right size), and whether as its own copy;
+        all ranks get the union."""
         mine = []
         for name, rec in local.files.items():
-            for key in (own_copy_key(local.step, name), partner_copy_key(local.step, name)):
+            for own, key in ((True, own_copy_key(local.step, name)), (False, partner_copy_key(local.step, name))):
                 try:
                     if self.local.head(key).size == rec.size:
-                        mine.append(name)
+                        mine.append((name, own))
                         break
                 except CkptError:
                     continue
         reports = self.group.broadcast_from_rank0(self.group.gather_to_rank0((self.level.node, mine)))
-        held: dict[str, list[str]] = {name: [] for name in local.files}
+        held = _Held({name: [] for name in local.files}, set())
         for node, names in reports:
-            for name in names:
-                if node not in held[name]:
-                    held[name].append(node)
+            for name, own in names:
+                if node not in held.nodes[name]:
+                    held.nodes[name].append(node)
+                if own:
+                    held.owned.add(name)
         return held
 
-    def _load_local(self, state: dict[str, Any], local: Manifest, held: dict[str, list[str]],
+    def _load_local(self, state: dict[str, Any], local: Manifest, held: _Held,
                     decision: _Decision) -> Counter[str] | None:
         """Load ``local`` into ``state``; None (on every rank) when any rank could not read it. A state that does
         not match raises on every rank: no other copy would match better."""
-        group = self.group
-        reader = LevelsStorageReader(self.ctx, local, held=held, durable_fallback=decision.durable_fallback)
+        reader = LevelsStorageReader(self.ctx, local, held=held.nodes, durable_fallback=decision.durable_fallback)
         reader.given_metadata(decision.metadata)
+        checking = reader.check_partner_copies(set(local.files) - held.owned)
+        try:
+            return self._load_through(state, local, reader)
+        finally:
+            if checking is not None:
+                checking.join()
+
+    def _load_through(self, state: dict[str, Any], local: Manifest,
+                      reader: LevelsStorageReader) -> Counter[str] | None:
+        group = self.group
         error: BaseException | None = None
         try:
             reader.read_metadata()
