@@ -73,10 +73,7 @@ class JobShape:
 
 def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Path, *, ranks_per_node: int,
                 file_size: str = "32MiB", seconds: float = 24.0) -> StoreFigures:
-    """``ckptio probe`` on every node in ``nodes`` at once against ``target`` (``pfs`` or ``s3``). The job's
-    aggregate is the nodes' sum; one rank's cap is that aggregate shared equally, as the store link's fair classes
-    share it among the nodes' writers: the slowest node's figure, which this took before, is the low end of four
-    samples of one share, and put the planner's queued saves 8–10 % too slow in every run of the 800 Mbit matrix."""
+    """``ckptio probe`` on every node in ``nodes`` at once against ``target`` (``pfs`` or ``s3``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     procs, profiles = [], []
     start_at = time.time() + IMPORT_GRACE_S
@@ -99,7 +96,7 @@ def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Pat
         kind=first["kind"],
         write_bytes_per_s=sum(f["write_bytes_per_s"] for f in figures),
         read_bytes_per_s=sum(f["read_bytes_per_s"] for f in figures),
-        per_writer_bytes_per_s=sum(f["write_bytes_per_s"] for f in figures) / (len(figures) * ranks_per_node),
+        per_writer_bytes_per_s=min(f["write_bytes_per_s"] for f in figures) / ranks_per_node,
         metadata_ops_per_s=first.get("metadata_ops_per_s"),
         profile=profiles[0],
         per_node_write=[f["write_bytes_per_s"] for f in figures],
