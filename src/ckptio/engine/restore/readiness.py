@@ -1,14 +1,16 @@
 """The restore's readiness gate: before DCP plans, every rank says whether it could start, in one bounded meeting.
 
-Each rank reads the chosen step's records on its own (the manifest, ``.metadata``) and can fail there alone: it
-sees an older root than rank 0, a ``.metadata`` that is corrupt or names untrusted code, a step its store lost. A
-rank that raised and left would leave the others in DCP's plan gather until the side group's timeout (30 minutes).
-So every rank catches what stopped it and comes here: one barrier bounded by ``ReadOptions.ready_timeout_s`` (a rank
-that never comes, dead or stuck in its store, is named once it has passed), then every rank's outcome on every
-rank. If any rank failed, every rank raises: the failing rank its own error, the others an error of the same class
-naming that rank and its reason (:class:`~ckptio.errors.PeerLostError` when the rank failed with something other
-than a ckptio error, or never came). So a failure before the exchange reaches every rank as soon as the last rank
-arrives, and within ``ready_timeout_s`` when one never does.
+Each rank checks the chosen step's records (the manifest, ``.metadata``) before DCP plans, and can fail there alone:
+rank 0 reads them once for the job and broadcasts their bytes, but a rank reads its own when rank 0 could not (and
+then may see an older root, or a step its store lost), and every rank checks them itself (a ``.metadata`` that is
+corrupt or names untrusted code; its reader needs a local directory it lacks). A rank that raised and left would leave
+the others in DCP's plan gather until the side group's timeout (30 minutes). So every rank catches what stopped it and
+comes here: one barrier bounded by ``ReadOptions.ready_timeout_s`` (a rank that never comes, dead or stuck in its store,
+is named once it has passed), then every rank's outcome on every rank. If any rank failed, every rank raises: the
+failing rank its own error, the others an error of the same class naming that rank and its reason
+(:class:`~ckptio.errors.PeerLostError` when the rank failed with something other than a ckptio error, or never came). So
+a failure before the exchange reaches every rank as soon as the last rank arrives, and within ``ready_timeout_s`` when
+one never does.
 """
 
 from __future__ import annotations

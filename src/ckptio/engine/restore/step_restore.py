@@ -114,9 +114,10 @@ def restore_step(ctx: RestoreContext, state: dict[str, Any], *, step: int | None
     """Load the newest step of ``ctx.durable`` (or ``step``) into ``state``, every rank of ``ctx.group`` together
     (:func:`choose_durable`: a plain DCP checkpoint is read through the same reader, and the report says so).
 
-    Rank 0 chooses and broadcasts the step (what stops it there is broadcast too, since the others wait for it);
-    then every rank reads the step's records, and a rank that cannot fails every rank at the readiness gate
-    (:mod:`ckptio.engine.restore.readiness`), before DCP's planning."""
+    Rank 0 chooses the step and reads its records, and broadcasts them (what stops it there is broadcast too, since
+    the others wait for it; a record it could not read, each rank reads itself); then every rank checks the
+    records, and a rank that cannot fails every rank at the readiness gate (:mod:`ckptio.engine.restore.readiness`),
+    before DCP's planning."""
     t0 = time.monotonic()
     group = ctx.group
     choice = rank0_choice(group, lambda: _choose_with_records(ctx.durable, step))
