@@ -45,7 +45,7 @@ def test_the_demo_job_loses_a_node_and_resumes_from_local_and_partner(lab: Lab, 
 def test_the_planner_probes_the_store_from_inside_every_node(lab: Lab, tmp_path: Path) -> None:
     """Probes on both nodes at once: their sum is the job's aggregate, which the store's link bounds."""
     figures = planner.probe_store(LabSession.on(lab), [0, 1], "pfs", tmp_path, ranks_per_node=1,
-                                  file_size="4MiB", seconds=20.0)
+                                  file_size="4MiB", seconds=12.0)
     store_link = lab.config.store_mbit * 1e6 / 8
     assert 0 < figures.write_bytes_per_s <= store_link * 1.1, figures  # htb's small burst allowance
     assert len(figures.per_node_write) == 2 and figures.profile.exists()

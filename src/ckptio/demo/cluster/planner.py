@@ -32,6 +32,8 @@ from ckptio.demo.cluster.session import LabSession
 
 IMPORT_GRACE_S = 8.0
 """Time the probes get to import before they all start measuring at once (this machine's cores are shared)."""
+PROBE_FILES_PER_WRITER = 64
+"""More than a probe's write window takes (it stops at the window's end): each node writes for the whole window."""
 BYTES_PER_PARAM = 12
 """fp32 weights and Adam's two fp32 moments (``--weights-dtype fp32 --optimizer adam-fp32``): the lab rank's state."""
 
@@ -72,8 +74,15 @@ class JobShape:
 
 
 def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Path, *, ranks_per_node: int,
-                file_size: str = "32MiB", seconds: float = 24.0) -> StoreFigures:
-    """``ckptio probe`` on every node in ``nodes`` at once against ``target`` (``pfs`` or ``s3``)."""
+                file_size: str = "32MiB", seconds: float = 19.0) -> StoreFigures:
+    """``ckptio probe`` on every node in ``nodes`` at once against ``target`` (``pfs`` or ``s3``).
+
+    Each node's figure is only its share of the store while every node writes at once: the probes must write over
+    the same seconds. So they start together (``start_at``), skip the serialize measurement (a probe bounded below
+    20 s does; CPU-bound on the shared cores, it made their writes start up to seconds apart) and write files for
+    their whole write window rather than one file each (one 32 MiB file took about a second: a node that started
+    early wrote much of it alone). With one file each after a serialize phase, the nodes' sum reached 129 MB/s on an
+    800 Mbit/s link in one run, and their spread put the slowest node's figure 8–10 % under its share in others."""
     out_dir.mkdir(parents=True, exist_ok=True)
     procs, profiles = [], []
     start_at = time.time() + IMPORT_GRACE_S
@@ -82,7 +91,7 @@ def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Pat
                  else session.s3_root(f"probe-{out_dir.name}-{node}"))
         profiles.append(out_dir / f"probe-{target}-{node}.json")
         procs.append(session.probe(node, where, profiles[-1], writers=ranks_per_node, file_size=file_size,
-                                   seconds=seconds, start_at=start_at))
+                                   files_per_writer=PROBE_FILES_PER_WRITER, seconds=seconds, start_at=start_at))
     figures = []
     for proc, path in zip(procs, profiles, strict=True):
         assert proc.popen is not None

@@ -161,14 +161,14 @@ class LabSession:
             self.start_loaders()
         return Recovery(killed=killed, relaunched=run.launched, ranks=run.records)
 
-    def probe(self, node: int, target: str, out: Path, *, writers: int, file_size: str, seconds: float,
-              start_at: float) -> Proc:
+    def probe(self, node: int, target: str, out: Path, *, writers: int, file_size: str, files_per_writer: int,
+              seconds: float, start_at: float) -> Proc:
         """Start ``ckptio probe TARGET --out OUT`` inside ``node`` (its mount, its link); it begins measuring at
         wall time ``start_at``, after its imports, so probes on several nodes measure the store together."""
         wait_then_run = ("import sys, time; from ckptio._cli import main, probe_cmd; "
                          f"time.sleep(max(0.0, {start_at!r} - time.time())); sys.exit(main.main(sys.argv[1:]))")
         argv = [sys.executable, "-c", wait_then_run, "probe", target, "--writers", str(writers),
-                "--file-size", file_size, "--files-per-writer", "1", "--small-files", "64",
+                "--file-size", file_size, "--files-per-writer", str(files_per_writer), "--small-files", "64",
                 "--max-seconds", f"{seconds:g}", "--out", str(out), "--json", "--store-private"]
         return self.lab.launch(node, argv, name=f"probe-{node}-{time.monotonic_ns()}", stdout=subprocess.PIPE)
 
