@@ -24,7 +24,7 @@ from ckptio.format.local_level_records import local_records
 from ckptio.storage import open_storage
 from ckptio.storage.base import Storage
 from ckptio.storage.storage_wrapper import StorageWrapper
-from ckptio.testing.wrappers import CountingStorage
+from ckptio.testing.wrappers import OpCountingStorage
 
 
 def _root_with(tmp_path: Path, committed: int, *, in_flight: bool = True) -> str:
@@ -44,13 +44,13 @@ def _root_with(tmp_path: Path, committed: int, *, in_flight: bool = True) -> str
 
 @pytest.mark.parametrize("kept", [3, 40])
 def test_the_newest_step_costs_the_same_lookups_however_many_steps_the_root_keeps(tmp_path, kept):
-    counted = CountingStorage(open_storage(_root_with(tmp_path, kept)))
+    counted = OpCountingStorage(open_storage(_root_with(tmp_path, kept)))
     assert choose_durable(counted, None) == DurableStep(kept, False)
     # One listing; the save in flight (manifest? .metadata? manifest? rank index?) and the newest committed step.
-    assert counted.calls == {"list_dirs": 1, "head": 4, "list": 1}
-    counted.calls.clear()
+    assert counted.snapshot() == {"list_dirs": 1, "head": 4, "list": 1}
+    counted = OpCountingStorage(counted.inner)
     assert fmt.newest_committed_step(counted) == kept
-    assert counted.calls == {"list_dirs": 1, "head": 2}
+    assert counted.snapshot() == {"list_dirs": 1, "head": 2}
 
 
 def test_the_newest_step_is_still_a_plain_dcp_checkpoint_newer_than_every_committed_one(tmp_path):

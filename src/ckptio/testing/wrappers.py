@@ -17,7 +17,6 @@ import struct
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -106,19 +105,16 @@ class ThrottledStorage(StorageWrapper):
 
 
 class CountingStorage(StorageWrapper):
-    """Counts, in this process, the bytes read from the inner storage per key (``get`` and ``readinto``) and the
-    operations asked of it per kind (``calls``: ``head``, ``list``, ``list_dirs``, ``get``, ``readinto``).
+    """Counts the bytes read from the inner storage, per key (``get`` and ``readinto``), in this process.
 
     Restore tests and ``bench/bench_restore.py`` hold a restore's store reads to the checkpoint's size with it: the
-    bytes the store served, not what a process read from sockets or its own page cache. The calls are the round
-    trips a caller waits on, which on a loaded store cost more than the bytes.
+    bytes the store served, not what a process read from sockets or its own page cache.
     """
 
     def __init__(self, inner: Storage) -> None:
         super().__init__(inner)
         self._lock = threading.Lock()
         self.bytes_read: dict[str, int] = {}
-        self.calls: Counter[str] = Counter()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"inner": self.inner}
@@ -130,38 +126,20 @@ class CountingStorage(StorageWrapper):
         with self._lock:
             self.bytes_read[key] = self.bytes_read.get(key, 0) + n
 
-    def _call(self, kind: str) -> None:
-        with self._lock:
-            self.calls[kind] += 1
-
     @property
     def total(self) -> int:
         with self._lock:
             return sum(self.bytes_read.values())
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
-        self._call("get")
         out = self.inner.get(key, offset=offset, length=length)
         self._count(key, len(out))
         return out
 
     def readinto(self, key: str, buffers: Buffer | Sequence[Buffer], *, offset: int = 0) -> int:
-        self._call("readinto")
         got = self.inner.readinto(key, buffers, offset=offset)
         self._count(key, got)
         return got
-
-    def head(self, key: str) -> ObjectInfo:
-        self._call("head")
-        return self.inner.head(key)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        self._call("list")
-        return self.inner.list(prefix)
-
-    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        self._call("list_dirs")
-        return self.inner.list_dirs(prefix)
 
 
 class LatencyStorage(StorageWrapper):
