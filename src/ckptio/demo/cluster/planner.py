@@ -29,9 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from ckptio.demo.cluster.session import LabSession
+from ckptio.plan.measure.probe import SERIALIZE_MIN_BOUND_S
 
 IMPORT_GRACE_S = 8.0
 """Time the probes get to import before they all start measuring at once (this machine's cores are shared)."""
+PROBE_SECONDS = SERIALIZE_MIN_BOUND_S - 1.0
+"""The probes' bound: just below the one at which a probe measures the serialize rate before its writes (CPU-bound
+on the shared cores, it made the nodes' writes start seconds apart)."""
 PROBE_FILES_PER_WRITER = 64
 """More than a probe's write window takes (it stops at the window's end): each node writes for the whole window."""
 BYTES_PER_PARAM = 12
@@ -74,15 +78,15 @@ class JobShape:
 
 
 def probe_store(session: LabSession, nodes: list[int], target: str, out_dir: Path, *, ranks_per_node: int,
-                file_size: str = "32MiB", seconds: float = 19.0) -> StoreFigures:
+                file_size: str = "32MiB", seconds: float = PROBE_SECONDS) -> StoreFigures:
     """``ckptio probe`` on every node in ``nodes`` at once against ``target`` (``pfs`` or ``s3``).
 
     Each node's figure is only its share of the store while every node writes at once: the probes must write over
-    the same seconds. So they start together (``start_at``), skip the serialize measurement (a probe bounded below
-    20 s does; CPU-bound on the shared cores, it made their writes start up to seconds apart) and write files for
-    their whole write window rather than one file each (one 32 MiB file took about a second: a node that started
-    early wrote much of it alone). With one file each after a serialize phase, the nodes' sum reached 129 MB/s on an
-    800 Mbit/s link in one run, and their spread put the slowest node's figure 8–10 % under its share in others."""
+    the same seconds. So they start together (``start_at``), skip the serialize measurement (:data:`PROBE_SECONDS`) and
+    write files for their whole write window rather than one file each (one 32 MiB file took about a second: a node that
+    started early wrote much of it alone). With one file each after a serialize phase, the nodes' sum reached 129 MB/s
+    on an 800 Mbit/s link in one run, and their spread put the slowest node's figure 8–10 % under its share in
+    others."""
     out_dir.mkdir(parents=True, exist_ok=True)
     procs, profiles = [], []
     start_at = time.time() + IMPORT_GRACE_S

@@ -58,7 +58,9 @@ _THROUGHPUT_SHARE = 0.70
 _METADATA_SHARE = 0.15
 _FIO_SHARE = 0.30
 _SERIALIZE_BYTES = 64 << 20
-_SERIALIZE_MIN_BOUND_S = 20.0
+SERIALIZE_MIN_BOUND_S = 20.0
+"""A probe bounded below this many seconds skips the serialize measurement (unless torch is loaded already): loading
+torch would take much of a short bound."""
 _LAST_PHASE_END = 0.95
 
 T = TypeVar("T")
@@ -251,12 +253,12 @@ class _ProbeRun:
 
     def serialize(self) -> float | None:
         """The writers' serialize rate, when the bound leaves room to load torch for it (seconds, cold)."""
-        if self.config.max_seconds < _SERIALIZE_MIN_BOUND_S and "torch" not in sys.modules:
+        if self.config.max_seconds < SERIALIZE_MIN_BOUND_S and "torch" not in sys.modules:
             return None
         self.clock.report("serialize")
         # Tensors as large as the job's files (up to 64 MiB: larger ones serialize no faster), or 4 MiB when the
         # bound is short, so the measurement stays a small part of the probe's time even on a slow host.
-        large = self.config.max_seconds >= _SERIALIZE_MIN_BOUND_S
+        large = self.config.max_seconds >= SERIALIZE_MIN_BOUND_S
         size = min(self.config.file_size_bytes, _SERIALIZE_BYTES if large else 4 << 20)
         return serialize_bytes_per_s(size, writers=self.config.writers)
 
