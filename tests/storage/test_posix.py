@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
-from ckptio.errors import StorageError
+from ckptio.errors import NotFoundError, StorageError
 from ckptio.storage import PosixStorage, Storage, open_storage
+from ckptio.storage.posix import posix_storage
 from ckptio.storage.posix.posix_storage import TMP_PREFIX
 from ckptio.testing.conformance import StoreTests
 
@@ -97,3 +99,60 @@ def test_a_clean_delete_leaves_no_name_behind(tmp_path: Path) -> None:
     assert storage.list_dirs("a") == []
     storage.delete("a/x")
     assert storage.list_dirs() == [] and os.listdir(tmp_path) == []
+
+
+class _HalfMadeDirectory:
+    """Stand-in for a GlusterFS client racing another client's mkdir (no test can make that race happen on cue;
+    tests/lab/test_cross_client_locks.py races real clients): the first ``times`` creates of a temp file fail ENOENT
+    and the first ``times`` mkdirs fail ESTALE, as they do while the other client's mkdir reaches the bricks."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+        self.opens = self.mkdirs = times
+        real_open, real_mkdir = os.open, os.mkdir
+
+        def flaky_open(path: str, flags: int, *args: object, **kwargs: object) -> int:
+            if os.path.basename(path).startswith(TMP_PREFIX) and self.opens > 0:
+                self.opens -= 1
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            return real_open(path, flags, *args, **kwargs)
+
+        def flaky_mkdir(path: str, *args: object, **kwargs: object) -> None:
+            if self.mkdirs > 0:
+                self.mkdirs -= 1
+                raise OSError(errno.ESTALE, "Stale file handle", path)
+            real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", flaky_open)
+        monkeypatch.setattr(os, "mkdir", flaky_mkdir)
+
+
+@pytest.mark.parametrize("mode", ["create", "overwrite"])
+def test_a_write_into_a_directory_another_client_is_still_making_lands(tmp_path: Path, mode: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = PosixStorage(tmp_path / "root", fsync=True)
+    race = _HalfMadeDirectory(monkeypatch, times=1)
+    storage.put("step/manifest.json", b"m", mode=mode)  # type: ignore[arg-type]
+    assert race.opens == race.mkdirs == 0  # both failures were met, and waited out
+    assert storage.get("step/manifest.json") == b"m"
+
+
+def test_a_directory_that_never_appears_is_a_named_error_and_leaves_nothing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = PosixStorage(tmp_path / "root", fsync=False)
+    storage.put("step/a", b"a")
+    _HalfMadeDirectory(monkeypatch, times=10**6).mkdirs = 0
+    naps: list[float] = []
+    monkeypatch.setattr(posix_storage.time, "sleep", naps.append)
+    with pytest.raises(NotFoundError):
+        storage.put("step/b", b"b", mode="create")
+    assert naps == list(posix_storage._DIRECTORY_RACE_WAITS_S)  # waited, then gave up
+    assert sorted(os.listdir(tmp_path / "root" / "step")) == ["a"]
+
+
+def test_a_missing_source_file_is_not_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = PosixStorage(tmp_path / "root", fsync=False)
+    naps: list[float] = []
+    monkeypatch.setattr(posix_storage.time, "sleep", naps.append)
+    with pytest.raises(NotFoundError):
+        storage.put_file("x", str(tmp_path / "absent"))
+    assert naps == []
