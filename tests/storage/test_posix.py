@@ -10,7 +10,7 @@ import pytest
 
 from ckptio.errors import NotFoundError, StorageError
 from ckptio.storage import PosixStorage, Storage, open_storage
-from ckptio.storage.posix import posix_storage
+from ckptio.storage.posix import directories
 from ckptio.storage.posix.posix_storage import TMP_PREFIX
 from ckptio.testing.conformance import StoreTests
 
@@ -142,17 +142,17 @@ def test_a_directory_that_never_appears_is_a_named_error_and_leaves_nothing(tmp_
     storage.put("step/a", b"a")
     _HalfMadeDirectory(monkeypatch, times=10**6).mkdirs = 0
     naps: list[float] = []
-    monkeypatch.setattr(posix_storage.time, "sleep", naps.append)
+    monkeypatch.setattr(directories.time, "sleep", naps.append)
     with pytest.raises(NotFoundError):
         storage.put("step/b", b"b", mode="create")
-    assert naps == list(posix_storage._DIRECTORY_RACE_WAITS_S)  # waited, then gave up
+    assert naps == list(directories.DIRECTORY_RACE_WAITS_S)  # waited, then gave up
     assert sorted(os.listdir(tmp_path / "root" / "step")) == ["a"]
 
 
 def test_a_missing_source_file_is_not_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     storage = PosixStorage(tmp_path / "root", fsync=False)
     naps: list[float] = []
-    monkeypatch.setattr(posix_storage.time, "sleep", naps.append)
+    monkeypatch.setattr(directories.time, "sleep", naps.append)
     with pytest.raises(NotFoundError):
         storage.put_file("x", str(tmp_path / "absent"))
     assert naps == []

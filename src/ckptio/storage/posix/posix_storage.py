@@ -19,7 +19,6 @@ import builtins
 import errno
 import os
 import secrets
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ from ckptio.storage.posix.direct_io import (
     write_all,
     write_direct,
 )
+from ckptio.storage.posix.directories import fsync_dir, make_and_fill
 from ckptio.storage.posix.exclusion import Exclusion
 from ckptio.storage.posix.fs_ops import TMP_PREFIX, FileSystemOps
 from ckptio.storage.posix.posix_root import PosixRoot
@@ -73,9 +73,6 @@ _PACED_SLICE = CHUNK
 READ_MIN_BYTES = 1 << 20
 # preadv takes at most IOV_MAX (1024 on Linux) buffers per call.
 _IOV_MAX = 1024
-# How long a write waits, and again, for a directory another client is still making (PosixStorage._fill_in): a
-# distributed filesystem finishes a mkdir on every server within milliseconds; a second is far past that.
-_DIRECTORY_RACE_WAITS_S = (0.01, 0.05, 0.25, 1.0)
 
 
 def _remaining(views: list[memoryview], done: int) -> list[memoryview]:
@@ -96,23 +93,6 @@ def _slice(pacer: Pacer | None) -> int:
 
 def _etag(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}"
-
-
-def _lost_directory_race(exc: OSError, directory: str, tmp: str) -> bool:
-    """Whether ``exc`` is a write's directory seen half made by another client: ENOENT or ESTALE naming the temp
-    file (its create) or ``directory`` or one above it (a mkdir)."""
-    if exc.errno not in (errno.ENOENT, errno.ESTALE) or not isinstance(exc.filename, str):
-        return False
-    named = exc.filename.rstrip("/")
-    return named in (tmp, directory) or directory.startswith(named + "/")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PosixStorage(Storage):
@@ -221,13 +201,13 @@ class PosixStorage(Storage):
         directory, name = os.path.split(path)
         tmp = os.path.join(directory, f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}")
         try:
-            self._fill_in(directory, tmp, fill)
+            make_and_fill(directory, tmp, fill, fsync=self.fsync)  # and waits out another client's mkdir
             # The published file is this one (rename and link keep the inode and mtime): its etag is the answer,
             # never a stat of the name afterwards, which a racing writer may already have replaced.
             st = os.stat(tmp)
             self._publish(tmp, path, key, mode)
             if self.fsync:
-                _fsync_dir(directory)
+                fsync_dir(directory)
             return ObjectInfo(key=join_key(key), size=st.st_size, etag=_etag(st))
         except OSError as exc:
             if isinstance(exc, StorageError):
@@ -238,25 +218,6 @@ class PosixStorage(Storage):
                 os.unlink(tmp)
             except (FileNotFoundError, NotADirectoryError):
                 pass  # never created (linked away, or the directory could not be made)
-
-    def _fill_in(self, directory: str, tmp: str, fill: Callable[[str], None]) -> None:
-        """Make ``directory`` and write ``tmp`` in it, again after a moment when another client's ``mkdir`` of it
-        was still under way.
-
-        Two clients of a distributed filesystem creating one directory may see it half made: GlusterFS creates it
-        on one brick, then the others, so the second client's ``mkdir`` says it exists while a create in it fails
-        ENOENT on a brick it has not reached, and a lookup of a handle the other client just made may answer ESTALE.
-        A fresh lookup a moment later finds it whole (the NFS and GlusterFS clients' remedy for ESTALE). Only an
-        error naming the temp file or one of the directories retries: nothing was written then."""
-        for wait in (*_DIRECTORY_RACE_WAITS_S, None):
-            try:
-                self._makedirs(directory)
-                fill(tmp)
-                return
-            except OSError as exc:
-                if wait is None or not _lost_directory_race(exc, directory, tmp):
-                    raise
-            time.sleep(wait)
 
     def _publish(self, tmp: str, path: str, key: str, mode: PutMode) -> None:
         if isinstance(mode, IfMatch):
@@ -305,19 +266,6 @@ class PosixStorage(Storage):
                 os.fsync(fd)
         finally:
             os.close(fd)
-
-    def _makedirs(self, directory: str) -> None:
-        if os.path.isdir(directory):
-            return
-        parent = os.path.dirname(directory)
-        if parent != directory:
-            self._makedirs(parent)
-        try:
-            os.mkdir(directory)
-        except FileExistsError:
-            return
-        if self.fsync:
-            _fsync_dir(parent)
 
     def get(self, key: str, *, offset: int = 0, length: int | None = None) -> bytes:
         path = self.local_path(key)
