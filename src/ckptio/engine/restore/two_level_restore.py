@@ -7,7 +7,9 @@ every file is held somewhere (or the same save is durable too). A restore at ano
 with a file held nowhere, or a copy that fails its checksum on every source falls back to the durable level, and
 the ``restored`` event and the log say why. A state that does not match the checkpoint is never a reason to fall
 back: it raises :class:`~ckptio.errors.StructureMismatchError` naming the key, whatever the level. All collectives
-run on the side group, from the training thread.
+run on the side group, from the training thread. A replaced node may already be fetching its files back
+(:mod:`~ckptio.engine.restore.lost_copy_prefetch`): the restore waits for that before the holdings report, so what
+it fetched counts as held by that node.
 """
 
 from __future__ import annotations
