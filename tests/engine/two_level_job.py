@@ -27,7 +27,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,21 +64,6 @@ def watch_partner_checks() -> list[list[str]]:
     return checks
 
 
-def watch_fetches() -> list[list[str]]:
-    """Record every file this rank fetches ahead of its restore: [file, the thread that fetched it]."""
-    from ckptio.engine.restore import lost_copy_prefetch
-
-    fetches: list[list[str]] = []
-    fetch = lost_copy_prefetch.fetch_verified
-
-    def recorded(host: str, port: int, step: int, name: str, *args: Any, **kwargs: Any) -> None:
-        fetches.append([name, threading.current_thread().name])
-        fetch(host, port, step, name, *args, **kwargs)
-
-    lost_copy_prefetch.fetch_verified = recorded  # type: ignore[assignment]
-    return fetches
-
-
 def main() -> None:
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(1)
@@ -87,7 +71,6 @@ def main() -> None:
     rank = dist.get_rank()
     node = spec.get("node") or f"n{rank}"
     local = spec.get("local") or f"{spec['local_base']}-{node}"
-    fetches = watch_fetches()  # before the Checkpointer: a replaced node starts fetching as it is built
     ck = ckptio.Checkpointer(spec["root"], local_dir=local, node_id=node,
                              durable_every=spec["durable_every"], replicas=spec.get("replicas", 1), lease_s=0,
                              keep_last=2, fsync=False, partner_timeout_s=spec.get("partner_timeout_s", 20.0),
@@ -114,7 +97,7 @@ def main() -> None:
     ok = restored is None or all(torch.equal(v, expected[k]) if isinstance(v, torch.Tensor) else v == restored
                                  for k, v in target.items())
     say(rank=rank, restored=restored, ok=ok, last_restore=dataclasses.asdict(ck.last_restore), pid=os.getpid(),
-        partner_checks=checks, fetches=fetches)
+        partner_checks=checks)
     start = (restored or 0) + 1
     if spec["mode"] == "unreachable":
         unreachable(ck, rank, start, stopped_s=spec["partner_timeout_s"] + 2.0)

@@ -11,10 +11,9 @@ import threading
 from collections import Counter
 
 from ckptio import format as fmt
-from ckptio.engine.partner import check_digest
+from ckptio.engine.partner import check_digest, fetch_verified
 from ckptio.engine.partner.digest import finish, new_hasher
 from ckptio.engine.restore.context import RestoreContext
-from ckptio.engine.restore.lost_copy_prefetch import fetch_from_holders
 from ckptio.engine.restore.read_plan import Task
 from ckptio.engine.restore.step_layout import check_real_sizes
 from ckptio.engine.restore.storage_reader import CkptioStorageReader, ReadTally
@@ -67,11 +66,9 @@ class LevelsStorageReader(CkptioStorageReader):
     """
 
     def __init__(self, ctx: RestoreContext, manifest: Manifest, *, held: dict[str, list[str]],
-                 durable_fallback: bool, verified: frozenset[str] = frozenset()) -> None:
+                 durable_fallback: bool) -> None:
         """``held[file]``: the nodes holding a copy of ``file``; ``durable_fallback``: the same save is committed on
-        the durable level, which may serve a range no node's copy does; ``verified``: files whose partner copy this
-        process fetched and checked against their digest moments ago (:mod:`~ckptio.engine.restore.
-        lost_copy_prefetch`), not hashed again."""
+        the durable level, which may serve a range no node's copy does."""
         assert ctx.level is not None and ctx.local is not None
         level = self.level = ctx.level
         # ``.metadata``, the manifest and the rank indexes are the local level's records; data comes from nodes,
@@ -89,7 +86,7 @@ class LevelsStorageReader(CkptioStorageReader):
         self.durable_fallback = durable_fallback
         self._lock = threading.Lock()
         self._file_locks: dict[str, threading.Lock] = {}
-        self._partner_ok: dict[str, bool] = dict.fromkeys(verified, True)
+        self._partner_ok: dict[str, bool] = {}
         self._fetched: set[str] = set()
 
     def _new_tally(self) -> LevelsTally:
@@ -113,11 +110,8 @@ class LevelsStorageReader(CkptioStorageReader):
     def _sources(self, name: str) -> list[Source]:
         local, rec = self.local_dir, self.manifest.files[name]
         own = own_copy_key(self.step, name)
-        # A copy of this node's own file in its partner area came back from another node (a replaced node's
-        # head start, :mod:`~ckptio.engine.restore.lost_copy_prefetch`): its bytes are the partner's.
-        kept = "partner" if rec.holders[:1] == [self.level.node] else "local"
         out = [Source("local", lambda offset, bufs: local.readinto(own, bufs, offset=offset)),
-               Source(kept, lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
+               Source("local", lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
                Source("partner", lambda offset, bufs: self._read_fetched(name, offset, bufs))]
         if self.durable_fallback:
             durable, key = self.durable, fmt.record_key(self.step, rec)
@@ -184,8 +178,25 @@ class LevelsStorageReader(CkptioStorageReader):
         return self.local_dir.readinto(key, bufs, offset=offset)
 
     def _fetch_from_nodes(self, name: str, key: str) -> None:
-        if name not in self.digests and any(n != self.level.node for n in self.held.get(name, [])):
-            log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies on "
-                        "other nodes cannot be authenticated and are not used", name)
-        fetch_from_holders(self.level, self.step, self.manifest.files[name], self._local_file(key),
-                           holders=self.held.get(name, []))
+        rec = self.manifest.files[name]
+        if name not in self.digests:
+            if any(n != self.level.node for n in self.held.get(name, [])):
+                log.warning("ckptio: %s was saved without a partner digest (before digests were recorded): copies "
+                            "on other nodes cannot be authenticated and are not used", name)
+            raise ChecksumError(f"{name}: no partner digest recorded: copies on other nodes are not used",
+                                root=self.storage.url, step=self.step, path=name)
+        for node in self.held.get(name, []):
+            if node == self.level.node:
+                continue
+            for peer in self.level.peers:
+                if peer.node != node:
+                    continue
+                try:  # streamed into place only when its size and digest match the record
+                    fetch_verified(peer.host, peer.port, self.step, name, self._local_file(key),
+                                   expected_digest=self.digests[name], expected_size=rec.size, secret=self.level.secret,
+                                   timeout_s=self.level.timeout_s)
+                    return
+                except (OSError, CkptError) as exc:
+                    log.warning("ckptio: %s from node %r (%s:%s) unusable: %s", name, node, peer.host, peer.port, exc)
+        raise ChecksumError(f"{name}: no intact copy on any other node of the local level", root=self.storage.url,
+                            step=self.step, path=name)

@@ -7,9 +7,7 @@ every file is held somewhere (or the same save is durable too). A restore at ano
 with a file held nowhere, or a copy that fails its checksum on every source falls back to the durable level, and
 the ``restored`` event and the log say why. A state that does not match the checkpoint is never a reason to fall
 back: it raises :class:`~ckptio.errors.StructureMismatchError` naming the key, whatever the level. All collectives
-run on the side group, from the training thread. A replaced node may already be fetching its files back
-(:mod:`~ckptio.engine.restore.lost_copy_prefetch`): the restore waits for that before the holdings report, so what
-it fetched counts as held by that node.
+run on the side group, from the training thread.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from ckptio import format as fmt
 from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.dcp_load import load_through
 from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
-from ckptio.engine.restore.lost_copy_prefetch import LostCopyPrefetch
 from ckptio.engine.restore.readiness import gather_ready, rank0_choice
 from ckptio.engine.restore.step_restore import (
     RestoreReport,
@@ -124,12 +121,10 @@ class _Held:
 class TwoLevelRestore:
     """One ``restore`` of a two-level job (every rank together), from ``ctx``'s durable root and local level."""
 
-    def __init__(self, ctx: RestoreContext, prefetch: LostCopyPrefetch | None = None) -> None:
-        """``prefetch``: this node's files being fetched back from their partner copies, if it was replaced."""
+    def __init__(self, ctx: RestoreContext) -> None:
         assert ctx.level is not None and ctx.local is not None
         self.ctx, self.level, self.local, self.group = ctx, ctx.level, ctx.local, ctx.group
         self.durable, self.records = ctx.durable, ctx.level.records
-        self.prefetch = prefetch
 
     def run(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """The newest restorable step, from the fastest intact copies."""
@@ -138,14 +133,13 @@ class TwoLevelRestore:
         decision = rank0_choice(group, lambda: _decide(self.durable, self.records, step, group.world_size))
         local, note = decision.local, decision.note
         if local is not None:
-            verified = self._prefetched(local.step)  # before the holdings report: what it fetched counts as held
             held = self._held(local)
             missing = [n for n, nodes in held.nodes.items() if not nodes]
             if missing and not decision.durable_fallback:
                 note = (f"local-level step {local.step}: {len(missing)} file(s) held on no node (e.g. {missing[0]}): "
                         "restoring from the durable level")
             else:
-                sources = self._load_local(state, local, held, decision, verified)
+                sources = self._load_local(state, local, held, decision)
                 if sources is not None:
                     return self._report(local.step, "local", dict(sources), note, t0)
                 note = (f"local-level step {local.step}: a copy failed its checks on every source: restoring from "
@@ -157,12 +151,6 @@ class TwoLevelRestore:
             return self._report(None, "none", {}, None, t0)
         restored = restore_step(self.ctx, state, step=decision.durable)
         return self._report(restored.step, restored.level, {}, note or restored.note, t0)
-
-    def _prefetched(self, step: int) -> frozenset[str]:
-        if self.prefetch is None:
-            return frozenset()
-        fetched = self.prefetch.wait(self.level.timeout_s)
-        return fetched.names if fetched.step == step else frozenset()
 
     def _held(self, local: Manifest) -> _Held:
         """Every rank reports which files of ``local`` its node holds (right size), and whether as its own copy;
@@ -186,18 +174,13 @@ class TwoLevelRestore:
                     held.owned.add(name)
         return held
 
-    def _load_local(self, state: dict[str, Any], local: Manifest, held: _Held, decision: _Decision,
-                    verified: frozenset[str]) -> Counter[str] | None:
+    def _load_local(self, state: dict[str, Any], local: Manifest, held: _Held,
+                    decision: _Decision) -> Counter[str] | None:
         """Load ``local`` into ``state``; None (on every rank) when any rank could not read it. A state that does
         not match raises on every rank: no other copy would match better."""
-        reader = LevelsStorageReader(self.ctx, local, held=held.nodes, durable_fallback=decision.durable_fallback,
-                                     verified=verified)
+        reader = LevelsStorageReader(self.ctx, local, held=held.nodes, durable_fallback=decision.durable_fallback)
         reader.given_metadata(decision.metadata)
-        # Copies this node may read for another node: those no node holds as its own, unless the node that wrote
-        # the file holds a copy again (fetched back: it reads that one itself).
-        others = {name for name, rec in local.files.items()
-                  if name not in held.owned and not (rec.holders and rec.holders[0] in held.nodes[name])}
-        checking = reader.check_partner_copies(others)
+        checking = reader.check_partner_copies(set(local.files) - held.owned)
         try:
             return self._load_through(state, local, reader)
         finally:

@@ -33,7 +33,6 @@ from ckptio.engine.failure_markers import FailureMarkers
 from ckptio.engine.partner import agree_secret
 from ckptio.engine.protocol import JobLevels, LevelsStart, Peer
 from ckptio.engine.restore.context import LocalLevel, ReadOptions, RestoreContext
-from ckptio.engine.restore.lost_copy_prefetch import LostCopyPrefetch
 from ckptio.engine.restore.step_restore import RestoreReport, restore_step
 from ckptio.engine.restore.two_level_restore import TwoLevelRestore
 from ckptio.engine.side_group import SideGroup
@@ -167,9 +166,6 @@ class TwoLevels(SingleLevel):
         except BaseException:
             self.listener.close()
             raise
-        self.level = LocalLevel(self.records, self.start.node, peers, secret, config.partner_timeout_s)
-        # A replaced node starts fetching its files back now, while every rank goes on building its Checkpointer.
-        self.prefetch = LostCopyPrefetch.start_if_replaced(self.level, local, group.rank)
         self.preemption: process_hooks.PreemptionHold | None = None
         if config.preempt_grace_s > 0:  # None off the main thread: SIGTERM is then left as it is
             self.preemption = process_hooks.hold_sigterm(config.preempt_grace_s, config.preempt_duplicate_window_s)
@@ -188,11 +184,12 @@ class TwoLevels(SingleLevel):
 
     def restore(self, state: dict[str, Any], step: int | None) -> RestoreReport:
         """The newest restorable step on either level, each file from its fastest intact copy."""
-        config = self.config
+        config, start = self.config, self.start
         options = ReadOptions.of(concurrency=config.upload_concurrency, trust_pickles=config.trust_pickles,
                                  safe_globals=config.safe_globals)
-        ctx = RestoreContext(self.storage, self.group, local=self.local, options=options, level=self.level)
-        report = TwoLevelRestore(ctx, self.prefetch).run(state, step)
+        level = LocalLevel(self.records, start.node, start.peers, start.secret, config.partner_timeout_s)
+        ctx = RestoreContext(self.storage, self.group, local=self.local, options=options, level=level)
+        report = TwoLevelRestore(ctx).run(state, step)
         self.events.emit(Event.RESTORED, report.step, level=report.level, sources=report.sources, note=report.note,
                          seconds=report.seconds)
         return report
