@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ckptio.errors import CkptError
-from ckptio.testing.ranks import free_port
+from ckptio.testing.ranks import free_port, rank_context, take_environment
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
@@ -34,7 +33,9 @@ def describe(exc: BaseException) -> dict[str, Any]:
     return out
 
 
-def _entry(rank: int, world: int, port: int, run: tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]]) -> None:
+def _entry(rank: int, world: int, port: int, run: tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]],
+           env: dict[str, str]) -> None:
+    take_environment(env)
     out, fn, args = run
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -57,9 +58,9 @@ def run_outcomes(world: int, fn: Callable[..., dict[str, Any]], out: str, *args:
                  wait_for: Sequence[int] | None = None) -> list[dict[str, Any] | None]:
     """Each rank's report of ``fn(rank, world, *args)``. Waits for the reports of the ranks of ``wait_for`` (every
     rank when None), at most ``deadline_s`` (a rank that dies writes none), then kills every rank."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, (out, fn, args)), daemon=True) for r in range(world)]
+    ctx = rank_context()
+    port, env = free_port(), dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, (out, fn, args), env), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + deadline_s

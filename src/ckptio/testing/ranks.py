@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 from collections.abc import Callable
@@ -11,6 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# What every rank imports anyway: loaded once in the fork server.
+_PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "ckptio", "ckptio.testing.ranks")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -18,7 +22,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def rank_context() -> Any:
+    """The multiprocessing context rank processes start from: a fork server that has imported torch, DCP and
+    ckptio once, so each rank is a fresh process that skips their ~2 CPU-seconds of imports (the suite starts
+    hundreds). Still real processes: each rank forks from that clean server (never from the test process, whose
+    threads and state a fork would copy), then sets its own environment and process group. A rank takes the
+    starting process's environment at its start (:func:`take_environment`): the server's is that of its own start."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(_PRELOAD))
+    return context
+
+
+def take_environment(env: dict[str, str]) -> None:
+    """Make this process's environment ``env`` (the starting process's, passed with the rank's arguments)."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
+_Job = tuple[Callable[..., Any], tuple[Any, ...], dict[str, str]]
+"""A rank's function, its arguments after (rank, world_size), and the starting process's environment."""
+
+
+def _entry(rank: int, world_size: int, port: int, job: _Job) -> None:
+    fn, args, env = job
+    take_environment(env)
     # The variables torchrun would set: stacks (Lightning, Accelerate) read them, not only init_process_group.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
@@ -54,4 +81,6 @@ def _exit_quietly() -> None:
 
 def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; re-raises a rank's failure."""
-    mp.spawn(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+    rank_context()  # its fork server preloads what every rank imports
+    mp.start_processes(_entry, args=(world_size, free_port(), (fn, args, dict(os.environ))), nprocs=world_size,
+                       join=True, start_method="forkserver")
