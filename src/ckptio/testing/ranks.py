@@ -25,9 +25,10 @@ def free_port() -> int:
 def rank_context() -> Any:
     """The multiprocessing context rank processes start from: a fork server that has imported torch, DCP and
     ckptio once, so each rank is a fresh process that skips their ~2 CPU-seconds of imports (the suite starts
-    well over a hundred ranks). Still real processes: each rank forks from that clean server (never from the test process, whose
-    threads and state a fork would copy), then sets its own environment and process group. A rank takes the
-    starting process's environment at its start (:func:`take_environment`): the server's is that of its own start."""
+    well over a hundred ranks). Still real processes: each rank forks from that clean server (never from the test
+    process, whose threads and state a fork would copy), then sets its own environment and process group. A rank takes
+    the starting process's environment at its start (:func:`take_environment`): the server's is that of its own
+    start."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(_PRELOAD))
     return context
