@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,17 +14,18 @@ import ckptio
 import ckptio.testing.wrappers
 from ckptio._cli.main import main as cli
 from ckptio.errors import WriterDiedError
+from ckptio.testing.ranks import ScriptProcess, start_script
 
 JOB = os.path.join(os.path.dirname(__file__), "crash_job.py")
 
 
-def _start(root: str, local: str | None = None) -> subprocess.Popen[str]:
-    args = [sys.executable, JOB, root] + ([local] if local else [])
-    # A new session makes the job a process group: killpg reaches the trainer and its writer together.
-    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, start_new_session=True)
+def _start(root: str, local: str | None = None) -> ScriptProcess:
+    # A new session makes the job a process group: killpg reaches the trainer and its writer together. Forked from
+    # the rank fork server: each of the ~17 restarts would otherwise import torch again.
+    return start_script(JOB, [root] + ([local] if local else []), env=dict(os.environ), new_session=True)
 
 
-def _restored_line(proc: subprocess.Popen[str]) -> tuple[int | None, bool]:
+def _restored_line(proc: ScriptProcess) -> tuple[int | None, bool]:
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
     assert line and line[0] == "restored", f"job printed {line!r}"

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import ckptio
 from ckptio.format import committed_steps
 from ckptio.format.local_level_records import local_records
 from ckptio.storage import open_storage
+from ckptio.testing.ranks import ScriptProcess, start_script
 from tests.engine.supersede_job import job_options, state_for
 
 JOB = os.path.join(os.path.dirname(__file__), "supersede_job.py")
@@ -29,9 +28,9 @@ pytestmark = [pytest.mark.slow]
 POINTS = [("begun", "A"), ("recorded", "A"), ("metadata", "B"), ("manifest", "B"), ("done", "B")]
 
 
-def _run(tmp_path: Path, level: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, JOB, str(tmp_path), level], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **env}, start_new_session=True)
+def _run(tmp_path: Path, level: str, env: dict[str, str]) -> ScriptProcess:
+    # Forked from the rank fork server (no torch import per job); a session of its own for killpg.
+    return start_script(JOB, [str(tmp_path), level], env={**os.environ, **env}, new_session=True)
 
 
 @pytest.mark.parametrize("level", ["durable", "local"])

@@ -15,8 +15,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -27,7 +25,7 @@ import pytest
 from ckptio.format import RankIndex, committed_steps, index_key, manifest_key, read_manifest
 from ckptio.format.local_level_records import local_records, partner_copy_key
 from ckptio.storage import open_storage
-from ckptio.testing.ranks import free_port
+from ckptio.testing.ranks import ScriptProcess, free_port, start_script
 from tests.engine.forge import forge_floats
 
 JOB = os.path.join(os.path.dirname(__file__), "two_level_job.py")
@@ -35,19 +33,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 
 class Job:
-    """One launch: ``world`` rank processes, rank r on node ``nodes[r]``, each in its own process group."""
+    """One launch: ``world`` rank processes, rank r on node ``nodes[r]``, each in its own process group (forked
+    from the rank fork server: a fresh interpreter each would import torch again, ~2 CPU-seconds per rank)."""
 
     def __init__(self, base: Path, nodes: list[str], mode: str, *, steps: int = 0, durable_every: int = 2,
                  **extra: Any) -> None:
         port = free_port()
-        self.procs: list[subprocess.Popen[str]] = []
+        self.procs: list[ScriptProcess] = []
         for rank, node in enumerate(nodes):
             spec = {"root": str(base / "root"), "local": str(base / f"local-{node}"), "node": node, "mode": mode,
                     "steps": steps, "durable_every": durable_every, **extra}
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(nodes)), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), CKPTIO_PARTNER_HOST="127.0.0.1")
-            self.procs.append(subprocess.Popen([sys.executable, JOB, json.dumps(spec)], stdout=subprocess.PIPE,
-                                               text=True, env=env, start_new_session=True))
+            self.procs.append(start_script(JOB, [json.dumps(spec)], env=env, new_session=True))
 
     def line(self, rank: int, key: str, timeout: float = 120.0) -> dict[str, Any]:
         """The next JSON line of ``rank`` that has ``key`` (others are skipped)."""

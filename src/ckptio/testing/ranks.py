@@ -5,8 +5,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-from collections.abc import Callable
-from typing import Any
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -85,3 +86,77 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
     rank_context()  # its fork server preloads what every rank imports
     mp.start_processes(_entry, args=(world_size, free_port(), (fn, args, dict(os.environ))), nprocs=world_size,
                        join=True, start_method="forkserver")
+
+
+class ScriptProcess:
+    """A script started by :func:`start_script`: the parts of ``subprocess.Popen`` tests use (``pid``, ``stdout``,
+    ``poll``, ``wait``, ``returncode``: negative for the signal that ended it, as ``Popen`` says it)."""
+
+    def __init__(self, process: Any, stdout: IO[str]) -> None:
+        self._process, self.stdout = process, stdout
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        code = self._process.exitcode
+        return None if code is None else int(code)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self.returncode
+        if code is None:
+            raise subprocess.TimeoutExpired(self._process.name, timeout or 0.0)
+        return code
+
+
+def start_script(path: str, args: Sequence[str], *, env: dict[str, str], new_session: bool = False) -> ScriptProcess:
+    """Run ``python path *args`` as a process forked from the rank fork server (:func:`rank_context`), its standard
+    output a pipe the caller reads (``.stdout``, text), in a session of its own when ``new_session`` (so that
+    ``os.killpg(pid)`` ends it with every process it started, as ``start_new_session`` does).
+
+    The script runs as ``__main__`` with ``sys.argv`` and the first ``sys.path`` entry a plain run gives it, in
+    ``env``; it ends as :func:`_exit_quietly` ends a rank: its exit code (an exception: 1, its traceback on standard
+    error) after the ``atexit`` handlers and flushing the streams, without the interpreter's finalization."""
+    rank_context()
+    read, write = multiprocessing.Pipe(duplex=False)
+    process = multiprocessing.get_context("forkserver").Process(
+        target=_script_entry, args=((path, tuple(args), env, new_session), write), name=os.path.basename(path))
+    process.start()
+    write.close()
+    stdout = os.fdopen(os.dup(read.fileno()), "r")
+    read.close()
+    return ScriptProcess(process, stdout)
+
+
+def _script_entry(script: tuple[str, tuple[str, ...], dict[str, str], bool], out: Any) -> None:
+    import atexit
+    import runpy
+    import sys
+    import traceback
+
+    path, args, env, new_session = script
+    if new_session:
+        os.setsid()
+    take_environment(env)
+    os.dup2(out.fileno(), 1)
+    out.close()
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's stdout until it ends
+    sys.argv, sys.path[0] = [path, *args], os.path.dirname(os.path.abspath(path))
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
