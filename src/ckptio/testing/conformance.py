@@ -17,7 +17,6 @@ the backend declares, so a declaration can neither hide a missing guarantee nor 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import threading
@@ -43,9 +42,9 @@ from ckptio.storage.base import (
 )
 from ckptio.storage.capabilities import CONDITIONAL_CREATE
 from ckptio.storage.posix.posix_storage import PosixStorage
-from ckptio.storage.registry import storage_modules
 from ckptio.testing.capability_tests import CapabilityTests, pytest_configure, requires_capability
 from ckptio.testing.conditional_write_tests import CONCURRENT_PROCESSES, ConditionalWriteTests
+from ckptio.testing.fork_server import fork_context
 from ckptio.testing.listing_tests import ListingTests
 from ckptio.testing.paced_write_tests import PacedWriteTests
 from ckptio.testing.ranged_read_tests import RangedReadTests
@@ -346,9 +345,7 @@ def spawn_pool() -> Iterator[Executor]:
     forks from that clean server, so no worker inherits the test process's threads, sockets or boto3 clients,
     and the pool does not pay a torch import per worker (tens of seconds on a 2-core machine).
     """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([*storage_modules(), "ckptio.testing.conformance", "ckptio.testing.spawned"])
-    with ProcessPoolExecutor(CONCURRENT_PROCESSES, mp_context=context) as pool:
+    with ProcessPoolExecutor(CONCURRENT_PROCESSES, mp_context=fork_context()) as pool:
         futures = [pool.submit(warm_up, 0.3) for _ in range(CONCURRENT_PROCESSES)]
         for future in futures:
             future.result(timeout=300)

@@ -17,7 +17,9 @@ import contextlib
 import importlib.util
 import logging
 import os
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 from ckptio.errors import ConfigError
 
@@ -44,6 +46,34 @@ def s3_missing_reason() -> str | None:
     return None
 
 
+class _ConditionalWritesOneAtATime:
+    """WSGI middleware: conditional writes (``If-None-Match``/``If-Match`` on a PUT or a multipart completion) one
+    at a time. moto checks the precondition, then writes, with nothing between the two (``moto/s3/responses.py``):
+    under load two creators of one key both passed the check and both "won" (seen once in the suite). S3 decides a
+    conditional write atomically; so does moto behind this."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.lock = app, threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        conditional = "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ
+        if environ.get("REQUEST_METHOD") not in ("PUT", "POST") or not conditional:
+            return self.app(environ, start_response)
+        with self.lock:
+            return list(self.app(environ, start_response))  # the whole response inside the lock
+
+
+def _serve() -> Any:
+    """moto's S3 app on 127.0.0.1 and a free port, a thread per request, served from a daemon thread."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = _ConditionalWritesOneAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    threading.Thread(target=server.serve_forever, name="ckptio-moto", daemon=True).start()
+    return server
+
+
 @contextlib.contextmanager
 def embedded_s3() -> Iterator[str]:
     """Start the server, create the bucket; yields the endpoint URL."""
@@ -51,12 +81,10 @@ def embedded_s3() -> Iterator[str]:
     if reason:
         raise ConfigError(reason)
     import boto3
-    from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    server = _serve()
+    host, port = server.server_address[:2]
     endpoint = f"http://{host}:{port}"
     saved = {key: os.environ.get(key) for key in [*_FAKE_ENV, "AWS_ENDPOINT_URL"]}
     os.environ.update(_FAKE_ENV, AWS_ENDPOINT_URL=endpoint)
@@ -69,4 +97,5 @@ def embedded_s3() -> Iterator[str]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        server.stop()
+        server.shutdown()
+        server.server_close()

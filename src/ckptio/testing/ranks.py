@@ -13,8 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# What every rank imports anyway: loaded once in the fork server.
-_PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "ckptio", "ckptio.testing.ranks")
+from ckptio.testing.fork_server import fork_context
 
 
 def free_port() -> int:
@@ -24,15 +23,11 @@ def free_port() -> int:
 
 
 def rank_context() -> Any:
-    """The multiprocessing context rank processes start from: a fork server that has imported torch, DCP and
-    ckptio once, so each rank is a fresh process that skips their ~2 CPU-seconds of imports (the suite starts
-    well over a hundred ranks). Still real processes: each rank forks from that clean server (never from the test
-    process, whose threads and state a fork would copy), then sets its own environment and process group. A rank takes
-    the starting process's environment at its start (:func:`take_environment`): the server's is that of its own
-    start."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(_PRELOAD))
-    return context
+    """The multiprocessing context rank processes start from (:func:`~ckptio.testing.fork_server.fork_context`):
+    each rank is a fresh process that skips the ~2 CPU-seconds of importing torch, DCP and ckptio (the suite starts
+    well over a hundred ranks), forked from a clean server, never from the test process. It then sets its own
+    environment (:func:`take_environment`: the server's is that of its own start) and its process group."""
+    return fork_context()
 
 
 def take_environment(env: dict[str, str]) -> None:
@@ -82,7 +77,8 @@ def _exit_quietly() -> None:
 
 
 def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; re-raises a rank's failure."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks (:func:`rank_context`); re-raises a rank's
+    failure."""
     rank_context()  # its fork server preloads what every rank imports
     mp.start_processes(_entry, args=(world_size, free_port(), (fn, args, dict(os.environ))), nprocs=world_size,
                        join=True, start_method="forkserver")
@@ -123,9 +119,8 @@ def start_script(path: str, args: Sequence[str], *, env: dict[str, str], new_ses
     The script runs as ``__main__`` with ``sys.argv`` and the first ``sys.path`` entry a plain run gives it, in
     ``env``; it ends as :func:`_exit_quietly` ends a rank: its exit code (an exception: 1, its traceback on standard
     error) after the ``atexit`` handlers and flushing the streams, without the interpreter's finalization."""
-    rank_context()
     read, write = multiprocessing.Pipe(duplex=False)
-    process = multiprocessing.get_context("forkserver").Process(
+    process = rank_context().Process(
         target=_script_entry, args=((path, tuple(args), env, new_session), write), name=os.path.basename(path))
     process.start()
     write.close()
