@@ -76,10 +76,17 @@ lint: venv
 # 2-core machine: with 4, a writer at its nice 10 beside four busy workers once took over 120 s to commit a first
 # save. TEST_WORKERS=0 runs the suite in this process, as before.
 TEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 unit: venv sysdeps s3rver labdeps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(PYTEST)
 
-test: lint unit
+# ruff first (a second); mypy (~40 s of one core) beside pytest rather than before it, its report printed after
+# pytest's; either failing fails the target.
+test: venv sysdeps s3rver labdeps
+	$(BIN)/ruff check src tests bench examples
+	@report=$$(mktemp); $(BIN)/mypy >$$report 2>&1 & typing=$$!; \
+	$(PYTEST); rc=$$?; \
+	wait $$typing || rc=1; echo "$(BIN)/mypy"; cat $$report; rm -f $$report; exit $$rc
 
 # ckptio and plain DCP in both directions at 1-3 gloo ranks (tests/interop); part of `unit` too.
 interop: venv
