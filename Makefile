@@ -67,8 +67,9 @@ s3rver: $(S3RVER_STAMP)
 demo: venv sysdeps
 	$(BIN)/ckptio demo $(ARGS)
 
+RUFF := $(BIN)/ruff check src tests bench examples
 lint: venv
-	$(BIN)/ruff check src tests bench examples
+	$(RUFF)
 	$(BIN)/mypy
 
 # The suite runs on TEST_WORKERS pytest-xdist workers: most tests wait on processes they started (writers, ranks,
@@ -83,7 +84,7 @@ unit: venv sysdeps s3rver labdeps
 # ruff first (a second); mypy (~40 s of one core) beside pytest rather than before it, its report printed after
 # pytest's; either failing fails the target.
 test: venv sysdeps s3rver labdeps
-	$(BIN)/ruff check src tests bench examples
+	$(RUFF)
 	@report=$$(mktemp); $(BIN)/mypy >$$report 2>&1 & typing=$$!; \
 	$(PYTEST); rc=$$?; \
 	wait $$typing || rc=1; echo "$(BIN)/mypy"; cat $$report; rm -f $$report; exit $$rc

@@ -58,8 +58,8 @@ def _entry(rank: int, world_size: int, port: int, job: _Job) -> None:
     _exit_quietly()
 
 
-def _exit_quietly() -> None:
-    """End a rank that succeeded without the interpreter's finalization.
+def _exit_quietly(code: int = 0) -> None:
+    """End a rank that succeeded (or a script, with its exit ``code``) without the interpreter's finalization.
 
     With torch 2.13 a rank whose work and teardown completed still died now and then with "terminate called without
     an active exception" (SIGABRT; the message of a native thread object destroyed while joinable, which points at
@@ -73,7 +73,7 @@ def _exit_quietly() -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
@@ -130,7 +130,6 @@ def start_script(path: str, args: Sequence[str], *, env: dict[str, str], new_ses
 
 
 def _script_entry(script: tuple[str, tuple[str, ...], dict[str, str], bool], out: Any) -> None:
-    import atexit
     import runpy
     import sys
     import traceback
@@ -151,7 +150,4 @@ def _script_entry(script: tuple[str, tuple[str, ...], dict[str, str], bool], out
     except BaseException:
         traceback.print_exc()
         code = 1
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _exit_quietly(code)
