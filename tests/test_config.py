@@ -86,3 +86,18 @@ def test_s3_storage_options_refuse_nan(tmp_path):
 
     with pytest.raises(ConfigError, match="read_timeout_s must be a finite number"):
         open_storage("s3://bucket/run", read_timeout_s=float("nan"))
+
+
+def test_the_writer_niceness_defaults_to_10_or_the_environment_and_an_argument_wins(tmp_path, monkeypatch):
+    monkeypatch.delenv("CKPTIO_WRITER_NICE", raising=False)
+    assert CheckpointerConfig(root=str(tmp_path)).writer_nice == 10
+    monkeypatch.setenv("CKPTIO_WRITER_NICE", "3")
+    assert CheckpointerConfig(root=str(tmp_path)).writer_nice == 3
+    assert CheckpointerConfig(root=str(tmp_path), writer_nice=7).writer_nice == 7
+
+
+@pytest.mark.parametrize("value", ["ten", "20", "-1", "1.5"])
+def test_a_bad_writer_niceness_in_the_environment_is_named(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("CKPTIO_WRITER_NICE", value)
+    with pytest.raises(ConfigError, match="CKPTIO_WRITER_NICE"):
+        CheckpointerConfig(root=str(tmp_path))

@@ -72,6 +72,25 @@ class CheckpointerOptions(TypedDict, total=False):
     partner_pace: float | None
 
 
+WRITER_NICE_ENV = "CKPTIO_WRITER_NICE"
+"""Overrides ``writer_nice``'s default (an explicit ``writer_nice`` still wins)."""
+
+
+def _writer_nice_default() -> int:
+    """``CKPTIO_WRITER_NICE`` as an int in 0..19, else 10; a value that is not one is a ConfigError naming it
+    (a typo in a site's environment must not silently run every writer at full priority)."""
+    raw = os.environ.get(WRITER_NICE_ENV)
+    if raw is None or raw.strip() == "":
+        return 10
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{WRITER_NICE_ENV} must be an integer within 0..19, got {raw!r}") from None
+    if not 0 <= value <= 19:
+        raise ConfigError(f"{WRITER_NICE_ENV} must be within 0..19, got {value}")
+    return value
+
+
 @keyword_options_only
 @dataclass(kw_only=True, slots=True)
 class CheckpointerConfig:
@@ -175,10 +194,12 @@ class CheckpointerConfig:
     """When the writer process boots (an interpreter importing torch: seconds). ``on_init`` overlaps the boot with
     the first training steps; ``on_first_save`` spares restore-only users the boot."""
 
-    writer_nice: int = 10
+    writer_nice: int = field(default_factory=_writer_nice_default)
     """CPU niceness added to the writer processes (0 keeps the trainer's), and their I/O runs at the lowest
     best-effort priority: on hosts with few spare cores the flush yields to training instead of inflating steps.
-    A flush that falls behind is then bounded by ``max_pending``/``overflow``, never by memory."""
+    A flush that falls behind is then bounded by ``max_pending``/``overflow``, never by memory. Default 10, or
+    ``CKPTIO_WRITER_NICE`` where set: a site (or a test session that packs many jobs on few cores, where a nice-10
+    writer waits behind every other job's busy processes) sets it once for every job."""
 
     lease_s: float = 60.0
     """Ownership lease of the root: another job may not use it while this job's heartbeat is younger than this
