@@ -113,19 +113,22 @@ def two_rank_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_node_loss_restores_from_partners_bit_exact_newer_than_durable(tmp_path):
     _train_then_lose_node(tmp_path, NODES4)
     lines = _relaunch(tmp_path, NODES4)
+    manifest = read_manifest(local_records(open_storage(str(tmp_path / "root"))), 5)
     for r, line in enumerate(lines):
         assert line["restored"] == 5 and line["ok"], line  # newer than the newest durable step (4), bit-exact
         assert line["last_restore"]["level"] == "local"
         if NODES4[r] == "n1":  # its own copies are gone: every file came over the network from n0
             assert set(line["last_restore"]["sources"]) == {"partner"}, line
-            assert line["partner_checks"] == [], line  # it holds no partner copy of its own files
+            # n0 pushed each of n1's files to the rank that wrote it, before the step was even chosen; that rank
+            # held the copy to its digest once (hashed as its pieces landed), in the background before DCP's
+            # planning (the first read waits for the outcome, it does not check again).
+            (mine,) = [n for n in manifest.files if n.startswith(f"__{r}_")]
+            assert line["partner_checks"] == [[mine, "ckptio-partner-check"]], line
+            copy = tmp_path / "local-n1" / partner_copy_key(5, mine)
+            assert copy.read_bytes() == (tmp_path / "local-n0" / partner_copy_key(5, mine)).read_bytes()
         else:
             assert set(line["last_restore"]["sources"]) == {"local"}, line
-            # n0 reads n1's files from its partner copies for n1's ranks: each checked once, begun in the
-            # background before DCP's planning (the first read waits for the outcome, it does not check again).
-            checks = line["partner_checks"]
-            assert checks and all(thread == "ckptio-partner-check" for _, thread in checks), line
-            assert len({name for name, _ in checks}) == len(checks), line
+            assert line["partner_checks"] == [], line  # n0 sent n1's files on; n1 reads and checks them
 
 
 def test_three_nodes_with_two_replicas_survive_losing_two_nodes(tmp_path):
@@ -137,7 +140,11 @@ def test_three_nodes_with_two_replicas_survive_losing_two_nodes(tmp_path):
     for r, line in enumerate(lines):
         assert line["restored"] == 5 and line["ok"], line  # newer than the newest durable step (4), bit-exact
         assert line["last_restore"]["level"] == "local"
-        assert set(line["last_restore"]["sources"]) == ({"local"} if r == 0 else {"partner"}), line
+        if r == 0:  # its own file from its disk; a range of a lost rank's file it also needs may come from
+            # that rank, which holds the copy n0 pushed to it (read once, by whichever needer the plan picks)
+            assert "local" in line["last_restore"]["sources"], line
+        else:  # n0 pushed each lost rank's file to it before the step was chosen
+            assert set(line["last_restore"]["sources"]) == {"partner"}, line
 
 
 def test_node_and_partner_lost_restores_from_durable(two_rank_base, tmp_path):
@@ -161,6 +168,8 @@ def test_corrupt_partner_copy_restores_from_durable(two_rank_base, tmp_path):
     for line in _relaunch(base, NODES2):
         assert line["restored"] == 4 and line["ok"] and line["last_restore"]["level"] == "durable", line
         assert "failed its checks" in line["last_restore"]["note"]
+    # n0 pushed the corrupt copy to rank 1, which refused it as it landed: nothing was kept on n1.
+    assert not (base / "local-n1" / partner_copy_key(5, name)).exists()
 
 
 def _events(path: str, rank: int) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,13 +55,18 @@ def watch_partner_checks() -> list[list[str]]:
     from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
 
     checks: list[list[str]] = []
-    check = LevelsStorageReader._partner_copy_intact
+    check, check_pushed = LevelsStorageReader._partner_copy_intact, LevelsStorageReader._pushed_copy_intact
 
     def recorded(self: LevelsStorageReader, key: str, name: str) -> bool:
         checks.append([name, threading.current_thread().name])
         return check(self, key, name)
 
+    def recorded_pushed(self: LevelsStorageReader, name: str, landed: Any) -> bool:  # a copy pushed to this rank
+        checks.append([name, threading.current_thread().name])
+        return check_pushed(self, name, landed)
+
     LevelsStorageReader._partner_copy_intact = recorded  # type: ignore[method-assign]
+    LevelsStorageReader._pushed_copy_intact = recorded_pushed  # type: ignore[method-assign]
     return checks
 
 

@@ -141,6 +141,13 @@ class SideGroup:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return int(t.item()) > 0
 
+    def any_of(self, flags: list[bool]) -> list[bool]:
+        """For each of ``flags``, whether any rank set it: one all-reduce, however many flags."""
+        work, t = self.any_true_async(flags)
+        if work is not None:
+            work.wait()
+        return [int(n) > 0 for n in t.tolist()]
+
     def any_true_async(self, flags: list[bool]) -> tuple[Any, torch.Tensor]:
         """Start an all-reduce of ``flags`` (how many ranks raised each) without waiting: (work or None, tensor)."""
         t = torch.tensor([int(f) for f in flags], dtype=torch.int64)

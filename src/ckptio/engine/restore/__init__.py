@@ -10,5 +10,6 @@ across ranks) and who receives them; ``transfer`` reads a rank's share, checks e
 ranges through ``peer_links`` (a rank found gone is ``PeerLostError``); ``destinations`` says where the bytes land
 (straight into a target tensor when it can), and ``stored_blob`` turns a gathered item's stored bytes into the blob
 ``torch.load`` reads (DCP stream extensions undone, plain DCP's zip CRC-32 checked). ``two_level_restore`` adds the
-local level's sources through ``levels_storage_reader``: this rank's own copy, a partner's, then the durable root.
+local level's sources through ``levels_storage_reader``: this rank's own copy, a partner's, then the durable root;
+``early_push`` sends a lost node's files back to it from their partner copies while rank 0 still chooses the step.
 """

@@ -6,14 +6,17 @@ level's records hold before any range of them is used.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from ckptio import format as fmt
 from ckptio.engine.partner import check_digest, fetch_verified
 from ckptio.engine.partner.digest import finish, new_hasher
 from ckptio.engine.restore.context import RestoreContext
+from ckptio.engine.restore.early_push import Landed
 from ckptio.engine.restore.read_plan import Task
 from ckptio.engine.restore.step_layout import check_real_sizes
 from ckptio.engine.restore.storage_reader import CkptioStorageReader, ReadTally
@@ -25,6 +28,9 @@ from ckptio.format.local_level_records import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")
+
+Landing = Callable[[Callable[[Landed], bool]], bool]
+"""A pushed file's ``land(check)`` (:meth:`~ckptio.engine.restore.early_push.EarlyPush.landings`)."""
 
 
 class LevelsTally(ReadTally):
@@ -88,6 +94,16 @@ class LevelsStorageReader(CkptioStorageReader):
         self._file_locks: dict[str, threading.Lock] = {}
         self._partner_ok: dict[str, bool] = {}
         self._fetched: set[str] = set()
+        self._pushed_to: dict[str, int] = {}
+        self._landings: dict[str, Landing] = {}
+
+    def given_pushes(self, pushed_to: dict[str, int], landings: dict[str, Landing]) -> None:
+        """Files pushed to a node's partner area (:mod:`~ckptio.engine.restore.early_push`): ``pushed_to`` name →
+        the rank each goes to (on every rank), ``landings`` name → wait for it to land (this rank's). Only that rank
+        knows when its copy is whole, so only it reads the copy on its node (others there receive from it). It
+        holds the copy to the manifest's size and crc32c and the recorded digest, hashed as the pieces landed (no
+        second read), and counts it as come from another node."""
+        self._pushed_to, self._landings = dict(pushed_to), dict(landings)
 
     def _new_tally(self) -> LevelsTally:
         return LevelsTally({peer.rank: peer.node for peer in self.level.peers}, self.level.node)
@@ -99,8 +115,12 @@ class LevelsStorageReader(CkptioStorageReader):
         return self.tally.sources
 
     def _readers_of(self, name: str) -> list[int] | None:
-        holders = self.held.get(name, [])
-        return [peer.rank for peer in self.level.peers if peer.node in holders] or None
+        holders, receiver = self.held.get(name, []), self._pushed_to.get(name)
+        ranks = [peer.rank for peer in self.level.peers if peer.node in holders]
+        if receiver is not None:  # of the pushed-to node, only the rank that put the copy there
+            node_of = {peer.rank: peer.node for peer in self.level.peers}
+            ranks = [r for r in ranks if r == receiver or node_of.get(r) != node_of.get(receiver)]
+        return ranks or None
 
     def _check_claims(self, names: set[str]) -> None:
         """A copy a node holds was sized against the manifest when its node reported it (``held``); a file no node
@@ -110,8 +130,9 @@ class LevelsStorageReader(CkptioStorageReader):
     def _sources(self, name: str) -> list[Source]:
         local, rec = self.local_dir, self.manifest.files[name]
         own = own_copy_key(self.step, name)
+        kept = "partner" if name in self._landings else "local"  # a pushed copy came over the network
         out = [Source("local", lambda offset, bufs: local.readinto(own, bufs, offset=offset)),
-               Source("local", lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
+               Source(kept, lambda offset, bufs: self._read_partner_copy(name, offset, bufs)),
                Source("partner", lambda offset, bufs: self._read_fetched(name, offset, bufs))]
         if self.durable_fallback:
             durable, key = self.durable, fmt.record_key(self.step, rec)
@@ -127,7 +148,8 @@ class LevelsStorageReader(CkptioStorageReader):
         copy of: this node will read them for the others). The check reads and hashes the whole file, cold after a
         node loss; begun here it overlaps the readiness gate and DCP's planning instead of delaying the first read,
         which waits on the file's lock for its outcome. Join the thread before the reader goes."""
-        mine = sorted(name for name in names if self.local_dir.exists(partner_copy_key(self.step, name)))
+        mine = sorted(name for name in names if name in self._landings or (
+            name not in self._pushed_to and self.local_dir.exists(partner_copy_key(self.step, name))))
         if not mine:
             return None
         thread = threading.Thread(target=lambda: [self._partner_copy_ok(name) for name in mine],
@@ -138,7 +160,10 @@ class LevelsStorageReader(CkptioStorageReader):
     def _partner_copy_ok(self, name: str) -> bool:
         with self._file_lock(name):
             if name not in self._partner_ok:
-                self._partner_ok[name] = self._partner_copy_intact(partner_copy_key(self.step, name), name)
+                landing = self._landings.get(name)
+                self._partner_ok[name] = (landing(functools.partial(self._pushed_copy_intact, name))
+                                          if landing is not None
+                                          else self._partner_copy_intact(partner_copy_key(self.step, name), name))
             return self._partner_ok[name]
 
     def _read_partner_copy(self, name: str, offset: int, bufs: list[memoryview]) -> int:
@@ -165,6 +190,18 @@ class LevelsStorageReader(CkptioStorageReader):
         except CkptError as exc:
             if self.local_dir.exists(key):
                 log.warning("ckptio: this node's partner copy of %s unusable: %s", name, exc)
+            return False
+        return True
+
+    def _pushed_copy_intact(self, name: str, landed: Landed) -> bool:
+        """Whether a copy pushed to this rank arrived with the manifest's size and crc32c and the recorded digest."""
+        rec = self.manifest.files[name]
+        try:
+            if (landed.size, landed.crc32c) != (rec.size, rec.crc32c):
+                raise ChecksumError(f"{name}: size or crc32c differs from the manifest", step=self.step, path=name)
+            check_digest(landed.digest, self.digests.get(name), what=name, step=self.step, path=name)
+        except CkptError as exc:
+            log.warning("ckptio: the copy of %s pushed to this node unusable: %s", name, exc)
             return False
         return True
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ckptio import format as fmt
 from ckptio.engine.restore.context import RestoreContext
 from ckptio.engine.restore.dcp_load import load_through
+from ckptio.engine.restore.early_push import EarlyPush, Held
 from ckptio.engine.restore.levels_storage_reader import LevelsStorageReader
 from ckptio.engine.restore.readiness import gather_ready, rank0_choice
 from ckptio.engine.restore.step_restore import (
@@ -39,7 +40,6 @@ from ckptio.errors import (
     StructureMismatchError,
 )
 from ckptio.format import Manifest
-from ckptio.format.local_level_records import own_copy_key, partner_copy_key
 from ckptio.storage.base import Storage
 
 log = logging.getLogger("ckptio")
@@ -109,13 +109,10 @@ def _decide(durable: Storage, records: Storage, step: int | None, world_size: in
     return _Decision(candidate, local, durable_fallback=fallback, metadata=metadata.result())
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """Where the local step's files are: the nodes holding a copy of each, and the files some node holds as its
-    own copy (the others survive only as partner copies: a node was lost)."""
-
-    nodes: dict[str, list[str]]
-    owned: set[str]
+def _chosen(choosing: Future[_Decision] | None) -> _Decision:
+    """Rank 0's decision, once its lookups end (only rank 0 submits them, and only rank 0 asks)."""
+    assert choosing is not None
+    return choosing.result()
 
 
 class TwoLevelRestore:
@@ -127,19 +124,31 @@ class TwoLevelRestore:
         self.durable, self.records = ctx.durable, ctx.level.records
 
     def run(self, state: dict[str, Any], step: int | None) -> RestoreReport:
-        """The newest restorable step, from the fastest intact copies."""
+        """The newest restorable step, from the fastest intact copies. Rank 0's lookups on the store run while
+        every node reports its holdings and a lost node's files are pushed back to it (:mod:`early_push`)."""
         t0 = time.monotonic()
         group = self.group
-        decision = rank0_choice(group, lambda: _decide(self.durable, self.records, step, group.world_size))
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptio-choice") as chooser:
+            choosing = (chooser.submit(_decide, self.durable, self.records, step, group.world_size)
+                        if group.rank == 0 else None)
+            early = EarlyPush.begin(self.ctx)
+            try:
+                decision = rank0_choice(group, lambda: _chosen(choosing))
+                return self._restore(state, step, decision, early, t0)
+            finally:
+                early.finish()
+
+    def _restore(self, state: dict[str, Any], step: int | None, decision: _Decision, early: EarlyPush,
+                 t0: float) -> RestoreReport:
         local, note = decision.local, decision.note
         if local is not None:
-            held = self._held(local)
+            held = early.held(local)
             missing = [n for n, nodes in held.nodes.items() if not nodes]
             if missing and not decision.durable_fallback:
                 note = (f"local-level step {local.step}: {len(missing)} file(s) held on no node (e.g. {missing[0]}): "
                         "restoring from the durable level")
             else:
-                sources = self._load_local(state, local, held, decision)
+                sources = self._load_local(state, local, held, decision, early)
                 if sources is not None:
                     return self._report(local.step, "local", dict(sources), note, t0)
                 note = (f"local-level step {local.step}: a copy failed its checks on every source: restoring from "
@@ -152,34 +161,13 @@ class TwoLevelRestore:
         restored = restore_step(self.ctx, state, step=decision.durable)
         return self._report(restored.step, restored.level, {}, note or restored.note, t0)
 
-    def _held(self, local: Manifest) -> _Held:
-        """Every rank reports which files of ``local`` its node holds (right size), and whether as its own copy;
-        all ranks get the union."""
-        mine = []
-        for name, rec in local.files.items():
-            for own, key in ((True, own_copy_key(local.step, name)), (False, partner_copy_key(local.step, name))):
-                try:
-                    if self.local.head(key).size == rec.size:
-                        mine.append((name, own))
-                        break
-                except CkptError:
-                    continue
-        reports = self.group.broadcast_from_rank0(self.group.gather_to_rank0((self.level.node, mine)))
-        held = _Held({name: [] for name in local.files}, set())
-        for node, names in reports:
-            for name, own in names:
-                if node not in held.nodes[name]:
-                    held.nodes[name].append(node)
-                if own:
-                    held.owned.add(name)
-        return held
-
-    def _load_local(self, state: dict[str, Any], local: Manifest, held: _Held,
-                    decision: _Decision) -> Counter[str] | None:
+    def _load_local(self, state: dict[str, Any], local: Manifest, held: Held, decision: _Decision,
+                    early: EarlyPush) -> Counter[str] | None:
         """Load ``local`` into ``state``; None (on every rank) when any rank could not read it. A state that does
         not match raises on every rank: no other copy would match better."""
         reader = LevelsStorageReader(self.ctx, local, held=held.nodes, durable_fallback=decision.durable_fallback)
         reader.given_metadata(decision.metadata)
+        reader.given_pushes(early.pushed_to(local.step), early.landings(local.step))
         checking = reader.check_partner_copies(set(local.files) - held.owned)
         try:
             return self._load_through(state, local, reader)
@@ -206,10 +194,11 @@ class TwoLevelRestore:
             raise  # no collective can agree with a rank that is gone; no other copy would bring it back
         except CkptError as exc:
             error = exc
-        if group.any_true(isinstance(error, StructureMismatchError)):
+        mismatch, failed = group.any_of([isinstance(error, StructureMismatchError), error is not None])
+        if mismatch:
             raise error if isinstance(error, StructureMismatchError) else StructureMismatchError(
                 "the state of another rank does not match the checkpoint", step=local.step)
-        if group.any_true(error is not None):
+        if failed:
             log.warning("ckptio: local-level step %s could not be read: %s", local.step, error)
             return None
         return reader.sources
