@@ -90,3 +90,16 @@ def test_rank_0_looks_up_the_durable_and_the_local_level_side_by_side(tmp_path):
     assert decision.durable == 2 and decision.local is not None and decision.local.step == 2
     assert decision.durable_fallback  # the same save on both levels
     assert not meeting.broken
+
+
+def test_rank_0_reads_the_newest_local_manifest_without_looking_it_up_first(tmp_path):
+    # The local level's newest step is what a node loss restores: its manifest and .metadata are read at once after
+    # the listing (one round trip), where an existence check first cost another behind the restarting job's reads.
+    root, local = str(tmp_path / "root"), str(tmp_path / "local")
+    with ckptio.Checkpointer(root, local_dir=local, durable_every=2, replicas=0, volume_check="off") as ck:
+        for step in (1, 2, 3):
+            ck.save(step, {"w": torch.full((64,), float(step))}).wait(timeout=120)
+    records = OpCountingStorage(local_records(open_storage(root)))
+    decision = _decide(open_storage(root), records, None, 1)
+    assert decision.local is not None and decision.local.step == 3 and decision.metadata is not None
+    assert "head" not in records.snapshot() and "exists" not in records.snapshot(), records.snapshot()

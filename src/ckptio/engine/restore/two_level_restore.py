@@ -58,55 +58,82 @@ class _Decision:
     """The local step's ``.metadata`` as rank 0 read it (:class:`~ckptio.engine.restore.step_restore.ChosenStep`)."""
 
 
-def _candidates(pool: ThreadPoolExecutor, durable: Storage, records: Storage,
-                step: int | None) -> tuple[int | None, int | None]:
-    """Rank 0: the durable candidate and the local level's (None: none, or older than the durable one), looked up
-    side by side: each is a round trip or two on the store, and every rank waits in the broadcast for both."""
-    if step is not None:
-        on_durable = pool.submit(choose_durable, durable, step)
-        on_local = pool.submit(records.exists, fmt.manifest_key(step))
-        try:  # committed on the durable level, or a plain DCP checkpoint there
-            candidate: int | None = step if on_durable.result() is not None else None
-        except CheckpointNotFoundError:
-            candidate = None
-        local_step = step if on_local.result() else None
-        if candidate is None and local_step is None:
-            raise CheckpointNotFoundError("no committed checkpoint for this step on any level",
-                                          root=durable.url, step=step)
-        return candidate, local_step
-    newest_durable = pool.submit(choose_durable, durable, None)
-    newest_local = pool.submit(fmt.newest_committed_step, records)
-    newest = newest_durable.result()
-    candidate = newest.step if newest is not None else None
-    local_step = newest_local.result()
-    if local_step is not None and candidate is not None and local_step < candidate:
-        local_step = None
+def _given_step(pool: ThreadPoolExecutor, durable: Storage, records: Storage,
+                step: int) -> tuple[int | None, int | None]:
+    """Rank 0, for a requested ``step``: whether the durable level has it (committed, or plain DCP) and whether the
+    local level has it, looked up side by side."""
+    on_durable = pool.submit(choose_durable, durable, step)
+    on_local = pool.submit(records.exists, fmt.manifest_key(step))
+    try:  # committed on the durable level, or a plain DCP checkpoint there
+        candidate: int | None = step if on_durable.result() is not None else None
+    except CheckpointNotFoundError:
+        candidate = None
+    local_step = step if on_local.result() else None
+    if candidate is None and local_step is None:
+        raise CheckpointNotFoundError("no committed checkpoint for this step on any level", root=durable.url,
+                                      step=step)
     return candidate, local_step
+
+
+def _read_local(pool: ThreadPoolExecutor, records: Storage, step: int) -> tuple[Manifest, bytes | None]:
+    """The local step's manifest and ``.metadata``, read side by side (CheckpointNotFoundError: no manifest)."""
+    metadata = pool.submit(read_or_none, records, raw_metadata, step)
+    return fmt.read_manifest(records, step), metadata.result()
+
+
+def _newest_local(pool: ThreadPoolExecutor, records: Storage) -> tuple[int, Manifest | CkptError, bytes | None] | None:
+    """Rank 0: the newest local-level step with a manifest, read with its ``.metadata`` at once — the listing, then
+    one round trip, where looking the manifest up first took another, behind every rank's restart traffic. A
+    directory without a manifest is a save in flight, passed; an unreadable manifest is returned as its error."""
+    for step in reversed(fmt.all_step_dirs(records)):
+        try:
+            manifest, metadata = _read_local(pool, records, step)
+        except CheckpointNotFoundError:
+            continue
+        except CorruptCheckpointError as exc:
+            return step, exc, None
+        return step, manifest, metadata
+    return None
 
 
 def _decide(durable: Storage, records: Storage, step: int | None, world_size: int) -> _Decision:
     """Rank 0: the durable candidate, the local candidate (or None) and why a local one was set aside."""
-    with ThreadPoolExecutor(2, thread_name_prefix="ckptio-choice") as pool:
-        candidate, local_step = _candidates(pool, durable, records, step)
-        if local_step is None:
-            return _Decision(candidate, None)
-        reading = pool.submit(fmt.read_manifest, records, local_step)
-        metadata = pool.submit(read_or_none, records, raw_metadata, local_step)
-        # The same step on the durable level: is it the same save (then a file lost on every node is read there)?
-        twin = pool.submit(fmt.read_manifest, durable, local_step) if candidate == local_step else None
-        try:
-            local = reading.result()
-        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
-            return _Decision(candidate, None, note=f"local level unreadable ({exc})")
-        if local.world_size != world_size:
-            return _Decision(candidate, None, note=f"local-level step {local.step} was saved by {local.world_size} "
-                                                    f"ranks, this job has {world_size}: restoring from the durable "
-                                                    "level")
-        try:
-            fallback = twin is not None and twin.result().save_id == local.save_id
+    with ThreadPoolExecutor(4, thread_name_prefix="ckptio-choice") as pool:
+        if step is not None:
+            candidate, local_step = _given_step(pool, durable, records, step)
+            if local_step is None:
+                return _Decision(candidate, None)
+            try:
+                found: Manifest | CkptError
+                found, metadata = _read_local(pool, records, local_step)
+            except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+                found, metadata = exc, None
+        else:
+            newest_durable = pool.submit(choose_durable, durable, None)
+            newest_local = _newest_local(pool, records)
+            newest = newest_durable.result()
+            candidate = newest.step if newest is not None else None
+            if newest_local is None or (candidate is not None and newest_local[0] < candidate):
+                return _Decision(candidate, None)
+            local_step, found, metadata = newest_local
+        return _local_decision(durable, candidate, found, metadata, world_size)
+
+
+def _local_decision(durable: Storage, candidate: int | None, local: Manifest | CkptError, metadata: bytes | None,
+                    world_size: int) -> _Decision:
+    """The decision once the local candidate's manifest is read (or failed to be)."""
+    if isinstance(local, CkptError):
+        return _Decision(candidate, None, note=f"local level unreadable ({local})")
+    if local.world_size != world_size:
+        return _Decision(candidate, None, note=f"local-level step {local.step} was saved by {local.world_size} "
+                                                f"ranks, this job has {world_size}: restoring from the durable level")
+    fallback = False
+    if candidate == local.step:  # the same step on the durable level: the same save (then a file lost on every
+        try:  # node is read there)?
+            fallback = fmt.read_manifest(durable, local.step).save_id == local.save_id
         except (CorruptCheckpointError, CheckpointNotFoundError):
-            fallback = False
-    return _Decision(candidate, local, durable_fallback=fallback, metadata=metadata.result())
+            pass
+    return _Decision(candidate, local, durable_fallback=fallback, metadata=metadata)
 
 
 def _chosen(choosing: Future[_Decision] | None) -> _Decision:
