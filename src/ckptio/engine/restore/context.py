@@ -31,7 +31,9 @@ class ReadOptions:
 
     concurrency: int = 4
     """Requests in flight per rank (reads, and receives from other ranks); each non-direct one holds a bounce
-    buffer of ``chunk_bytes``, so a restore holds at most ``concurrency × chunk_bytes`` beyond its targets."""
+    buffer of ``chunk_bytes``, so a restore holds at most ``concurrency × chunk_bytes`` beyond its targets (and,
+    after a node loss, a rank a lost file is pushed to or from holds as much again until it has landed:
+    :mod:`~ckptio.engine.restore.early_push`)."""
     chunk_bytes: int = CHUNK_BYTES
     """Largest task, and the size of each bounce buffer."""
     exchange: bool = True

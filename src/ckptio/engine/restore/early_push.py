@@ -18,9 +18,10 @@ Rules:
   to fetch or read as it would have; a choice of another step leaves the pushed bytes unused.
 * Bounded: at most ``concurrency × chunk_bytes`` (:class:`~ckptio.engine.restore.context.ReadOptions`) is pushed to
   or from one rank, whole files in plan order; a lost node's other files come through DCP's read as before.
-* Posted from the training thread, on the side group, with tags far above the read's (task ids). A landing may be
-  waited on from the restore's partner-check thread (waiting is not a collective); :meth:`EarlyPush.finish` waits
-  every posted send and receive before the restore returns, whatever it chose.
+* Posted from the training thread on a gloo group made for them and destroyed after: on the side group's own
+  connections, the restore's collectives (the choice's broadcast, the readiness gate) queued behind the pushed bytes.
+  A landing may be waited on from the restore's partner-check thread (waiting is not a collective);
+  :meth:`EarlyPush.finish` waits every posted send and receive before the restore returns, whatever it chose.
 """
 
 from __future__ import annotations
