@@ -12,7 +12,9 @@ an error to report, so every rank takes the same decision before the collective 
 ``torch.distributed`` the same code runs with world size 1 and no communication.
 
 Restore exchanges byte ranges between ranks (:mod:`ckptio.engine.restore.transfer`): point-to-point sends and receives
-posted here, on the group ``dcp.load`` runs on (ckptio's side group), every rank in the read plan's global order.
+posted here, on the group ``dcp.load`` runs on (ckptio's side group), every rank in the read plan's global order. After
+a node loss, the files pushed back to it (:mod:`ckptio.engine.restore.early_push`) go on a gloo group the restore makes
+for them and destroys after, so that its collectives never wait behind those bytes.
 
 Never call these from a background thread: collectives on a group shared with the training loop deadlock.
 """

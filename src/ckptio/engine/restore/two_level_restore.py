@@ -1,13 +1,14 @@
 """Restore with two levels: pick the newest restorable step, then read each file from the fastest intact copy —
 this node's local dir, a partner node's copy over the network, the durable level — checksums gating each.
 
-Rank 0 picks the candidates (newest durable step, newest committed local-level step) and every rank reports which
-of the local step's files its node holds; the local step wins when it is at least as new as the durable one and
-every file is held somewhere (or the same save is durable too). A restore at another world size, a local step
-with a file held nowhere, or a copy that fails its checksum on every source falls back to the durable level, and
-the ``restored`` event and the log say why. A state that does not match the checkpoint is never a reason to fall
-back: it raises :class:`~ckptio.errors.StructureMismatchError` naming the key, whatever the level. All collectives
-run on the side group, from the training thread.
+Rank 0 picks the candidates (newest durable step, newest committed local-level step) while every node reports what
+its local dir holds and a lost node's files are pushed back to it (:mod:`~ckptio.engine.restore.early_push`); the
+local step wins when it is at least as new as the durable one and every file is held somewhere (or the same save is
+durable too). A restore at another world size, a local step with a file held nowhere, or a copy that fails its
+checksum on every source falls back to the durable level, and the ``restored`` event and the log say why. A state
+that does not match the checkpoint is never a reason to fall back: it raises
+:class:`~ckptio.errors.StructureMismatchError` naming the key, whatever the level. All collectives run on the side
+group, from the training thread (the pushes' point-to-point transfers on a group of their own).
 """
 
 from __future__ import annotations
