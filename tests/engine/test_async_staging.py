@@ -188,3 +188,24 @@ def test_guard_remove_takes_the_hooks_off(root):
         assert opt._optimizer_step_pre_hooks and model[1]._forward_pre_hooks
         guard.remove()
         assert not opt._optimizer_step_pre_hooks and not model[1]._forward_pre_hooks
+
+
+@pytest.mark.parametrize("staging", ["async", "sync"])
+def test_a_save_is_with_the_writer_before_wait_staged_returns(tmp_path, staging):
+    # wait_staged's contract: once staged, the save is the writer's, so a trainer killed right after still ends in a
+    # commit or a failure marker. Marking it staged before the message was sent left a window in which a SIGTERM
+    # lost the save without a trace (tests/engine/test_signals.py caught it once the writer ran at nice 0).
+    with ckptio.Checkpointer(str(tmp_path), staging=staging, volume_check="off") as ck:
+        seen: list[bool] = []
+        submit = ck._writer.submit
+
+        def spy(message):
+            handle = ck._tracker._pending.get(getattr(message, "save_id", None))
+            if handle is not None:
+                seen.append(handle.staged())
+            submit(message)
+
+        ck._writer.submit = spy
+        ck.save(1, {"w": torch.ones(1 << 16)}).wait_staged()
+        assert seen == [False]  # the message went before the handle said staged
+        ck.wait(timeout=120)

@@ -39,6 +39,9 @@ class SaveHandle:
         self._reported = False  # its error reached the caller (raised by a wait, or logged by a later save)
         self._staged = threading.Event()
         self._staging_error: BaseException | None = None
+        self.copied = False
+        """The staging copy ended (set under the tracker's lock): from then on the slot is no longer the staging
+        thread's to give back. ``staged`` comes later, once the save is also with the writer."""
         if skipped:
             self._event.set()
             self._staged.set()

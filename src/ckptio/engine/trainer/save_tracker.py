@@ -138,11 +138,11 @@ class SaveTracker:
             case protocol.SaveDropped(save_id=save_id, reason=reason):
                 self.complete(save_id, None, dropped=reason)
 
-    def staging_finished(self, handle: SaveHandle, error: BaseException | None) -> bool:
+    def staging_finished(self, handle: SaveHandle) -> bool:
         """The staging thread is done copying ``handle``'s snapshot. True when the save is still pending (submit
-        it); False when it completed meanwhile (its slot is given back here)."""
+        it, then mark it staged); False when it completed meanwhile (its slot is given back here)."""
         with self.lock:
-            handle._mark_staged(error)
+            handle.copied = True
             if handle.save_id in self._pending:
                 return True
             slot_id, handle.slot_id = handle.slot_id, None
@@ -169,7 +169,7 @@ class SaveTracker:
             elif handle.rolls_back and dropped is None:
                 self.rollback_above, self._since_restore = None, []  # the abandoned steps are retired
             # A copy still running owns its slot: the staging thread gives it back (``staging_finished``).
-            slot_id, handle.slot_id = (handle.slot_id, None) if handle.staged() else (None, handle.slot_id)
+            slot_id, handle.slot_id = (handle.slot_id, None) if handle.copied else (None, handle.slot_id)
         if slot_id is not None:
             self.staging.release(slot_id)
         now = time.monotonic()

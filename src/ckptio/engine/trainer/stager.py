@@ -67,8 +67,8 @@ class StagingJob:
     slot: StagingSlot
     cpu: _Pairs
     cuda: _Pairs
-    finished: Callable[[BaseException | None], bool]
-    """Called on the staging thread with the copy's error (None: staged); True when the save is still wanted."""
+    finished: Callable[[], bool]
+    """Called on the staging thread once the copy ended; True when the save is still wanted."""
     submit: Callable[[], None]
     failed: Callable[[BaseException], None]
     event: Any = None
@@ -120,8 +120,8 @@ class Stager:
             self.tracker.complete(handle.save_id, error)
 
         self.events.emit(Event.STAGE_BEGIN, handle.step)
-        self.launch(StagingJob(handle, slot, cpu, cuda, finished=lambda error: self.tracker.staging_finished(
-            handle, error), submit=submit, failed=failed))
+        self.launch(StagingJob(handle, slot, cpu, cuda, finished=lambda: self.tracker.staging_finished(handle),
+                               submit=submit, failed=failed))
         if self.mode == "sync" and handle._staging_error is not None:
             handle._reported = True  # raised by save() itself, as before async staging
             raise handle._staging_error
@@ -257,8 +257,13 @@ class Stager:
         else:
             with self._cond:
                 self._error = self._error or error
-        if job.finished(error):
-            if error is None:
-                job.submit()
-            else:
-                job.failed(error)
+        try:
+            if job.finished():
+                if error is None:
+                    job.submit()
+                else:
+                    job.failed(error)
+        finally:
+            # Only now: a save that ``wait_staged`` calls staged is the writer's (its message is in the writer's
+            # pipe), so a trainer killed right after still ends in a commit or a failure marker, never in nothing.
+            job.handle._mark_staged(error)
