@@ -261,9 +261,10 @@ class Stager:
             if job.finished():
                 if error is None:
                     job.submit()
-                else:
+                else:  # the caller learns the copy failed at once (before the save completes with it); markers next
+                    job.handle._mark_staged(error)
                     job.failed(error)
         finally:
-            # Only now: a save that ``wait_staged`` calls staged is the writer's (its message is in the writer's
-            # pipe), so a trainer killed right after still ends in a commit or a failure marker, never in nothing.
+            # A save ``wait_staged`` calls staged is the writer's (its message is in the writer's pipe), so a trainer
+            # killed right after still ends in a commit or a failure marker, never in nothing.
             job.handle._mark_staged(error)
