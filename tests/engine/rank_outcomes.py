@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ckptio.errors import CkptError
-from ckptio.testing.ranks import free_port, rank_context, take_environment
+from ckptio.testing.fork_server import fork_context
+from ckptio.testing.ranks import free_port, take_environment
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def run_outcomes(world: int, fn: Callable[..., dict[str, Any]], out: str, *args:
                  wait_for: Sequence[int] | None = None) -> list[dict[str, Any] | None]:
     """Each rank's report of ``fn(rank, world, *args)``. Waits for the reports of the ranks of ``wait_for`` (every
     rank when None), at most ``deadline_s`` (a rank that dies writes none), then kills every rank."""
-    ctx = rank_context()
+    ctx = fork_context()
     port, env = free_port(), dict(os.environ)
     procs = [ctx.Process(target=_entry, args=(r, world, port, (out, fn, args), env), daemon=True) for r in range(world)]
     for p in procs:

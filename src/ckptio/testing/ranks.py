@@ -22,14 +22,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_context() -> Any:
-    """The multiprocessing context rank processes start from (:func:`~ckptio.testing.fork_server.fork_context`):
-    each rank is a fresh process that skips the ~2 CPU-seconds of importing torch, DCP and ckptio (the suite starts
-    well over a hundred ranks), forked from a clean server, never from the test process. It then sets its own
-    environment (:func:`take_environment`: the server's is that of its own start) and its process group."""
-    return fork_context()
-
-
 def take_environment(env: dict[str, str]) -> None:
     """Make this process's environment ``env`` (the starting process's, passed with the rank's arguments)."""
     os.environ.clear()
@@ -77,9 +69,11 @@ def _exit_quietly(code: int = 0) -> None:
 
 
 def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks (:func:`rank_context`); re-raises a rank's
-    failure."""
-    rank_context()  # its fork server preloads what every rank imports
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks forked from the kit's fork server
+    (:func:`~ckptio.testing.fork_server.fork_context`: no rank imports torch again); re-raises a rank's failure.
+    Each rank takes the starting process's environment (:func:`take_environment`: the server's is that of its own
+    start), then makes its process group."""
+    fork_context()  # torch's start_processes takes a method name: this sets the fork server's preload list
     mp.start_processes(_entry, args=(world_size, free_port(), (fn, args, dict(os.environ))), nprocs=world_size,
                        join=True, start_method="forkserver")
 
@@ -112,15 +106,16 @@ class ScriptProcess:
 
 
 def start_script(path: str, args: Sequence[str], *, env: dict[str, str], new_session: bool = False) -> ScriptProcess:
-    """Run ``python path *args`` as a process forked from the rank fork server (:func:`rank_context`), its standard
-    output a pipe the caller reads (``.stdout``, text), in a session of its own when ``new_session`` (so that
-    ``os.killpg(pid)`` ends it with every process it started, as ``start_new_session`` does).
+    """Run ``python path *args`` as a process forked from the kit's fork server
+    (:func:`~ckptio.testing.fork_server.fork_context`), its standard output a pipe the caller reads (``.stdout``,
+    text), in a session of its own when ``new_session`` (so that ``os.killpg(pid)`` ends it with every process it
+    started, as ``start_new_session`` does).
 
     The script runs as ``__main__`` with ``sys.argv`` and the first ``sys.path`` entry a plain run gives it, in
     ``env``; it ends as :func:`_exit_quietly` ends a rank: its exit code (an exception: 1, its traceback on standard
     error) after the ``atexit`` handlers and flushing the streams, without the interpreter's finalization."""
     read, write = multiprocessing.Pipe(duplex=False)
-    process = rank_context().Process(
+    process = fork_context().Process(
         target=_script_entry, args=((path, tuple(args), env, new_session), write), name=os.path.basename(path))
     process.start()
     write.close()
