@@ -154,9 +154,10 @@ def plan_pushes(reports: dict[str, dict[int, list[Holding]]], node_of: list[str]
 class EarlyPush:
     """This rank's side of the pushes of one restore (:meth:`begin` on every rank together)."""
 
-    def __init__(self, ctx: RestoreContext, reports: dict[str, dict[int, list[Holding]]],
+    def __init__(self, ctx: RestoreContext, node_of: list[str], reports: dict[str, dict[int, list[Holding]]],
                  pushes: list[Push]) -> None:
-        self.ctx, self.reports, self.pushes = ctx, reports, pushes
+        """``node_of[rank]``: each side-group rank's node; ``reports``: each node's holdings."""
+        self.ctx, self.node_of, self.reports, self.pushes = ctx, node_of, reports, pushes
         self._posted: list[tuple[Push, list[Any], bytearray]] = []
         self._received: dict[str, tuple[Push, list[Any], bytearray]] = {}
         self._landed: dict[str, bool] = {}
@@ -177,7 +178,7 @@ class EarlyPush:
         reports = {node: held for node, held in gathered if held is not None}
         exchange = ctx.options.exchange and moves_cpu_tensors(group.group, group.world_size)
         cap = ctx.options.concurrency * ctx.options.chunk_bytes
-        push = cls(ctx, reports, plan_pushes(reports, node_of, cap_bytes=cap) if exchange else [])
+        push = cls(ctx, node_of, reports, plan_pushes(reports, node_of, cap_bytes=cap) if exchange else [])
         if push.pushes:  # every rank derived the same plan: all create the group, or none
             push._group = dist.new_group(backend="gloo")
             push._post(group.rank)
@@ -205,8 +206,8 @@ class EarlyPush:
             self._posted.append((push, works, data))
 
     def held(self, manifest: Manifest) -> Held:
-        """Where ``manifest``'s files are, from the reports (copies of the recorded size; a node's own copy first),
-        the nodes this restore pushes a file to among them."""
+        """Where ``manifest``'s files are, from the reports (copies of the recorded size), the nodes this restore
+        pushes a file to among them."""
         held = Held({name: [] for name in manifest.files}, set())
         for node, steps in sorted(self.reports.items()):
             for name, own, size in steps.get(manifest.step, []):
@@ -217,11 +218,9 @@ class EarlyPush:
                     held.nodes[name].append(node)
                 if own:
                     held.owned.add(name)
-        node_of = {peer.rank: peer.node for peer in self.ctx.level.peers} if self.ctx.level else {}
         for push in self.pushes:
-            rec = manifest.files.get(push.name)
-            receiver_node = node_of.get(push.receiver)
-            if push.step == manifest.step and rec is not None and rec.size == push.size and receiver_node and \
+            rec, receiver_node = manifest.files.get(push.name), self.node_of[push.receiver]
+            if push.step == manifest.step and rec is not None and rec.size == push.size and \
                     receiver_node not in held.nodes[push.name]:
                 held.nodes[push.name].append(receiver_node)
         return held

@@ -104,6 +104,8 @@ def _decide(durable: Storage, records: Storage, step: int | None, world_size: in
             candidate, local_step = _given_step(pool, durable, records, step)
             if local_step is None:
                 return _Decision(candidate, None)
+            # The same step on the durable level (is it the same save?), read beside the local records.
+            twin = pool.submit(fmt.read_manifest, durable, step) if candidate == step else None
             try:
                 found: Manifest | CkptError
                 found, metadata = _read_local(pool, records, local_step)
@@ -117,23 +119,23 @@ def _decide(durable: Storage, records: Storage, step: int | None, world_size: in
             if newest_local is None or (candidate is not None and newest_local[0] < candidate):
                 return _Decision(candidate, None)
             local_step, found, metadata = newest_local
-        return _local_decision(durable, candidate, found, metadata, world_size)
+            twin = pool.submit(fmt.read_manifest, durable, local_step) if candidate == local_step else None
+        return _local_decision(candidate, found, metadata, world_size, twin)
 
 
-def _local_decision(durable: Storage, candidate: int | None, local: Manifest | CkptError, metadata: bytes | None,
-                    world_size: int) -> _Decision:
-    """The decision once the local candidate's manifest is read (or failed to be)."""
+def _local_decision(candidate: int | None, local: Manifest | CkptError, metadata: bytes | None, world_size: int,
+                    twin: Future[Manifest] | None) -> _Decision:
+    """The decision once the local candidate's manifest is read (or failed to be); ``twin``: the durable level's
+    manifest of the same step, when it has one (the same save: a file lost on every node is read there)."""
     if isinstance(local, CkptError):
         return _Decision(candidate, None, note=f"local level unreadable ({local})")
     if local.world_size != world_size:
         return _Decision(candidate, None, note=f"local-level step {local.step} was saved by {local.world_size} "
                                                 f"ranks, this job has {world_size}: restoring from the durable level")
-    fallback = False
-    if candidate == local.step:  # the same step on the durable level: the same save (then a file lost on every
-        try:  # node is read there)?
-            fallback = fmt.read_manifest(durable, local.step).save_id == local.save_id
-        except (CorruptCheckpointError, CheckpointNotFoundError):
-            pass
+    try:
+        fallback = twin is not None and twin.result().save_id == local.save_id
+    except (CorruptCheckpointError, CheckpointNotFoundError):
+        fallback = False
     return _Decision(candidate, local, durable_fallback=fallback, metadata=metadata)
 
 
